@@ -1,0 +1,1 @@
+//! Test support: local control plane, namespaces, pods, listeners.
