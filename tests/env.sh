@@ -1,0 +1,8 @@
+# Shared environment for the test command, the demo and CI. Sourced, not run.
+# Everything expensive is cached outside the checkout, so a second run (and
+# CI's second run on the same machine) only rebuilds what changed.
+export PORTWISE_CACHE="${PORTWISE_CACHE:-$HOME/.cache/portwise}"
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PORTWISE_CACHE/target}"
+export PORTWISE_GUESTS_DIR="${PORTWISE_GUESTS_DIR:-$PORTWISE_CACHE/guests}"
+export PORTWISE_GUESTS_OUT="${PORTWISE_GUESTS_OUT:-$PORTWISE_GUESTS_DIR}"
+export PATH="$HOME/.cargo/bin:$PATH"
