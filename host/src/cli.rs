@@ -1,0 +1,298 @@
+//! The two commands behind the binary, kept in the library so tests and the
+//! binary share them.
+//!
+//! * `run`: load and validate the configuration (refusing to start on any
+//!   error, with the offending field's path), connect (KUBECONFIG or
+//!   in-cluster), serve metrics and health, elect a leader if asked, and run
+//!   the controller until SIGTERM/SIGINT; then release the Lease and exit 0.
+//! * `check`: evaluate a checker against one pod and Service, from files or
+//!   from the cluster, and print each verdict. Like `kwctl run`: guest
+//!   authors try a `.wasm` without deploying it.
+
+use std::{
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    process::ExitCode,
+    sync::Arc,
+    time::Duration,
+};
+
+use anyhow::{Context as _, bail};
+use clap::Args;
+use k8s_openapi::api::core::v1::{Pod, Service};
+use kube::{Api, Client};
+use tokio::sync::watch;
+use tracing::{error, info};
+
+use crate::{
+    align,
+    config::{CheckerExpr, Config},
+    controller::{self, RunOptions},
+    membership::build::{BuildContext, build},
+    ops,
+    wasm::{WasmRuntime, WasmSettings},
+};
+
+#[derive(Args, Debug, Clone)]
+pub struct RunArgs {
+    /// The configuration file (see docs/configuration.md).
+    #[arg(long, env = "PORTWISE_CONFIG")]
+    pub config: PathBuf,
+    /// Namespace to watch; repeat for several. Default: all namespaces.
+    #[arg(long = "namespace", env = "PORTWISE_NAMESPACES", value_delimiter = ',')]
+    pub namespaces: Vec<String>,
+    /// Where `/metrics`, `/healthz` and `/readyz` are served.
+    #[arg(long, env = "PORTWISE_METRICS_ADDR", default_value = "0.0.0.0:9090")]
+    pub metrics_addr: SocketAddr,
+    /// Elect a leader on a coordination.k8s.io Lease; only the leader writes.
+    #[arg(long, env = "PORTWISE_LEADER_ELECT", default_value_t = false)]
+    pub leader_elect: bool,
+    /// Namespace of the Lease (default: the pod's namespace, else `default`).
+    #[arg(long, env = "POD_NAMESPACE")]
+    pub lease_namespace: Option<String>,
+    #[arg(long, env = "PORTWISE_LEASE_NAME", default_value = "portwise")]
+    pub lease_name: String,
+    /// This replica's name in the Lease and in Events.
+    #[arg(long, env = "POD_NAME")]
+    pub identity: Option<String>,
+    /// Lease duration; a new leader takes over at most this long after the
+    /// old one vanished.
+    #[arg(long, default_value = "15s", value_parser = humantime::parse_duration)]
+    pub lease_duration: Duration,
+    /// Cache for compiled WebAssembly modules.
+    #[arg(long, env = "PORTWISE_CACHE_DIR")]
+    pub cache_dir: Option<PathBuf>,
+    /// Upper bound on one membership check (on top of the probes' timeouts).
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub check_timeout: Duration,
+    /// Deadline of one call into a WebAssembly guest.
+    #[arg(long, default_value = "100ms", value_parser = humantime::parse_duration)]
+    pub guest_deadline: Duration,
+    /// Memory limit of one WebAssembly guest instance, in MiB.
+    #[arg(long, default_value_t = 64)]
+    pub guest_memory_mib: u64,
+    /// Services reconciled at once.
+    #[arg(long, default_value_t = 8)]
+    pub reconcile_concurrency: u16,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct CheckArgs {
+    /// Take the membership checker (and modulesDir) from this config file.
+    #[arg(long, conflicts_with_all = ["expr", "wasm"])]
+    pub config: Option<PathBuf>,
+    /// A checker expression in the config file's syntax, e.g.
+    /// `{all: [podReady, {tcpDial: {timeout: 1s}}]}`.
+    #[arg(long, conflicts_with = "wasm")]
+    pub expr: Option<String>,
+    /// A WebAssembly checker component to run.
+    #[arg(long)]
+    pub wasm: Option<PathBuf>,
+    /// JSON configuration handed to the `--wasm` guest.
+    #[arg(long, default_value = "null")]
+    pub wasm_config: String,
+    /// The pod, as a YAML or JSON file.
+    #[arg(long, conflicts_with = "pod_name")]
+    pub pod: Option<PathBuf>,
+    /// The pod, fetched from the cluster.
+    #[arg(long)]
+    pub pod_name: Option<String>,
+    /// The Service, as a YAML or JSON file.
+    #[arg(long, conflicts_with = "service_name")]
+    pub service: Option<PathBuf>,
+    /// The Service, fetched from the cluster.
+    #[arg(long)]
+    pub service_name: Option<String>,
+    /// Namespace for `--pod-name`/`--service-name`.
+    #[arg(long, short = 'n', default_value = "default")]
+    pub namespace: String,
+    #[arg(long, env = "PORTWISE_CACHE_DIR")]
+    pub cache_dir: Option<PathBuf>,
+}
+
+/// `portwise run`.
+pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
+    let config = Config::load(&args.config)
+        .with_context(|| format!("invalid configuration {}", args.config.display()))?;
+    let client = Client::try_default()
+        .await
+        .context("no Kubernetes connection (set KUBECONFIG or run in a cluster)")?;
+
+    let metrics = Arc::new(ops::metrics::Metrics::default());
+    let (ready_tx, ready_rx) = watch::channel(false);
+    let server = ops::http::serve(args.metrics_addr, metrics.clone(), ready_rx)
+        .await
+        .with_context(|| format!("cannot serve metrics on {}", args.metrics_addr))?;
+
+    let wasm = match &config.modules_dir {
+        Some(dir) => Some(Arc::new(
+            WasmRuntime::start(WasmSettings {
+                modules_dir: dir.clone(),
+                cache_dir: args.cache_dir.clone(),
+                deadline: args.guest_deadline,
+                memory_limit: args.guest_memory_mib * 1024 * 1024,
+                ..WasmSettings::default()
+            })
+            .await
+            .context("cannot start the WebAssembly runtime")?,
+        )),
+        None => None,
+    };
+    if let Some(w) = &wasm {
+        w.attach_metrics(metrics.clone());
+    }
+
+    let identity = args
+        .identity
+        .clone()
+        .unwrap_or_else(|| ops::leader::default_identity());
+    let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    let elector = if args.leader_elect {
+        let ns = args
+            .lease_namespace
+            .clone()
+            .unwrap_or_else(|| "default".into());
+        Some(ops::leader::LeaderElector::start(
+            client.clone(),
+            &ns,
+            &args.lease_name,
+            &identity,
+            ops::leader::Timings::from_lease_duration(args.lease_duration),
+        ))
+    } else {
+        None
+    };
+
+    let opts = RunOptions {
+        namespaces: args.namespaces.clone(),
+        check_timeout: args.check_timeout,
+        metrics,
+        leader: elector.as_ref().map(|e| e.subscribe()),
+        ready: Some(ready_tx),
+        instance: Some(identity),
+        wasm: wasm
+            .clone()
+            .map(|w| w as Arc<dyn crate::membership::build::WasmCheckers>),
+        reconcile_concurrency: args.reconcile_concurrency,
+    };
+
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        info!("shutting down");
+        let _ = shutdown_tx.send(true);
+    });
+    let mut rx = shutdown_rx.clone();
+    let shutdown = async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    let result = controller::run(client, config, opts, shutdown).await;
+    if let Some(e) = elector {
+        e.release().await;
+    }
+    server.abort();
+    match result {
+        Ok(()) => Ok(ExitCode::SUCCESS),
+        Err(e) => {
+            error!(error = %e, "controller failed");
+            Err(e.into())
+        }
+    }
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}
+
+fn read_object<T: serde::de::DeserializeOwned>(path: &Path) -> anyhow::Result<T> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    serde_saphyr::from_str(&text).with_context(|| format!("{} is not a valid object", path.display()))
+}
+
+/// `portwise check`.
+pub async fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
+    let needs_cluster = args.pod_name.is_some() || args.service_name.is_some();
+    let client = if needs_cluster {
+        Some(Client::try_default().await.context("no Kubernetes connection")?)
+    } else {
+        None
+    };
+    let pod: Pod = match (&args.pod, &args.pod_name) {
+        (Some(p), _) => read_object(p)?,
+        (None, Some(n)) => Api::namespaced(client.clone().unwrap(), &args.namespace).get(n).await?,
+        _ => bail!("give the pod with --pod FILE or --pod-name NAME"),
+    };
+    let svc: Service = match (&args.service, &args.service_name) {
+        (Some(p), _) => read_object(p)?,
+        (None, Some(n)) => Api::namespaced(client.unwrap(), &args.namespace).get(n).await?,
+        _ => bail!("give the Service with --service FILE or --service-name NAME"),
+    };
+
+    let (expr, modules_dir): (CheckerExpr, Option<PathBuf>) = if let Some(path) = &args.config {
+        let cfg = Config::load(path).with_context(|| format!("invalid configuration {}", path.display()))?;
+        (cfg.membership.clone(), cfg.modules_dir.clone())
+    } else if let Some(e) = &args.expr {
+        (CheckerExpr::from_yaml(e).context("invalid --expr")?, None)
+    } else if let Some(w) = &args.wasm {
+        let dir = w.parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("."));
+        let file = w
+            .file_name()
+            .context("--wasm must name a file")?
+            .to_string_lossy()
+            .to_string();
+        let config: serde_json::Value =
+            serde_json::from_str(&args.wasm_config).context("--wasm-config is not JSON")?;
+        (CheckerExpr::wasm(file, config), Some(if dir.as_os_str().is_empty() { PathBuf::from(".") } else { dir }))
+    } else {
+        (CheckerExpr::default(), None)
+    };
+
+    let runtime = match modules_dir {
+        Some(dir) => Some(
+            WasmRuntime::start(WasmSettings {
+                modules_dir: dir,
+                cache_dir: args.cache_dir.clone(),
+                watch: false,
+                ..WasmSettings::default()
+            })
+            .await?,
+        ),
+        None => None,
+    };
+    let checker = build(
+        &expr,
+        &BuildContext {
+            wasm: runtime.as_ref().map(|r| r as &dyn crate::membership::build::WasmCheckers),
+        },
+    )
+    .map_err(|e| anyhow::anyhow!("{e}"))?;
+
+    let svc = Arc::new(svc);
+    let pod = Arc::new(pod);
+    let subjects = align::subjects(&svc, std::slice::from_ref(&pod));
+    if subjects.is_empty() {
+        println!(
+            "pod is not a candidate for any port of the Service (terminal phase, no IP of the Service's families, or no matching target port)"
+        );
+        return Ok(ExitCode::from(3));
+    }
+    println!("{:<16} {:<6} {:<40} {:<8} REASON", "PORT", "FAMILY", "ADDRESS", "VERDICT");
+    for s in subjects {
+        let v = checker.check(&s).await;
+        let port = if s.port.name.is_empty() { s.port.port.to_string() } else { s.port.name.clone() };
+        println!(
+            "{:<16} {:<6} {:<40} {:<8} {}",
+            port,
+            format!("{:?}", s.family).to_lowercase(),
+            format!("{}:{}", s.address, s.port.target),
+            format!("{:?}", v.decision).to_lowercase(),
+            v.reason.unwrap_or_default()
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,258 @@
+//! Informer caches that can span several namespaces, and the group indexes
+//! that map a pod group to its pods and Services without scanning.
+//!
+//! kube-runtime's `Store` swaps its whole content on every relist
+//! (`InitDone`). That is right for one watch, but when several
+//! namespace-scoped watches feed one store, a relist of namespace A would
+//! erase namespace B. [`flatten_relists`] turns each watch's relist into the
+//! plain `Apply`/`Delete` events a shared store needs, so any number of
+//! namespace watches (or one cluster-wide watch) look the same downstream.
+
+use std::{
+    collections::{HashMap, HashSet},
+    sync::{
+        Arc, RwLock,
+        atomic::{AtomicUsize, Ordering},
+    },
+};
+
+use futures::{Stream, StreamExt, stream};
+use kube::{
+    Resource, ResourceExt,
+    runtime::{reflector::ObjectRef, watcher},
+};
+
+/// Counts watches that have not finished their first list yet. The
+/// controller is ready (`/readyz`) once it reaches zero.
+#[derive(Clone, Debug, Default)]
+pub struct SyncGate(Arc<AtomicUsize>);
+
+impl SyncGate {
+    /// Registers one more watch that must list before we are synced.
+    pub fn register(&self) -> SyncToken {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        SyncToken {
+            gate: self.clone(),
+            done: false,
+        }
+    }
+    pub fn synced(&self) -> bool {
+        self.0.load(Ordering::SeqCst) == 0
+    }
+}
+
+/// Held by one watch until its first list completed.
+#[derive(Debug)]
+pub struct SyncToken {
+    gate: SyncGate,
+    done: bool,
+}
+
+impl SyncToken {
+    fn complete(&mut self) {
+        if !self.done {
+            self.done = true;
+            self.gate.0.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
+/// Rewrites relist phases (`Init`/`InitApply`/`InitDone`) of one watch into
+/// `Apply` for every listed object and `Delete` for every object this watch
+/// had delivered before but the relist no longer contains (it was deleted
+/// while the watch was down, e.g. after a 410 Gone).
+pub fn flatten_relists<K, S>(
+    watch: S,
+    mut token: SyncToken,
+) -> impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send
+where
+    K: Resource + Clone + Default + Send + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
+    S: Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
+{
+    let mut known: HashSet<ObjectRef<K>> = HashSet::new();
+    let mut relist: Option<HashSet<ObjectRef<K>>> = None;
+    watch.flat_map(move |event| {
+        let out: Vec<Result<watcher::Event<K>, watcher::Error>> = match event {
+            Err(e) => vec![Err(e)],
+            Ok(watcher::Event::Init) => {
+                relist = Some(HashSet::new());
+                vec![]
+            }
+            Ok(watcher::Event::InitApply(obj)) => {
+                let r = ObjectRef::from_obj(&obj);
+                known.insert(r.clone());
+                relist.get_or_insert_with(HashSet::new).insert(r);
+                vec![Ok(watcher::Event::Apply(obj))]
+            }
+            Ok(watcher::Event::InitDone) => {
+                token.complete();
+                let seen = relist.take().unwrap_or_default();
+                let gone: Vec<ObjectRef<K>> = known.difference(&seen).cloned().collect();
+                known = seen;
+                gone.into_iter()
+                    .map(|r| Ok(watcher::Event::Delete(stub(&r))))
+                    .collect()
+            }
+            Ok(watcher::Event::Apply(obj)) => {
+                known.insert(ObjectRef::from_obj(&obj));
+                vec![Ok(watcher::Event::Apply(obj))]
+            }
+            Ok(watcher::Event::Delete(obj)) => {
+                known.remove(&ObjectRef::from_obj(&obj));
+                vec![Ok(watcher::Event::Delete(obj))]
+            }
+        };
+        stream::iter(out)
+    })
+}
+
+/// An object that carries only name and namespace: enough for a store to
+/// forget it.
+fn stub<K: Resource + Default>(r: &ObjectRef<K>) -> K {
+    let mut obj = K::default();
+    obj.meta_mut().name = Some(r.name.clone());
+    obj.meta_mut().namespace = r.namespace.clone();
+    obj
+}
+
+/// (namespace, group value)
+pub type GroupKey = (String, String);
+
+/// Maps pod groups to object names in one namespace, for pods and for
+/// Services. Finding a group's pods is a hash lookup, whether the key is a
+/// label or an annotation (the apiserver cannot select on annotations).
+#[derive(Debug, Default)]
+pub struct GroupIndex {
+    inner: RwLock<IndexInner>,
+}
+
+#[derive(Debug, Default)]
+struct IndexInner {
+    by_group: HashMap<GroupKey, HashSet<String>>,
+    by_object: HashMap<(String, String), String>,
+}
+
+impl GroupIndex {
+    /// Records that `ns/name` is now in `group` (or in none). Returns the
+    /// group it was in before, if that differs, so both can be reconciled.
+    pub fn set(&self, ns: &str, name: &str, group: Option<&str>) -> Option<String> {
+        let mut inner = self.inner.write().expect("group index poisoned");
+        let obj = (ns.to_string(), name.to_string());
+        let previous = match group {
+            Some(g) => inner.by_object.insert(obj, g.to_string()),
+            None => inner.by_object.remove(&obj),
+        };
+        if previous.as_deref() == group {
+            return None;
+        }
+        if let Some(prev) = &previous {
+            let key = (ns.to_string(), prev.clone());
+            if let Some(set) = inner.by_group.get_mut(&key) {
+                set.remove(name);
+                if set.is_empty() {
+                    inner.by_group.remove(&key);
+                }
+            }
+        }
+        if let Some(g) = group {
+            inner
+                .by_group
+                .entry((ns.to_string(), g.to_string()))
+                .or_default()
+                .insert(name.to_string());
+        }
+        previous
+    }
+
+    /// Names of the objects in `ns` whose group is `group`.
+    pub fn members(&self, ns: &str, group: &str) -> Vec<String> {
+        let inner = self.inner.read().expect("group index poisoned");
+        let mut names: Vec<String> = inner
+            .by_group
+            .get(&(ns.to_string(), group.to_string()))
+            .map(|s| s.iter().cloned().collect())
+            .unwrap_or_default();
+        names.sort();
+        names
+    }
+
+    /// The group `ns/name` is in.
+    pub fn group_of(&self, ns: &str, name: &str) -> Option<String> {
+        let inner = self.inner.read().expect("group index poisoned");
+        inner
+            .by_object
+            .get(&(ns.to_string(), name.to_string()))
+            .cloned()
+    }
+}
+
+/// Strips what the caches never read, to keep memory flat at scale.
+pub fn strip_managed_fields<K: Resource>(obj: &mut K) {
+    obj.meta_mut().managed_fields = None;
+}
+
+/// The namespace of an object, `""` for cluster-scoped ones.
+pub fn ns_of<K: Resource>(obj: &K) -> String {
+    obj.namespace().unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::executor::block_on;
+    use k8s_openapi::api::core::v1::Pod;
+
+    fn pod(name: &str) -> Pod {
+        let mut p = Pod::default();
+        p.metadata.name = Some(name.into());
+        p.metadata.namespace = Some("ns".into());
+        p
+    }
+
+    #[test]
+    fn relist_becomes_applies_and_deletes_of_vanished_objects() {
+        let gate = SyncGate::default();
+        let events = vec![
+            Ok(watcher::Event::Init),
+            Ok(watcher::Event::InitApply(pod("a"))),
+            Ok(watcher::Event::InitApply(pod("b"))),
+            Ok(watcher::Event::InitDone),
+            Ok(watcher::Event::Apply(pod("c"))),
+            // The watch broke; meanwhile b was deleted.
+            Ok(watcher::Event::Init),
+            Ok(watcher::Event::InitApply(pod("a"))),
+            Ok(watcher::Event::InitApply(pod("c"))),
+            Ok(watcher::Event::InitDone),
+        ];
+        let token = gate.register();
+        assert!(!gate.synced());
+        let out: Vec<_> = block_on(flatten_relists(stream::iter(events), token).collect());
+        let summary: Vec<String> = out
+            .into_iter()
+            .map(|e| match e.unwrap() {
+                watcher::Event::Apply(p) => format!("+{}", p.name_any()),
+                watcher::Event::Delete(p) => format!("-{}", p.name_any()),
+                _ => "?".into(),
+            })
+            .collect();
+        assert_eq!(summary, ["+a", "+b", "+c", "+a", "+c", "-b"]);
+        assert!(gate.synced());
+    }
+
+    #[test]
+    fn group_index_tracks_moves_between_groups() {
+        let idx = GroupIndex::default();
+        assert_eq!(idx.set("ns", "a", Some("g1")), None);
+        idx.set("ns", "b", Some("g1"));
+        idx.set("other", "a", Some("g1"));
+        assert_eq!(idx.members("ns", "g1"), ["a", "b"]);
+        assert_eq!(idx.set("ns", "a", Some("g2")), Some("g1".into()));
+        assert_eq!(idx.members("ns", "g1"), ["b"]);
+        assert_eq!(idx.members("ns", "g2"), ["a"]);
+        assert_eq!(idx.set("ns", "a", Some("g2")), None, "no move, no report");
+        assert_eq!(idx.set("ns", "b", None), Some("g1".into()));
+        assert!(idx.members("ns", "g1").is_empty());
+        assert_eq!(idx.group_of("other", "a").as_deref(), Some("g1"));
+    }
+}
