@@ -1,1 +1,102 @@
-//! Test support: local control plane, namespaces, pods, listeners.
+//! Test support for portwise's integration tests.
+//!
+//! Every promise portwise makes is about what a real kube-apiserver ends up
+//! holding, so these helpers drive a real local control plane
+//! (`tests/control-plane`) and never a mock. They live in one crate so each
+//! integration test file reads as a scenario:
+//!
+//! ```no_run
+//! # async fn demo() -> anyhow::Result<()> {
+//! use portwise_tests::*;
+//! let cp = ControlPlane::shared().await?;
+//! let ns = TestNs::new(cp, "seed").await?;
+//! ns.create_service(service("my-service").annotation(GROUP_KEY, "g").port("http", 8080)).await?;
+//! ns.create_pod(pod("a").annotation(GROUP_KEY, "g").ips(next_ips().v4())).await?;
+//! let _pw = Portwise::start(&ns, &config("podReady")).await?;
+//! wait_for(SETTLE, || async {
+//!     expect_eq(endpoints_by_port(&ns, "my-service").await?, by_port([(("http", V4), &["a"][..])]))
+//! }).await?;
+//! # Ok(()) }
+//! ```
+//!
+//! Tests must run inside the test network namespace (`tests/netns`): pod
+//! addresses (10.244.0.0/16, fd00:10:244::/64) are local there, and nowhere
+//! else may we send packets to private addresses.
+
+mod addresses;
+mod control_plane;
+mod listeners;
+mod namespace;
+mod objects;
+mod observe;
+mod portwise;
+mod writes;
+
+pub use addresses::{PodIps, next_ips};
+pub use control_plane::ControlPlane;
+pub use listeners::{Concurrency, HttpListener, HttpMode, Request, TcpListener};
+pub use namespace::{TEST_MANAGER, TestNs};
+pub use objects::{HOLD_FINALIZER, PodBuilder, ServiceBuilder, pod, service};
+pub use observe::{
+    ByPort, EndpointView, by_port, endpoint_of, endpoint_views, endpoints_by_port, events_for,
+    expect_eq, slice_invariants, slices_for, slices_managed_by, stays_for, wait_for,
+};
+pub use portwise::{BinaryOutcome, Portwise, portwise_bin, run_binary_to_exit};
+pub use writes::{Write, WriteCounter};
+
+use std::time::Duration;
+
+/// The annotation the seed example groups Services and pods by.
+pub const GROUP_KEY: &str = "port-mapper.example.com/group";
+/// The annotation the seed example lists a pod's ports in.
+pub const PORTS_KEY: &str = "port-mapper.example.com/ports";
+/// `managedBy` in every test config: the managed-by label and field owner.
+pub const MANAGED_BY: &str = "portwise";
+/// Label naming the Service an EndpointSlice belongs to.
+pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+/// Label naming the controller that manages an EndpointSlice.
+pub const MANAGED_BY_LABEL: &str = "endpointslice.kubernetes.io/managed-by";
+/// The native EndpointSlice controller's managed-by value.
+pub const NATIVE_MANAGER: &str = "endpointslice-controller.k8s.io";
+/// The native mirroring controller's managed-by value.
+pub const MIRROR_MANAGER: &str = "endpointslicemirroring-controller.k8s.io";
+/// Address types as EndpointSlices spell them.
+pub const V4: &str = "IPv4";
+pub const V6: &str = "IPv6";
+
+/// How long a test waits for portwise to converge after a change. Generous:
+/// two cores are shared by every build and test on the machine.
+pub const SETTLE: Duration = Duration::from_secs(30);
+
+/// A complete config file for the seed's group annotation, with a short
+/// resync so probe-driven changes show up quickly. `membership` is a YAML
+/// flow expression, e.g. `podReady` or `{all: [podReady, notTerminating]}`.
+pub fn config(membership: &str) -> String {
+    config_with(membership, "")
+}
+
+/// [`config`] plus extra top-level lines (e.g. `"maxEndpointsPerSlice: 10\n"`).
+pub fn config_with(membership: &str, extra: &str) -> String {
+    format!(
+        "managedBy: {MANAGED_BY}\n\
+         serviceKey: {{annotation: {GROUP_KEY}}}\n\
+         resyncPeriod: 2s\n\
+         {extra}\
+         membership: {membership}\n"
+    )
+}
+
+/// Installs a tracing subscriber once (RUST_LOG filters; default `info` for
+/// portwise, `warn` elsewhere) writing through the test harness's capture.
+pub fn init_tracing() {
+    use std::sync::Once;
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,portwise=info"));
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_test_writer()
+            .try_init();
+    });
+}

@@ -1,0 +1,143 @@
+//! Slice name collisions: a name already used by another Service's or
+//! another manager's slice is an error with an `EndpointSliceNameCollision`
+//! Event, never an overwrite.
+//!
+//! Both scenarios are written so that they hold whatever naming scheme
+//! portwise uses: either the names do not collide and both sides are served,
+//! or they do and the Event appears while the existing slice is untouched.
+//! With the Go library's `<svc>-<port>` scheme they collide.
+
+use std::{collections::BTreeMap, time::Duration};
+
+use anyhow::{Result, ensure};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::api::PostParams;
+use portwise_tests::*;
+use serde_json::json;
+
+const COLLISION: &str = "EndpointSliceNameCollision";
+
+/// (name -> resourceVersion, uid) of the slices selected by `svc` and manager.
+async fn versions(
+    ns: &TestNs,
+    svc: &str,
+    mgr: Option<&str>,
+) -> Result<BTreeMap<String, (String, String)>> {
+    Ok(slices_managed_by(ns, svc, mgr)
+        .await?
+        .into_iter()
+        .map(|s| {
+            let m = s.metadata;
+            (
+                m.name.unwrap_or_default(),
+                (
+                    m.resource_version.unwrap_or_default(),
+                    m.uid.unwrap_or_default(),
+                ),
+            )
+        })
+        .collect())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn name_collision_between_two_services() -> Result<()> {
+    let cp = ControlPlane::shared().await?;
+    let ns = TestNs::new(cp, "collide").await?;
+    // "a" + port "b-http" and "a-b" + port "http" both make "a-b-http".
+    ns.create_service(service("a").annotation(GROUP_KEY, "g").port("b-http", 8080))
+        .await?;
+    for name in ["x", "y"] {
+        ns.create_pod(pod(name).annotation(GROUP_KEY, "g").ips(next_ips().v4()))
+            .await?;
+    }
+    let _pw = Portwise::start(&ns, &config("podReady")).await?;
+    wait_for(SETTLE, || async {
+        expect_eq(
+            endpoints_by_port(&ns, "a").await?,
+            by_port([(("b-http", V4), &["x", "y"][..])]),
+        )
+    })
+    .await?;
+    let before = versions(&ns, "a", None).await?;
+
+    ns.create_service(service("a-b").annotation(GROUP_KEY, "g").port("http", 8080))
+        .await?;
+    let collided = wait_for(SETTLE, || async {
+        let served = endpoints_by_port(&ns, "a-b").await?;
+        if served == by_port([(("http", V4), &["x", "y"][..])]) {
+            return Ok(false);
+        }
+        let events = events_for(&ns, "a-b", Some(COLLISION)).await?;
+        ensure!(
+            !events.is_empty(),
+            "a-b neither served ({served:?}) nor a {COLLISION} Event"
+        );
+        ensure!(
+            events.iter().all(|e| e.type_.as_deref() == Some("Warning")),
+            "{events:?}"
+        );
+        Ok(true)
+    })
+    .await?;
+    eprintln!("names collided: {collided}");
+
+    // Service a's slices are never touched: same objects, same versions,
+    // still a's, still serving x and y.
+    stays_for(Duration::from_secs(8), || async {
+        expect_eq(versions(&ns, "a", None).await?, before.clone())?;
+        slice_invariants(&ns, "a", 100).await?;
+        expect_eq(
+            endpoints_by_port(&ns, "a").await?,
+            by_port([(("b-http", V4), &["x", "y"][..])]),
+        )
+    })
+    .await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn name_taken_by_another_manager() -> Result<()> {
+    let cp = ControlPlane::shared().await?;
+    let ns = TestNs::new(cp, "collide-foreign").await?;
+    // Another controller's slice, labelled for the same Service, sitting on
+    // the Go library's name for port http.
+    let foreign: EndpointSlice = serde_json::from_value(json!({
+        "metadata": { "name": "web-http", "labels": {
+            SERVICE_NAME_LABEL: "web", MANAGED_BY_LABEL: "someone-else.example.com",
+        }},
+        "addressType": "IPv4",
+        "ports": [{ "name": "http", "port": 8080, "protocol": "TCP" }],
+        "endpoints": [{ "addresses": [next_ips().v4.to_string()] }],
+    }))?;
+    ns.api::<EndpointSlice>()
+        .create(&PostParams::default(), &foreign)
+        .await?;
+    let before = versions(&ns, "web", Some("someone-else.example.com")).await?;
+
+    ns.create_service(service("web").annotation(GROUP_KEY, "g").port("http", 8080))
+        .await?;
+    ns.create_pod(pod("x").annotation(GROUP_KEY, "g").ips(next_ips().v4()))
+        .await?;
+    let _pw = Portwise::start(&ns, &config("podReady")).await?;
+
+    wait_for(SETTLE, || async {
+        if endpoints_by_port(&ns, "web").await? == by_port([(("http", V4), &["x"][..])]) {
+            return Ok(());
+        }
+        let events = events_for(&ns, "web", Some(COLLISION)).await?;
+        ensure!(
+            !events.is_empty(),
+            "web neither served nor a {COLLISION} Event"
+        );
+        Ok(())
+    })
+    .await?;
+    stays_for(Duration::from_secs(8), || async {
+        expect_eq(
+            versions(&ns, "web", Some("someone-else.example.com")).await?,
+            before.clone(),
+        )
+    })
+    .await?;
+    Ok(())
+}

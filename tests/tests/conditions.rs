@@ -1,0 +1,165 @@
+//! Endpoint conditions: terminating members, and publishNotReadyAddresses.
+
+use anyhow::{Result, ensure};
+use portwise_tests::*;
+
+fn conditions(e: &EndpointView) -> (Option<bool>, Option<bool>, Option<bool>) {
+    (e.ready, e.serving, e.terminating)
+}
+
+/// A member that starts terminating stays published as
+/// `ready: false, serving: true, terminating: true` while it is Ready, and a
+/// `notTerminating` checker takes it out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn terminating_pod() -> Result<()> {
+    let cp = ControlPlane::shared().await?;
+    let ns = TestNs::new(cp, "terminating").await?;
+    let node = ns.ensure_node("n1", "zone-a").await?;
+    ns.create_service(service("web").annotation(GROUP_KEY, "g").port("http", 8080))
+        .await?;
+    for name in ["a", "b"] {
+        // nodeName + finalizer: a delete leaves the pod terminating.
+        ns.create_pod(
+            pod(name)
+                .annotation(GROUP_KEY, "g")
+                .node(&node)
+                .held()
+                .ips(next_ips().v4()),
+        )
+        .await?;
+    }
+    let mut pw = Portwise::start(&ns, &config("podReady")).await?;
+
+    wait_for(SETTLE, || async {
+        // Upstream sets all three conditions explicitly.
+        let b = endpoint_of(&ns, "web", "http", V4, "b").await?;
+        expect_eq(conditions(&b), (Some(true), Some(true), Some(false)))
+    })
+    .await?;
+
+    ns.terminate_pod("b").await?;
+    ensure!(
+        ns.get_pod("b").await?.metadata.deletion_timestamp.is_some(),
+        "b is not terminating"
+    );
+    wait_for(SETTLE, || async {
+        let b = endpoint_of(&ns, "web", "http", V4, "b").await?;
+        expect_eq(conditions(&b), (Some(false), Some(true), Some(true)))?;
+        let a = endpoint_of(&ns, "web", "http", V4, "a").await?;
+        expect_eq(conditions(&a), (Some(true), Some(true), Some(false)))
+    })
+    .await?;
+
+    // notTerminating: the terminating pod leaves.
+    pw.restart_with(&config("{all: [podReady, notTerminating]}"))
+        .await?;
+    wait_for(SETTLE, || async {
+        expect_eq(
+            endpoints_by_port(&ns, "web").await?,
+            by_port([(("http", V4), &["a"][..])]),
+        )
+    })
+    .await?;
+
+    // With podReady alone again, a terminating pod that is no longer Ready
+    // fails the checker and is not published either.
+    pw.restart_with(&config("podReady")).await?;
+    wait_for(SETTLE, || async {
+        expect_eq(
+            endpoints_by_port(&ns, "web").await?,
+            by_port([(("http", V4), &["a", "b"][..])]),
+        )
+    })
+    .await?;
+    ns.set_ready("b", false).await?;
+    wait_for(SETTLE, || async {
+        expect_eq(
+            endpoints_by_port(&ns, "web").await?,
+            by_port([(("http", V4), &["a"][..])]),
+        )
+    })
+    .await?;
+
+    // Finally gone for good.
+    ns.release_pod("b").await?;
+    wait_for(SETTLE, || async {
+        ensure!(
+            ns.api::<k8s_openapi::api::core::v1::Pod>()
+                .get_opt("b")
+                .await?
+                .is_none(),
+            "b still exists"
+        );
+        Ok(())
+    })
+    .await?;
+    Ok(())
+}
+
+/// Two Services on one group: the one with `publishNotReadyAddresses`
+/// publishes every member as ready; the other reports readiness as is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publish_not_ready_addresses() -> Result<()> {
+    let cp = ControlPlane::shared().await?;
+    let ns = TestNs::new(cp, "pnra").await?;
+    let node = ns.ensure_node("n1", "zone-a").await?;
+    ns.create_service(
+        service("plain")
+            .annotation(GROUP_KEY, "g")
+            .port("http", 8080),
+    )
+    .await?;
+    ns.create_service(
+        service("pnra")
+            .annotation(GROUP_KEY, "g")
+            .port("http", 8080)
+            .publish_not_ready(),
+    )
+    .await?;
+    let g = |name: &str| {
+        pod(name)
+            .annotation(GROUP_KEY, "g")
+            .annotation(PORTS_KEY, "http")
+            .node(&node)
+            .held()
+            .ips(next_ips().v4())
+    };
+    ns.create_pod(g("ready")).await?;
+    ns.create_pod(g("unready").ready(false)).await?;
+    ns.create_pod(g("leaving")).await?;
+    ns.terminate_pod("leaving").await?;
+    // Membership ignores readiness, so conditions are what is under test.
+    let _pw = Portwise::start(
+        &ns,
+        &config("{portNames: {annotation: port-mapper.example.com/ports}}"),
+    )
+    .await?;
+
+    wait_for(SETTLE, || async {
+        let pnra = endpoint_views(&ns, "pnra").await?;
+        let got: Vec<_> = pnra.iter().map(|e| (e.pod.as_str(), e.ready)).collect();
+        expect_eq(
+            got,
+            vec![
+                ("leaving", Some(true)),
+                ("ready", Some(true)),
+                ("unready", Some(true)),
+            ],
+        )?;
+        let plain = endpoint_views(&ns, "plain").await?;
+        let got: Vec<_> = plain
+            .iter()
+            .map(|e| (e.pod.as_str(), conditions(e)))
+            .collect();
+        expect_eq(
+            got,
+            vec![
+                ("leaving", (Some(false), Some(true), Some(true))),
+                ("ready", (Some(true), Some(true), Some(false))),
+                ("unready", (Some(false), Some(false), Some(false))),
+            ],
+        )
+    })
+    .await?;
+    Ok(())
+}

@@ -1,0 +1,192 @@
+//! What each endpoint and slice carries: targetRef, nodeName, zone from the
+//! Node, hostname when the pod's subdomain is the Service, traffic
+//! distribution hints on ready endpoints only; the Service's labels and the
+//! headless label on the slices.
+
+use anyhow::{Result, ensure};
+use k8s_openapi::api::core::v1::Pod;
+use portwise_tests::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn endpoint_fields_from_pod_and_node() -> Result<()> {
+    let cp = ControlPlane::shared().await?;
+    let ns = TestNs::new(cp, "fields").await?;
+    let n1 = ns.ensure_node("n1", "zone-a").await?;
+    let n2 = ns.ensure_node("n2", "zone-b").await?;
+    ns.create_service(
+        service("web")
+            .annotation(GROUP_KEY, "g")
+            .label("team", "blue")
+            .port("http", 8080),
+    )
+    .await?;
+    ns.create_service(
+        service("web-headless")
+            .annotation(GROUP_KEY, "g")
+            .headless()
+            .port("http", 8080),
+    )
+    .await?;
+    let g = |name: &str| pod(name).annotation(GROUP_KEY, "g").ips(next_ips().v4());
+    let a: Pod = ns
+        .create_pod(g("a").node(&n1).subdomain("web").hostname("a-host"))
+        .await?;
+    ns.create_pod(g("b").node(&n2).subdomain("elsewhere").hostname("b-host"))
+        .await?;
+    ns.create_pod(g("c")).await?;
+    let _pw = Portwise::start(&ns, &config("podReady")).await?;
+
+    wait_for(SETTLE, || async {
+        expect_eq(
+            endpoints_by_port(&ns, "web").await?,
+            by_port([(("http", V4), &["a", "b", "c"][..])]),
+        )
+    })
+    .await?;
+    let ea = endpoint_of(&ns, "web", "http", V4, "a").await?;
+    expect_eq(ea.target_kind.as_deref(), Some("Pod"))?;
+    expect_eq(ea.target_namespace.as_deref(), Some(ns.name()))?;
+    expect_eq(ea.target_uid.clone(), a.metadata.uid.clone())?;
+    expect_eq(
+        (ea.node_name.clone(), ea.zone.clone()),
+        (Some(n1.clone()), Some("zone-a".into())),
+    )?;
+    expect_eq(ea.hostname.as_deref(), Some("a-host"))?;
+    let eb = endpoint_of(&ns, "web", "http", V4, "b").await?;
+    expect_eq(
+        (eb.node_name.clone(), eb.zone.clone()),
+        (Some(n2.clone()), Some("zone-b".into())),
+    )?;
+    expect_eq(eb.hostname, None)?; // subdomain names another Service
+    let ec = endpoint_of(&ns, "web", "http", V4, "c").await?;
+    expect_eq((ec.node_name, ec.zone), (None, None))?;
+    // For the headless Service a's subdomain does not match either.
+    wait_for(SETTLE, || async {
+        expect_eq(
+            endpoint_of(&ns, "web-headless", "http", V4, "a")
+                .await?
+                .hostname,
+            None,
+        )
+    })
+    .await?;
+
+    // Labels: the Service's own, plus headless exactly when headless.
+    for s in slices_for(&ns, "web").await? {
+        let l = s.metadata.labels.unwrap_or_default();
+        ensure!(
+            l.get("team").map(String::as_str) == Some("blue"),
+            "Service labels not copied: {l:?}"
+        );
+        ensure!(
+            !l.contains_key("service.kubernetes.io/headless"),
+            "non-headless slice labelled headless: {l:?}"
+        );
+    }
+    for s in slices_for(&ns, "web-headless").await? {
+        let l = s.metadata.labels.unwrap_or_default();
+        ensure!(
+            l.get("service.kubernetes.io/headless").map(String::as_str) == Some(""),
+            "headless label: {l:?}"
+        );
+    }
+    slice_invariants(&ns, "web", 100).await?;
+    slice_invariants(&ns, "web-headless", 100).await?;
+
+    // A Service label change reaches the slices.
+    ns.patch_service(
+        "web",
+        serde_json::json!({"metadata": {"labels": {"team": "green"}}}),
+    )
+    .await?;
+    wait_for(SETTLE, || async {
+        for s in slices_for(&ns, "web").await? {
+            let l = s.metadata.labels.unwrap_or_default();
+            ensure!(
+                l.get("team").map(String::as_str) == Some("green"),
+                "labels {l:?}"
+            );
+        }
+        Ok(())
+    })
+    .await?;
+    Ok(())
+}
+
+/// `trafficDistribution`: zone hints (PreferSameZone, and its older name
+/// PreferClose), node and zone hints (PreferSameNode), on ready endpoints
+/// only; no hints without it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn traffic_distribution_hints() -> Result<()> {
+    let cp = ControlPlane::shared().await?;
+    let ns = TestNs::new(cp, "hints").await?;
+    let n1 = ns.ensure_node("n1", "zone-a").await?;
+    let n2 = ns.ensure_node("n2", "zone-b").await?;
+    for (svc, td) in [
+        ("zone", Some("PreferSameZone")),
+        ("close", Some("PreferClose")),
+        ("node", Some("PreferSameNode")),
+        ("none", None),
+    ] {
+        let mut b = service(svc).annotation(GROUP_KEY, "g").port("http", 8080);
+        if let Some(td) = td {
+            b = b.traffic_distribution(td);
+        }
+        ns.create_service(b).await?;
+    }
+    let g = |name: &str, node: &str| {
+        pod(name)
+            .annotation(GROUP_KEY, "g")
+            .node(node)
+            .held()
+            .ips(next_ips().v4())
+    };
+    ns.create_pod(g("a", &n1)).await?;
+    ns.create_pod(g("b", &n2)).await?;
+    ns.create_pod(g("leaving", &n1)).await?;
+    ns.terminate_pod("leaving").await?; // published, but not ready
+    let _pw = Portwise::start(&ns, &config("podReady")).await?;
+
+    let hints = |svc: &'static str| {
+        let ns = &ns;
+        async move {
+            let v = endpoint_views(ns, svc).await?;
+            Ok::<_, anyhow::Error>(
+                v.into_iter()
+                    .map(|e| (e.pod, e.hint_zones, e.hint_nodes))
+                    .collect::<Vec<_>>(),
+            )
+        }
+    };
+    let z = |s: &str| Some(vec![s.to_string()]);
+    wait_for(SETTLE, || async {
+        for svc in ["zone", "close"] {
+            expect_eq(
+                hints(svc).await?,
+                vec![
+                    ("a".into(), z("zone-a"), None),
+                    ("b".into(), z("zone-b"), None),
+                    ("leaving".into(), None, None),
+                ],
+            )?;
+        }
+        expect_eq(
+            hints("node").await?,
+            vec![
+                ("a".into(), z("zone-a"), z(&n1)),
+                ("b".into(), z("zone-b"), z(&n2)),
+                ("leaving".into(), None, None),
+            ],
+        )?;
+        expect_eq(
+            hints("none").await?,
+            vec![
+                ("a".into(), None, None),
+                ("b".into(), None, None),
+                ("leaving".into(), None, None),
+            ],
+        )
+    })
+    .await?;
+    Ok(())
+}

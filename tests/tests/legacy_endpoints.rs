@@ -1,0 +1,166 @@
+//! `publishLegacyEndpoints`: v1 Endpoints next to the slices, addresses
+//! grouped by the exact set of ports they serve, at most 1000 addresses
+//! with the over-capacity annotation, labelled so the mirroring controller
+//! does not copy them back into slices.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    time::Duration,
+};
+
+use anyhow::{Context, Result, ensure};
+use k8s_openapi::api::core::v1::Endpoints;
+use portwise_tests::*;
+
+const SKIP_MIRROR: &str = "endpointslice.kubernetes.io/skip-mirror";
+const OVER_CAPACITY: &str = "endpoints.kubernetes.io/over-capacity";
+
+/// port-name set -> pod names, from an Endpoints object's subsets.
+fn subsets(ep: &Endpoints) -> BTreeMap<BTreeSet<String>, BTreeSet<String>> {
+    let mut out: BTreeMap<BTreeSet<String>, BTreeSet<String>> = BTreeMap::new();
+    for s in ep.subsets.iter().flatten() {
+        let ports: BTreeSet<String> = s
+            .ports
+            .iter()
+            .flatten()
+            .filter_map(|p| p.name.clone())
+            .collect();
+        let pods = s.addresses.iter().flatten().map(|a| {
+            a.target_ref
+                .as_ref()
+                .and_then(|r| r.name.clone())
+                .unwrap_or_else(|| a.ip.clone())
+        });
+        out.entry(ports).or_default().extend(pods);
+    }
+    out
+}
+
+fn set(items: &[&str]) -> BTreeSet<String> {
+    items.iter().map(|s| s.to_string()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn legacy_endpoints_grouped_by_port_set() -> Result<()> {
+    let cp = ControlPlane::shared().await?;
+    let ns = TestNs::new(cp, "legacy").await?;
+    ns.create_service(
+        service("my-service")
+            .annotation(GROUP_KEY, "g")
+            .port("http", 8080)
+            .port("https", 8443),
+    )
+    .await?;
+    for (name, ports) in [
+        ("a", "http"),
+        ("b", "http,https"),
+        ("c", "http,https"),
+        ("d", "https"),
+    ] {
+        ns.create_pod(
+            pod(name)
+                .annotation(GROUP_KEY, "g")
+                .annotation(PORTS_KEY, ports)
+                .ips(next_ips().v4()),
+        )
+        .await?;
+    }
+    let cfg = config_with(
+        "{all: [podReady, {portNames: {annotation: port-mapper.example.com/ports}}]}",
+        "publishLegacyEndpoints: true\n",
+    );
+    let _pw = Portwise::start(&ns, &cfg).await?;
+
+    wait_for(SETTLE, || async {
+        let ep = ns
+            .api::<Endpoints>()
+            .get_opt("my-service")
+            .await?
+            .context("no Endpoints")?;
+        let labels = ep.metadata.labels.clone().unwrap_or_default();
+        ensure!(
+            labels.get(SKIP_MIRROR).map(String::as_str) == Some("true"),
+            "labels {labels:?}"
+        );
+        expect_eq(
+            subsets(&ep),
+            BTreeMap::from([
+                (set(&["http"]), set(&["a"])),
+                (set(&["http", "https"]), set(&["b", "c"])),
+                (set(&["https"]), set(&["d"])),
+            ]),
+        )
+    })
+    .await?;
+    // The mirroring controller leaves them alone.
+    stays_for(Duration::from_secs(5), || async {
+        let mirrored = slices_managed_by(&ns, "my-service", Some(MIRROR_MANAGER)).await?;
+        ensure!(mirrored.is_empty(), "mirrored slices: {mirrored:?}");
+        Ok(())
+    })
+    .await?;
+
+    // Membership changes reach the Endpoints too.
+    ns.annotate_pod("a", PORTS_KEY, Some("http,https")).await?;
+    ns.delete_pod("d").await?;
+    wait_for(SETTLE, || async {
+        let ep = ns.api::<Endpoints>().get("my-service").await?;
+        expect_eq(
+            subsets(&ep),
+            BTreeMap::from([(set(&["http", "https"]), set(&["a", "b", "c"]))]),
+        )
+    })
+    .await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn legacy_endpoints_capped_at_1000() -> Result<()> {
+    let cp = ControlPlane::shared().await?;
+    let ns = TestNs::new(cp, "legacy-cap").await?;
+    ns.create_service(service("big").annotation(GROUP_KEY, "g").port("http", 8080))
+        .await?;
+    let names: Vec<String> = (0..1005).map(|i| format!("p{i:04}")).collect();
+    ns.create_pods(
+        names
+            .iter()
+            .map(|n| pod(n).annotation(GROUP_KEY, "g").ips(next_ips().v4()))
+            .collect(),
+    )
+    .await?;
+    let _pw = Portwise::start(
+        &ns,
+        &config_with("podReady", "publishLegacyEndpoints: true\n"),
+    )
+    .await?;
+
+    wait_for(SETTLE * 4, || async {
+        let ep = ns
+            .api::<Endpoints>()
+            .get_opt("big")
+            .await?
+            .context("no Endpoints")?;
+        let n: usize = ep
+            .subsets
+            .iter()
+            .flatten()
+            .map(|s| s.addresses.as_ref().map_or(0, Vec::len))
+            .sum();
+        expect_eq(n, 1000)?;
+        let ann = ep.metadata.annotations.clone().unwrap_or_default();
+        ensure!(
+            ann.get(OVER_CAPACITY).map(String::as_str) == Some("truncated"),
+            "annotations {ann:?}"
+        );
+        Ok(())
+    })
+    .await?;
+    // The slices are not capped.
+    let total: usize = endpoints_by_port(&ns, "big")
+        .await?
+        .values()
+        .map(BTreeSet::len)
+        .sum();
+    expect_eq(total, 1005)?;
+    Ok(())
+}

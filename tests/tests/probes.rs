@@ -1,0 +1,197 @@
+//! `httpGet` and `tcpDial` against real listeners on pod addresses that
+//! start, stop, fail and hang; probes refresh every `resyncPeriod` with no
+//! API change; checks run concurrently under `maxConcurrentChecks`.
+
+use std::{collections::BTreeSet, time::Duration};
+
+use anyhow::{Result, ensure};
+use portwise_tests::*;
+
+const PROBES: &str = "{perPort: {ports: {\
+    http: {httpGet: {path: /healthz, timeout: 1s}}, \
+    https: {tcpDial: {timeout: 1s}}}}}";
+
+async fn members(ns: &TestNs, svc: &str, port: &str, family: &str) -> Result<BTreeSet<String>> {
+    Ok(endpoints_by_port(ns, svc)
+        .await?
+        .remove(&(port.to_string(), family.to_string()))
+        .unwrap_or_default())
+}
+
+fn set(names: &[&str]) -> BTreeSet<String> {
+    names.iter().map(|s| s.to_string()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_get_and_tcp_dial_follow_real_listeners() -> Result<()> {
+    let cp = ControlPlane::shared().await?;
+    let ns = TestNs::new(cp, "probes").await?;
+    ns.create_service(
+        service("web")
+            .annotation(GROUP_KEY, "g")
+            .port("http", 8080)
+            .port("https", 8443),
+    )
+    .await?;
+    let ips: Vec<_> = (0..4).map(|_| next_ips()).collect();
+    for (name, ip) in ["a", "b", "c", "d"].iter().zip(&ips) {
+        ns.create_pod(pod(name).annotation(GROUP_KEY, "g").ips(ip.v4()))
+            .await?;
+    }
+    let [a, b, c, d] = [ips[0].v4, ips[1].v4, ips[2].v4, ips[3].v4];
+    // http: a 200, b 503, c nothing listening, d redirects to a 200 page.
+    let http_a = HttpListener::start(a, 8080).await?;
+    let http_b = HttpListener::start(b, 8080).await?;
+    http_b.set_status(503);
+    let http_d = HttpListener::start(d, 8080).await?;
+    http_d.set_mode(HttpMode::Redirect("/ok".into()));
+    http_d.route("/ok", 200);
+    // https: a and b accept connections, c and d refuse.
+    let _tcp_a = TcpListener::start(a, 8443).await?;
+    let tcp_b = TcpListener::start(b, 8443).await?;
+
+    let _pw = Portwise::start(&ns, &config(PROBES)).await?;
+    wait_for(SETTLE, || async {
+        expect_eq(members(&ns, "web", "http", V4).await?, set(&["a"]))?;
+        expect_eq(members(&ns, "web", "https", V4).await?, set(&["a", "b"]))
+    })
+    .await?;
+    ensure!(
+        http_a.requests().iter().all(|r| r.path == "/healthz"),
+        "probe paths: {:?}",
+        http_a.requests()
+    );
+    ensure!(http_d.requests_for("/healthz") > 0, "d was never probed");
+    ensure!(
+        http_d.requests_for("/ok") == 0,
+        "the probe followed a redirect"
+    );
+
+    // No API object changes from here on: only resyncs can notice.
+    http_b.set_status(200);
+    let http_c = HttpListener::start(c, 8080).await?;
+    wait_for(SETTLE, || async {
+        expect_eq(
+            members(&ns, "web", "http", V4).await?,
+            set(&["a", "b", "c"]),
+        )
+    })
+    .await?;
+
+    // a hangs: its probe times out and it leaves; the others are judged on
+    // time regardless.
+    http_a.set_mode(HttpMode::Hang);
+    http_c.set_status(500);
+    wait_for(SETTLE, || async {
+        expect_eq(members(&ns, "web", "http", V4).await?, set(&["b"]))
+    })
+    .await?;
+
+    // tcpDial: b stops listening, d starts.
+    tcp_b.stop();
+    let _tcp_d = TcpListener::start(d, 8443).await?;
+    wait_for(SETTLE, || async {
+        expect_eq(members(&ns, "web", "https", V4).await?, set(&["a", "d"]))
+    })
+    .await?;
+
+    // a answers again.
+    http_a.set_status(204);
+    wait_for(SETTLE, || async {
+        expect_eq(members(&ns, "web", "http", V4).await?, set(&["a", "b"]))
+    })
+    .await?;
+    Ok(())
+}
+
+/// Probes judge each address: a dual-stack pod healthy on IPv4 and failing
+/// on IPv6 is published in the IPv4 slice only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probes_judge_each_family_separately() -> Result<()> {
+    let cp = ControlPlane::shared().await?;
+    let ns = TestNs::new(cp, "probes-dual").await?;
+    ns.create_service(
+        service("web")
+            .annotation(GROUP_KEY, "g")
+            .dual_stack()
+            .port("http", 8080),
+    )
+    .await?;
+    let a = next_ips();
+    let b = next_ips();
+    ns.create_pod(pod("a").annotation(GROUP_KEY, "g").ips(a.dual()))
+        .await?;
+    ns.create_pod(pod("b").annotation(GROUP_KEY, "g").ips(b.dual()))
+        .await?;
+    let _a4 = HttpListener::start(a.v4, 8080).await?;
+    let a6 = HttpListener::start(a.v6, 8080).await?;
+    a6.set_status(503);
+    let _b4 = HttpListener::start(b.v4, 8080).await?;
+    let b6 = HttpListener::start(b.v6, 8080).await?;
+
+    let _pw = Portwise::start(&ns, &config("{httpGet: {path: /healthz, timeout: 1s}}")).await?;
+    wait_for(SETTLE, || async {
+        expect_eq(members(&ns, "web", "http", V4).await?, set(&["a", "b"]))?;
+        expect_eq(members(&ns, "web", "http", V6).await?, set(&["b"]))
+    })
+    .await?;
+    ensure!(
+        b6.request_count() > 0 && a6.request_count() > 0,
+        "IPv6 addresses were not probed"
+    );
+    Ok(())
+}
+
+/// `maxConcurrentChecks` bounds the probes in flight (and they do run
+/// concurrently up to it); a hanging pod does not hold up the rest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_concurrent_checks_bounds_probes() -> Result<()> {
+    let cp = ControlPlane::shared().await?;
+    let ns = TestNs::new(cp, "concurrency").await?;
+    ns.create_service(service("web").annotation(GROUP_KEY, "g").port("http", 8080))
+        .await?;
+    let gauge = Concurrency::new();
+    let mut listeners = Vec::new();
+    let mut names = Vec::new();
+    for i in 0..8 {
+        let ip = next_ips();
+        let name = format!("p{i}");
+        ns.create_pod(pod(&name).annotation(GROUP_KEY, "g").ips(ip.v4()))
+            .await?;
+        let l = HttpListener::start(ip.v4, 8080).await?;
+        l.set_delay(Duration::from_millis(400));
+        l.track(gauge.clone());
+        listeners.push(l);
+        names.push(name);
+    }
+    let hung = next_ips();
+    ns.create_pod(pod("hung").annotation(GROUP_KEY, "g").ips(hung.v4()))
+        .await?;
+    let h = HttpListener::start(hung.v4, 8080).await?;
+    h.set_mode(HttpMode::Hang);
+    h.track(gauge.clone());
+
+    let cfg = config_with(
+        "{httpGet: {path: /healthz, timeout: 2s}}",
+        "maxConcurrentChecks: 2\n",
+    );
+    let _pw = Portwise::start(&ns, &cfg).await?;
+    let expected: Vec<&str> = names.iter().map(String::as_str).collect();
+    wait_for(SETTLE, || async {
+        expect_eq(members(&ns, "web", "http", V4).await?, set(&expected))
+    })
+    .await?;
+    // Let a few resync rounds run, then look at the high-water mark.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let max = gauge.max();
+    ensure!(
+        max <= 2,
+        "{max} probes in flight at once with maxConcurrentChecks: 2"
+    );
+    ensure!(
+        max == 2,
+        "probes never overlapped (max {max} in flight): checks do not run concurrently"
+    );
+    ensure!(h.request_count() > 0, "the hanging pod was never probed");
+    Ok(())
+}

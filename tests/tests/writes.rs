@@ -1,0 +1,201 @@
+//! Write economy, measured at the apiserver (audit log of the test
+//! namespace, or `apiserver_request_total` when no audit log is written; see
+//! `WriteCounter`): a steady state costs zero writes, a restart costs none,
+//! and one pod changing in a 1000-endpoint Service rewrites one slice.
+
+use std::time::Duration;
+
+use anyhow::{Result, ensure};
+use portwise_tests::*;
+
+async fn assert_writes(counter: &WriteCounter, expected: u64, what: &str) -> Result<()> {
+    let n = counter.count().await?;
+    ensure!(
+        n == expected,
+        "{what}: {n} EndpointSlice writes, expected {expected} (counted from {}): {:#?}",
+        counter.source(),
+        counter.writes()?
+    );
+    Ok(())
+}
+
+/// Probes and readiness both in play, resync every 2s: a quiet minute
+/// (about 30 resyncs) must not write anything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zero_writes_over_a_quiet_minute() -> Result<()> {
+    let cp = ControlPlane::shared().await?;
+    let ns = TestNs::new(cp, "quiet").await?;
+    let node = ns.ensure_node("n1", "zone-a").await?;
+    ns.create_service(
+        service("web")
+            .annotation(GROUP_KEY, "g")
+            .port("http", 8080)
+            .port("https", 8443)
+            .dual_stack(),
+    )
+    .await?;
+    let mut listeners = Vec::new();
+    for i in 0..6 {
+        let ip = next_ips();
+        ns.create_pod(
+            pod(&format!("p{i}"))
+                .annotation(GROUP_KEY, "g")
+                .node(&node)
+                .ips(ip.dual()),
+        )
+        .await?;
+        if i % 2 == 0 {
+            listeners.push(TcpListener::start(ip.v4, 8443).await?);
+            listeners.push(TcpListener::start(ip.v6, 8443).await?);
+        }
+    }
+    let cfg = config("{perPort: {ports: {https: {tcpDial: {timeout: 1s}}}, fallback: podReady}}");
+    let _pw = Portwise::start(&ns, &cfg).await?;
+    let all = ["p0", "p1", "p2", "p3", "p4", "p5"];
+    let even = ["p0", "p2", "p4"];
+    wait_for(SETTLE, || async {
+        expect_eq(
+            endpoints_by_port(&ns, "web").await?,
+            by_port([
+                (("http", V4), &all[..]),
+                (("http", V6), &all[..]),
+                (("https", V4), &even[..]),
+                (("https", V6), &even[..]),
+            ]),
+        )
+    })
+    .await?;
+    // Let anything still in flight land before the window opens.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+
+    let counter = WriteCounter::start(&ns).await?;
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert_writes(&counter, 0, "quiet minute").await?;
+    let accepted: usize = listeners.iter().map(TcpListener::accepted).sum();
+    ensure!(
+        accepted > 6 * 3,
+        "probes did not keep running during the quiet minute ({accepted} dials)"
+    );
+    Ok(())
+}
+
+/// A restarted portwise finds its slices already right (deterministic names,
+/// state read back) and writes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_costs_no_writes() -> Result<()> {
+    let cp = ControlPlane::shared().await?;
+    let ns = TestNs::new(cp, "restart-quiet").await?;
+    ns.create_service(
+        service("web")
+            .annotation(GROUP_KEY, "g")
+            .port("http", 8080)
+            .port("spare", 9090),
+    )
+    .await?;
+    let names: Vec<String> = (0..30).map(|i| format!("p{i:02}")).collect();
+    ns.create_pods(
+        names
+            .iter()
+            .map(|n| pod(n).annotation(GROUP_KEY, "g").ips(next_ips().v4()))
+            .collect(),
+    )
+    .await?;
+    let cfg = config_with(
+        "{perPort: {ports: {http: podReady}}}",
+        "maxEndpointsPerSlice: 7\n",
+    );
+    let mut pw = Portwise::start(&ns, &cfg).await?;
+    let all: Vec<&str> = names.iter().map(String::as_str).collect();
+    wait_for(SETTLE, || async {
+        expect_eq(
+            endpoints_by_port(&ns, "web").await?,
+            by_port([(("http", V4), &all[..]), (("spare", V4), &[][..])]),
+        )
+    })
+    .await?;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+
+    let counter = WriteCounter::start(&ns).await?;
+    pw.restart().await?;
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    pw.check_running()?;
+    assert_writes(&counter, 0, "restart").await?;
+    Ok(())
+}
+
+/// 1000 endpoints in slices of 100: one pod flipping rewrites exactly one
+/// slice, and flipping back rewrites one more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_write_when_one_pod_flips_among_1000() -> Result<()> {
+    let cp = ControlPlane::shared().await?;
+    let ns = TestNs::new(cp, "churn").await?;
+    ns.create_service(service("big").annotation(GROUP_KEY, "g").port("http", 8080))
+        .await?;
+    let names: Vec<String> = (0..1000).map(|i| format!("p{i:04}")).collect();
+    ns.create_pods(
+        names
+            .iter()
+            .map(|n| pod(n).annotation(GROUP_KEY, "g").ips(next_ips().v4()))
+            .collect(),
+    )
+    .await?;
+    let _pw = Portwise::start(&ns, &config("podReady")).await?;
+
+    let count = || async {
+        let m = endpoints_by_port(&ns, "big").await?;
+        Ok::<_, anyhow::Error>(
+            m.get(&("http".to_string(), V4.to_string()))
+                .map_or(0, |s| s.len()),
+        )
+    };
+    wait_for(SETTLE * 4, || async {
+        let n = count().await?;
+        ensure!(n == 1000, "{n} of 1000 published");
+        Ok(())
+    })
+    .await?;
+    slice_invariants(&ns, "big", 100).await?;
+    let slices_before = slices_for(&ns, "big").await?.len();
+    ensure!(
+        slices_before == 10,
+        "{slices_before} slices for 1000 endpoints at 100 per slice"
+    );
+    tokio::time::sleep(Duration::from_secs(5)).await;
+
+    let counter = WriteCounter::start(&ns).await?;
+    ns.set_ready("p0500", false).await?;
+    wait_for(SETTLE, || async {
+        let m = endpoints_by_port(&ns, "big").await?;
+        let http = m
+            .get(&("http".to_string(), V4.to_string()))
+            .cloned()
+            .unwrap_or_default();
+        ensure!(
+            !http.contains("p0500") && http.len() == 999,
+            "p0500 still published ({} members)",
+            http.len()
+        );
+        Ok(())
+    })
+    .await?;
+    tokio::time::sleep(Duration::from_secs(5)).await; // a couple of resyncs
+    assert_writes(&counter, 1, "one pod leaving").await?;
+
+    ns.set_ready("p0500", true).await?;
+    wait_for(SETTLE, || async {
+        let n = count().await?;
+        ensure!(n == 1000, "{n} of 1000 published");
+        Ok(())
+    })
+    .await?;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_writes(&counter, 2, "the pod leaving and coming back").await?;
+    expect_eq(slices_for(&ns, "big").await?.len(), slices_before)?;
+    if let Ok(ws) = counter.writes() {
+        ensure!(
+            ws.iter().all(|w| w.verb == "patch"),
+            "writes other than server-side apply: {ws:?}"
+        );
+    }
+    Ok(())
+}
