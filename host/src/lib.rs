@@ -7,4 +7,5 @@
 
 pub mod config;
 pub mod membership;
+pub mod ops;
 pub mod probe;
