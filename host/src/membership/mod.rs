@@ -4,7 +4,15 @@
 //! [`Decision::Abstain`] for one [`Subject`]: a (Service port, address family,
 //! pod) triple. Checkers compose (`all`, `any`, `not`, `perPort`, `stable`);
 //! the composition rules live in [`algebra`] as pure functions so every
-//! truth-table row is unit tested without I/O.
+//! truth-table row is unit tested without I/O. The built-in checkers live
+//! in [`builtin`]; [`build()`] turns a configuration expression into a checker
+//! tree, with WebAssembly checkers supplied through [`WasmCheckers`].
+
+pub mod algebra;
+pub mod build;
+pub mod builtin;
+
+pub use build::{BuildContext, BuildError, WasmCheckers, build, build_at};
 
 use std::{future::Future, net::IpAddr, pin::Pin, sync::Arc};
 
