@@ -452,7 +452,7 @@ mod tests {
         let took = start.elapsed();
         assert_eq!(r, Err(ProbeError::Timeout));
         assert!(
-            took >= Duration::from_millis(300) && took < Duration::from_millis(1000),
+            took >= Duration::from_millis(300) && took < Duration::from_millis(2000),
             "{took:?}"
         );
     }
@@ -466,7 +466,7 @@ mod tests {
         let start = Instant::now();
         let r = http_get(addr, "/", Duration::from_millis(200), 1024).await;
         assert_eq!(r, Err(ProbeError::Timeout));
-        assert!(start.elapsed() < Duration::from_millis(800));
+        assert!(start.elapsed() < Duration::from_millis(2000));
         drop(listener);
     }
 
