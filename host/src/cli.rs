@@ -26,11 +26,11 @@ use tracing::{error, info};
 
 use crate::{
     align,
-    config::{CheckerExpr, Config},
+    config::{CheckerExpr, Config, WasmSpec},
     controller::{self, RunOptions},
     membership::build::{BuildContext, build},
     ops,
-    wasm::{WasmRuntime, WasmSettings},
+    wasm::{Limits, WasmConfig, WasmRuntime, default_cache_dir},
 };
 
 #[derive(Args, Debug, Clone)]
@@ -118,47 +118,56 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         .await
         .context("no Kubernetes connection (set KUBECONFIG or run in a cluster)")?;
 
-    let metrics = Arc::new(ops::metrics::Metrics::default());
-    let (ready_tx, ready_rx) = watch::channel(false);
-    let server = ops::http::serve(args.metrics_addr, metrics.clone(), ready_rx)
+    let metrics = ops::metrics::Metrics::new();
+    let readiness = ops::http::Readiness::new();
+    let server = ops::http::OpsServer::bind(args.metrics_addr, metrics.clone(), readiness.clone())
         .await
         .with_context(|| format!("cannot serve metrics on {}", args.metrics_addr))?;
+    let (server_stop_tx, server_stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(server.serve(async move {
+        let _ = server_stop_rx.await;
+    }));
 
     let wasm = match &config.modules_dir {
         Some(dir) => Some(Arc::new(
-            WasmRuntime::start(WasmSettings {
-                modules_dir: dir.clone(),
-                cache_dir: args.cache_dir.clone(),
-                deadline: args.guest_deadline,
-                memory_limit: args.guest_memory_mib * 1024 * 1024,
-                ..WasmSettings::default()
+            WasmRuntime::new(WasmConfig {
+                modules_dir: Some(dir.clone()),
+                cache_dir: Some(args.cache_dir.clone().unwrap_or_else(default_cache_dir)),
+                watch: true,
+                limits: Limits {
+                    deadline: args.guest_deadline,
+                    memory_bytes: (args.guest_memory_mib * 1024 * 1024) as usize,
+                    ..Limits::default()
+                },
             })
-            .await
             .context("cannot start the WebAssembly runtime")?,
         )),
         None => None,
     };
-    if let Some(w) = &wasm {
-        w.attach_metrics(metrics.clone());
-    }
 
-    let identity = args
-        .identity
-        .clone()
-        .unwrap_or_else(|| ops::leader::default_identity());
+    let identity = ops::leader::identity(args.identity.as_deref());
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let elector = if args.leader_elect {
         let ns = args
             .lease_namespace
             .clone()
             .unwrap_or_else(|| "default".into());
-        Some(ops::leader::LeaderElector::start(
-            client.clone(),
-            &ns,
-            &args.lease_name,
-            &identity,
-            ops::leader::Timings::from_lease_duration(args.lease_duration),
-        ))
+        let secs = args.lease_duration.as_secs().max(3);
+        let timings = ops::leader::Timings {
+            lease_duration: Duration::from_secs(secs),
+            renew_deadline: Duration::from_secs(secs).mul_f64(2.0 / 3.0),
+            retry_period: Duration::from_secs(secs).mul_f64(2.0 / 15.0),
+        };
+        Some(
+            ops::leader::LeaderElector::start(
+                client.clone(),
+                &ns,
+                &args.lease_name,
+                &identity,
+                timings,
+            )
+            .context("cannot start leader election")?,
+        )
     } else {
         None
     };
@@ -166,9 +175,9 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let opts = RunOptions {
         namespaces: args.namespaces.clone(),
         check_timeout: args.check_timeout,
-        metrics,
+        metrics: metrics.clone(),
         leader: elector.as_ref().map(|e| e.subscribe()),
-        ready: Some(ready_tx),
+        ready: Some(readiness.clone()),
         instance: Some(identity),
         wasm: wasm
             .clone()
@@ -186,10 +195,14 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         let _ = rx.wait_for(|s| *s).await;
     };
     let result = controller::run(client, config, opts, shutdown).await;
-    if let Some(e) = elector {
-        e.release().await;
+    readiness.set_ready(false);
+    if let Some(e) = elector
+        && let Err(err) = e.release().await
+    {
+        tracing::warn!(error = %err, "could not release the Lease; a successor waits for it to expire");
     }
-    server.abort();
+    let _ = server_stop_tx.send(());
+    let _ = server.await;
     match result {
         Ok(()) => Ok(ExitCode::SUCCESS),
         Err(e) => {
@@ -210,36 +223,57 @@ async fn wait_for_signal() {
 }
 
 fn read_object<T: serde::de::DeserializeOwned>(path: &Path) -> anyhow::Result<T> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
-    serde_saphyr::from_str(&text).with_context(|| format!("{} is not a valid object", path.display()))
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    serde_saphyr::from_str(&text)
+        .with_context(|| format!("{} is not a valid object", path.display()))
 }
 
 /// `portwise check`.
 pub async fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
     let needs_cluster = args.pod_name.is_some() || args.service_name.is_some();
     let client = if needs_cluster {
-        Some(Client::try_default().await.context("no Kubernetes connection")?)
+        Some(
+            Client::try_default()
+                .await
+                .context("no Kubernetes connection")?,
+        )
     } else {
         None
     };
     let pod: Pod = match (&args.pod, &args.pod_name) {
         (Some(p), _) => read_object(p)?,
-        (None, Some(n)) => Api::namespaced(client.clone().unwrap(), &args.namespace).get(n).await?,
+        (None, Some(n)) => {
+            Api::namespaced(client.clone().unwrap(), &args.namespace)
+                .get(n)
+                .await?
+        }
         _ => bail!("give the pod with --pod FILE or --pod-name NAME"),
     };
     let svc: Service = match (&args.service, &args.service_name) {
         (Some(p), _) => read_object(p)?,
-        (None, Some(n)) => Api::namespaced(client.unwrap(), &args.namespace).get(n).await?,
+        (None, Some(n)) => {
+            Api::namespaced(client.unwrap(), &args.namespace)
+                .get(n)
+                .await?
+        }
         _ => bail!("give the Service with --service FILE or --service-name NAME"),
     };
 
     let (expr, modules_dir): (CheckerExpr, Option<PathBuf>) = if let Some(path) = &args.config {
-        let cfg = Config::load(path).with_context(|| format!("invalid configuration {}", path.display()))?;
+        let cfg = Config::load(path)
+            .with_context(|| format!("invalid configuration {}", path.display()))?;
         (cfg.membership.clone(), cfg.modules_dir.clone())
     } else if let Some(e) = &args.expr {
-        (CheckerExpr::from_yaml(e).context("invalid --expr")?, None)
+        let expr: CheckerExpr = serde_saphyr::from_str(e).context("invalid --expr")?;
+        expr.validate_at("--expr", true)
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        (expr, None)
     } else if let Some(w) = &args.wasm {
-        let dir = w.parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("."));
+        let dir = w
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_else(|| PathBuf::from("."));
         let file = w
             .file_name()
             .context("--wasm must name a file")?
@@ -247,27 +281,39 @@ pub async fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
             .to_string();
         let config: serde_json::Value =
             serde_json::from_str(&args.wasm_config).context("--wasm-config is not JSON")?;
-        (CheckerExpr::wasm(file, config), Some(if dir.as_os_str().is_empty() { PathBuf::from(".") } else { dir }))
+        let dir = if dir.as_os_str().is_empty() {
+            PathBuf::from(".")
+        } else {
+            dir
+        };
+        (
+            CheckerExpr::Wasm(WasmSpec {
+                module: file,
+                config,
+                sha256: None,
+            }),
+            Some(dir),
+        )
     } else {
         (CheckerExpr::default(), None)
     };
 
     let runtime = match modules_dir {
-        Some(dir) => Some(
-            WasmRuntime::start(WasmSettings {
-                modules_dir: dir,
-                cache_dir: args.cache_dir.clone(),
-                watch: false,
-                ..WasmSettings::default()
-            })
-            .await?,
-        ),
+        Some(dir) => Some(WasmRuntime::new(WasmConfig {
+            modules_dir: Some(dir),
+            cache_dir: Some(args.cache_dir.clone().unwrap_or_else(default_cache_dir)),
+            watch: false,
+            limits: Limits::default(),
+        })?),
         None => None,
     };
     let checker = build(
         &expr,
         &BuildContext {
-            wasm: runtime.as_ref().map(|r| r as &dyn crate::membership::build::WasmCheckers),
+            wasm: runtime
+                .as_ref()
+                .map(|r| r as &dyn crate::membership::build::WasmCheckers),
+            ..BuildContext::default()
         },
     )
     .map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -281,10 +327,17 @@ pub async fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
         );
         return Ok(ExitCode::from(3));
     }
-    println!("{:<16} {:<6} {:<40} {:<8} REASON", "PORT", "FAMILY", "ADDRESS", "VERDICT");
+    println!(
+        "{:<16} {:<6} {:<40} {:<8} REASON",
+        "PORT", "FAMILY", "ADDRESS", "VERDICT"
+    );
     for s in subjects {
         let v = checker.check(&s).await;
-        let port = if s.port.name.is_empty() { s.port.port.to_string() } else { s.port.name.clone() };
+        let port = if s.port.name.is_empty() {
+            s.port.port.to_string()
+        } else {
+            s.port.name.clone()
+        };
         println!(
             "{:<16} {:<6} {:<40} {:<8} {}",
             port,

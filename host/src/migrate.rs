@@ -81,7 +81,10 @@ pub struct Migrator {
 }
 
 fn is_our_endpoints(ep: &Endpoints, managed_by: &str) -> bool {
-    ep.labels().get(ENDPOINTS_MANAGED_BY_LABEL).map(String::as_str) == Some(managed_by)
+    ep.labels()
+        .get(ENDPOINTS_MANAGED_BY_LABEL)
+        .map(String::as_str)
+        == Some(managed_by)
 }
 
 impl Migrator {
@@ -141,7 +144,11 @@ impl Migrator {
     /// Publishes `desired` as the Service's Endpoints object, unless an
     /// Endpoints object owned by someone else exists. Writes only when the
     /// live object differs.
-    pub async fn publish_endpoints(&self, svc: &Service, desired: Endpoints) -> Result<bool, Error> {
+    pub async fn publish_endpoints(
+        &self,
+        svc: &Service,
+        desired: Endpoints,
+    ) -> Result<bool, Error> {
         let ns = svc.namespace().unwrap_or_default();
         let name = svc.name_any();
         let api: Api<Endpoints> = Api::namespaced(self.client.clone(), &ns);

@@ -137,12 +137,11 @@ impl Judge {
         let started = Instant::now();
         let verdict = match tokio::time::timeout(self.timeout, self.checker.check(subject)).await {
             Ok(v) => v,
-            Err(_) => Verdict::abstain().because(format!(
-                "check did not finish within {:?}",
-                self.timeout
-            )),
+            Err(_) => Verdict::abstain()
+                .because(format!("check did not finish within {:?}", self.timeout)),
         };
-        self.metrics.observe_check(verdict.decision, started.elapsed());
+        self.metrics
+            .observe_check(verdict.decision, started.elapsed());
         debug!(
             pod = %subject.pod.name_any(),
             port = %subject.port.name,

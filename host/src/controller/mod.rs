@@ -12,14 +12,14 @@ pub mod cache;
 mod judge;
 
 use std::{
-    collections::{BTreeMap, HashMap, HashSet},
+    collections::{BTreeMap, HashSet},
     future::Future,
     sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
 use futures::{
-    Stream, StreamExt,
+    FutureExt, StreamExt,
     channel::mpsc::{UnboundedSender, unbounded},
     future::{self, BoxFuture},
     stream::{self, BoxStream},
@@ -38,7 +38,6 @@ use kube::{
         Controller, WatchStreamExt,
         controller::Action,
         events::{Event as KubeEvent, EventType, Recorder, Reporter},
-        metadata_watcher,
         reflector::{self, ObjectRef, Store},
         watcher,
     },
@@ -135,7 +134,6 @@ impl Default for RunOptions {
 /// Everything a reconcile reads: caches, indexes, the checker, writers.
 pub struct Context {
     pub config: Arc<Config>,
-    services: Store<Service>,
     pods: Store<Pod>,
     slices: Store<EndpointSlice>,
     nodes: Option<Store<PartialObjectMeta<Node>>>,
@@ -152,7 +150,6 @@ pub struct Context {
     /// Services whose ExternalName event was emitted.
     external_warned: Mutex<HashSet<String>>,
     migration: migrate::Migrator,
-    client: Client,
 }
 
 impl Context {
@@ -191,9 +188,7 @@ impl Context {
     fn zone_of(&self, node: &str) -> Option<String> {
         let nodes = self.nodes.as_ref()?;
         let meta = nodes.get(&ObjectRef::new(node))?;
-        meta.labels()
-            .get("topology.kubernetes.io/zone")
-            .cloned()
+        meta.labels().get("topology.kubernetes.io/zone").cloned()
     }
 
     async fn event(&self, svc: &Service, type_: EventType, reason: &str, note: String) {
@@ -247,7 +242,10 @@ fn slice_service(slice: &EndpointSlice) -> Option<String> {
         .or_else(|| slice.labels().get(SERVICE_NAME_LABEL).cloned())
 }
 
-fn key_of<'a>(meta: &'a k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta, key: &KeySource) -> Option<&'a str> {
+fn key_of<'a>(
+    meta: &'a k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    key: &KeySource,
+) -> Option<&'a str> {
     align::key_value(meta, key)
 }
 
@@ -296,6 +294,7 @@ pub async fn run(
         &config.membership,
         &BuildContext {
             wasm: opts.wasm.as_deref(),
+            stable_ttl: BuildContext::stable_ttl_for(config.resync_period),
         },
     )
     .map_err(|e| Error::Build(e.to_string()))?;
@@ -350,9 +349,10 @@ pub async fn run(
                         let svc = slice_service(&s);
                         owners.set(&ns, &s.name_any(), svc.as_deref());
                         if let Some(svc) = svc {
-                            let relevant = s.labels().get(MANAGED_BY_LABEL).is_none_or(|m| {
-                                m == &managed_by || m == migrate::NATIVE_MANAGER
-                            });
+                            let relevant = s
+                                .labels()
+                                .get(MANAGED_BY_LABEL)
+                                .is_none_or(|m| m == &managed_by || m == migrate::NATIVE_MANAGER);
                             if relevant {
                                 let _ = tx.unbounded_send(ObjectRef::new(&svc).within(&ns));
                             }
@@ -372,27 +372,32 @@ pub async fn run(
     };
 
     // Node metadata: zones only.
-    let (node_store, node_stream): (Option<Store<PartialObjectMeta<Node>>>, BoxFuture<'static, ()>) =
-        if config.disable_node_lookups {
-            (None, future::pending().boxed())
-        } else {
-            let (reader, writer) = reflector::store::<PartialObjectMeta<Node>>();
-            let mut token = Some(gate.register());
-            let stream = metadata_watcher(Api::<Node>::all(client.clone()), list_cfg.clone())
-                .default_backoff()
-                .modify(cache::strip_managed_fields)
-                .reflect(writer)
-                .for_each(move |ev| {
-                    if let Ok(watcher::Event::InitDone) = ev {
-                        // node metadata is optional for correctness; count it
-                        // as synced after its first list.
-                        token.take();
-                    }
-                    future::ready(())
-                })
-                .boxed();
-            (Some(reader), stream)
-        };
+    let (node_store, node_stream): (
+        Option<Store<PartialObjectMeta<Node>>>,
+        BoxFuture<'static, ()>,
+    ) = if config.disable_node_lookups {
+        (None, future::pending::<()>().boxed())
+    } else {
+        let (reader, writer) = reflector::store::<PartialObjectMeta<Node>>();
+        let mut token = Some(gate.register());
+        let stream = watcher(
+            Api::<PartialObjectMeta<Node>>::all(client.clone()),
+            list_cfg.clone(),
+        )
+        .default_backoff()
+        .modify(cache::strip_managed_fields)
+        .reflect(writer)
+        .for_each(move |ev| {
+            if let Ok(watcher::Event::InitDone) = ev {
+                // node metadata is optional for correctness; count it
+                // as synced after its first list.
+                token.take();
+            }
+            future::ready(())
+        })
+        .boxed();
+        (Some(reader), stream)
+    };
 
     // Service index by group, maintained from the Service stream before it
     // reaches the controller.
@@ -412,12 +417,17 @@ pub async fn run(
         instance: opts.instance.clone(),
     };
     let ctx = Arc::new(Context {
-        judge: Judge::new(checker, config.max_concurrent_checks, opts.check_timeout, config.resync_period, opts.metrics.clone()),
+        judge: Judge::new(
+            checker,
+            config.max_concurrent_checks,
+            opts.check_timeout,
+            config.resync_period,
+            opts.metrics.clone(),
+        ),
         writer: SliceWriter::new(client.clone(), config.managed_by.clone()),
         recorder: Recorder::new(client.clone(), reporter),
         migration: migrate::Migrator::new(client.clone(), config.managed_by.clone()),
         config: config.clone(),
-        services: svc_reader.clone(),
         pods: pod_reader,
         slices: slice_reader,
         nodes: node_store,
@@ -427,7 +437,6 @@ pub async fn run(
         leader: opts.leader.clone(),
         selector_warned: Mutex::default(),
         external_warned: Mutex::default(),
-        client: client.clone(),
     });
 
     // Becoming leader (again) re-checks everything: while following we
@@ -467,7 +476,9 @@ pub async fn run(
     info!(namespaces = ?opts.namespaces, managed_by = %config.managed_by, "portwise controller starting");
     let metrics = opts.metrics.clone();
     Controller::for_stream(services, svc_reader)
-        .with_config(kube::runtime::controller::Config::default().concurrency(opts.reconcile_concurrency))
+        .with_config(
+            kube::runtime::controller::Config::default().concurrency(opts.reconcile_concurrency),
+        )
         .reconcile_on(trigger_rx)
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)
@@ -577,19 +588,26 @@ async fn reconcile(svc: Arc<Service>, ctx: Arc<Context>) -> Result<Action, Error
     let subjects = align::subjects(&svc, &pods);
     let judged = ctx.judge.judge(&svc, subjects).await;
 
-    let owned = ctx.owned_slices(&svc);
-    let zones = |node: &str| ctx.zone_of(node);
-    let lookup = |n: &str| ctx.slice_by_name(&ns, n);
-    let input = plan::PlanInput {
-        service: &svc,
-        managed_by: &ctx.config.managed_by,
-        max_endpoints_per_slice: ctx.config.max_endpoints_per_slice,
-        judged: &judged,
-        zones: if ctx.nodes.is_some() { Some(&zones) } else { None },
-        owned: &owned,
-        lookup: &lookup,
+    // The planner's inputs borrow non-Send closures; keep them out of the
+    // awaits below.
+    let plan = {
+        let owned = ctx.owned_slices(&svc);
+        let zones = |node: &str| ctx.zone_of(node);
+        let lookup = |n: &str| ctx.slice_by_name(&ns, n);
+        plan::plan(&plan::PlanInput {
+            service: &svc,
+            managed_by: &ctx.config.managed_by,
+            max_endpoints_per_slice: ctx.config.max_endpoints_per_slice,
+            judged: &judged,
+            zones: if ctx.nodes.is_some() {
+                Some(&zones)
+            } else {
+                None
+            },
+            owned: &owned,
+            lookup: &lookup,
+        })
     };
-    let plan = plan::plan(&input);
 
     for c in &plan.collisions {
         ctx.metrics.count_name_collision();
@@ -618,7 +636,8 @@ async fn reconcile(svc: Arc<Service>, ctx: Arc<Context>) -> Result<Action, Error
     for ((port, family), n) in &plan.summary.endpoints {
         published.insert((port.clone(), family.clone()), *n);
     }
-    ctx.metrics.set_service(&ns, &name, &published, plan.summary.slices);
+    ctx.metrics
+        .set_service(&ns, &name, &published, plan.summary.slices);
 
     let publishes_any = plan.summary.endpoints.values().any(|n| *n > 0);
     if ctx.config.native_cleanup && !has_selector && publishes_any {
@@ -627,7 +646,10 @@ async fn reconcile(svc: Arc<Service>, ctx: Arc<Context>) -> Result<Action, Error
             .members(&ns, &name)
             .into_iter()
             .filter_map(|n| ctx.slices.get(&ObjectRef::new(&n).within(&ns)))
-            .filter(|s| s.labels().get(MANAGED_BY_LABEL).map(String::as_str) == Some(migrate::NATIVE_MANAGER))
+            .filter(|s| {
+                s.labels().get(MANAGED_BY_LABEL).map(String::as_str)
+                    == Some(migrate::NATIVE_MANAGER)
+            })
             .collect();
         let cleaned = ctx
             .migration
