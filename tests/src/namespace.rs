@@ -235,9 +235,14 @@ impl TestNs {
         Ok(())
     }
 
-    /// Removes the test finalizer so a terminating pod can go away.
+    /// Lets a terminating pod go: removes the test finalizer and, standing
+    /// in for the kubelet, finishes the graceful delete (grace period 0).
     pub async fn release_pod(&self, name: &str) -> Result<()> {
-        release(&self.api::<Pod>(), name).await
+        release(&self.api::<Pod>(), name).await?;
+        match self.delete_pod(name).await {
+            Err(e) if is_not_found(&e) => Ok(()),
+            other => other,
+        }
     }
 
     // ---- Nodes ----------------------------------------------------------
@@ -280,6 +285,12 @@ impl TestNs {
             .await?
             .items)
     }
+}
+
+fn is_not_found(e: &anyhow::Error) -> bool {
+    e.chain().any(
+        |c| matches!(c.downcast_ref::<kube::Error>(), Some(kube::Error::Api(s)) if s.code == 404),
+    )
 }
 
 async fn release<K>(api: &Api<K>, name: &str) -> Result<()>
@@ -347,6 +358,13 @@ async fn cleanup(client: Client, ns: &str, nodes: &[String]) -> Result<()> {
             let _ = release(&pods, &p.metadata.name.unwrap_or_default()).await;
         }
     }
+    // No kubelet will ever finish a graceful delete of a pod with a
+    // nodeName, and the namespace would stay Terminating: delete them now.
+    let now = DeleteParams {
+        grace_period_seconds: Some(0),
+        ..Default::default()
+    };
+    let _ = pods.delete_collection(&now, &ListParams::default()).await;
     let svcs: Api<Service> = Api::namespaced(client.clone(), ns);
     for s in svcs.list(&ListParams::default()).await?.items {
         if s.metadata

@@ -13,7 +13,7 @@ use std::{
 };
 
 use anyhow::{Context, Result, anyhow, bail};
-use tokio::{process::Child, sync::oneshot, task::JoinHandle};
+use tokio::{process::Child, sync::oneshot};
 
 use crate::{ControlPlane, TestNs};
 
@@ -30,10 +30,14 @@ pub struct Portwise {
 }
 
 enum Running {
+    /// The controller runs on a thread of its own with its own runtime, so
+    /// that its futures need not be `Send` and a kill drops every task it
+    /// spawned, like a process exit would.
     #[cfg_attr(not(feature = "in-process"), allow(dead_code))]
     InProcess {
         shutdown: Option<oneshot::Sender<()>>,
-        task: JoinHandle<Result<()>>,
+        kill: Option<oneshot::Sender<()>>,
+        done: oneshot::Receiver<Result<()>>,
     },
     Binary {
         child: Child,
@@ -88,13 +92,19 @@ impl Portwise {
     pub async fn stop(&mut self) -> Result<()> {
         match self.run.take() {
             None => Ok(()),
-            Some(Running::InProcess { shutdown, task }) => {
+            Some(Running::InProcess {
+                shutdown,
+                kill,
+                done,
+            }) => {
                 if let Some(tx) = shutdown {
                     let _ = tx.send(());
                 }
-                match tokio::time::timeout(Duration::from_secs(30), task).await {
+                let res = tokio::time::timeout(Duration::from_secs(30), done).await;
+                drop(kill);
+                match res {
                     Err(_) => bail!("portwise did not stop within 30s of shutdown"),
-                    Ok(Err(join)) => bail!("portwise task panicked: {join}"),
+                    Ok(Err(_)) => bail!("portwise's thread panicked"),
                     Ok(Ok(res)) => res,
                 }
             }
@@ -130,9 +140,11 @@ impl Portwise {
     pub async fn kill(&mut self) {
         match self.run.take() {
             None => {}
-            Some(Running::InProcess { task, .. }) => {
-                task.abort();
-                let _ = task.await;
+            Some(Running::InProcess { kill, done, .. }) => {
+                if let Some(tx) = kill {
+                    let _ = tx.send(());
+                }
+                let _ = tokio::time::timeout(Duration::from_secs(30), done).await;
             }
             Some(Running::Binary { mut child }) => {
                 let _ = child.kill().await;
@@ -165,14 +177,16 @@ impl Portwise {
     pub fn check_running(&mut self) -> Result<()> {
         match &mut self.run {
             None => bail!("portwise is not running"),
-            Some(Running::InProcess { task, .. }) if task.is_finished() => {
-                bail!("portwise exited on its own (see the test output for its error)")
-            }
+            Some(Running::InProcess { done, .. }) => match done.try_recv() {
+                Ok(Ok(())) => bail!("portwise exited on its own without an error"),
+                Ok(Err(e)) => bail!("portwise exited on its own: {e:#}"),
+                Err(oneshot::error::TryRecvError::Closed) => bail!("portwise's thread panicked"),
+                Err(oneshot::error::TryRecvError::Empty) => Ok(()),
+            },
             Some(Running::Binary { child }) => match child.try_wait()? {
                 Some(status) => bail!("portwise exited on its own with {status}\n{}", self.logs()),
                 None => Ok(()),
             },
-            Some(_) => Ok(()),
         }
     }
 
@@ -214,32 +228,62 @@ impl Portwise {
 
     #[cfg(feature = "in-process")]
     async fn launch_in_process(&mut self) -> Result<Running> {
-        let config = portwise::config::Config::from_yaml(&self.config)
-            .map_err(|e| anyhow!("test config rejected: {e:?}\n{}", self.config))?;
-        // A distinct user agent lets the audit log tell this controller's
-        // writes from the test's own.
-        let agent = format!("portwise/{}", self.namespaces.join(","));
-        let client = self.cp.client_with_agent(&agent).await?;
-        let opts = portwise::controller::RunOptions {
-            namespaces: self.namespaces.clone(),
-            ..Default::default()
-        };
-        let (tx, rx) = oneshot::channel::<()>();
-        let label = self.namespaces.join(",");
-        let task = tokio::spawn(async move {
-            let res = portwise::controller::run(client, config, opts, async move {
-                let _ = rx.await;
-            })
-            .await
-            .map_err(|e| anyhow!("portwise::controller::run failed: {e:?}"));
-            if let Err(e) = &res {
-                eprintln!("portwise ({label}) exited: {e:#}");
-            }
-            res
-        });
+        // Parse here so a bad test config fails the test at once; the thread
+        // parses its own copy (Config need not be Send).
+        portwise::config::Config::from_yaml(&self.config)
+            .map_err(|e| anyhow!("test config rejected: {e}\n{}", self.config))?;
+        let cp = self.cp;
+        let yaml = self.config.clone();
+        let namespaces = self.namespaces.clone();
+        let label = namespaces.join(",");
+        let (shutdown_tx, shutdown_rx) = oneshot::channel::<()>();
+        let (kill_tx, kill_rx) = oneshot::channel::<()>();
+        let (done_tx, done_rx) = oneshot::channel::<Result<()>>();
+        std::thread::Builder::new()
+            .name(format!("portwise {label}"))
+            .spawn(move || {
+                let rt = match tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(2)
+                    .enable_all()
+                    .build()
+                {
+                    Ok(rt) => rt,
+                    Err(e) => {
+                        let _ = done_tx.send(Err(e.into()));
+                        return;
+                    }
+                };
+                let agent = format!("portwise/{label}");
+                let res = rt.block_on(async move {
+                    let config = portwise::config::Config::from_yaml(&yaml)
+                        .map_err(|e| anyhow!("test config rejected: {e}"))?;
+                    // A distinct user agent lets the audit log tell this
+                    // controller's writes from the test's own.
+                    let client = cp.client_with_agent(&agent).await?;
+                    let opts = portwise::controller::RunOptions {
+                        namespaces,
+                        ..Default::default()
+                    };
+                    let run = portwise::controller::run(client, config, opts, async move {
+                        let _ = shutdown_rx.await;
+                    });
+                    tokio::select! {
+                        biased;
+                        _ = kill_rx => Ok(()),
+                        res = run => res.map_err(|e| anyhow!("portwise::controller::run failed: {e:?}")),
+                    }
+                });
+                // Dropping the runtime cancels whatever the controller spawned.
+                rt.shutdown_timeout(Duration::from_secs(5));
+                if let Err(e) = &res {
+                    eprintln!("portwise ({label}) exited: {e:#}");
+                }
+                let _ = done_tx.send(res);
+            })?;
         Ok(Running::InProcess {
-            shutdown: Some(tx),
-            task,
+            shutdown: Some(shutdown_tx),
+            kill: Some(kill_tx),
+            done: done_rx,
         })
     }
 
@@ -252,7 +296,8 @@ impl Portwise {
 impl Drop for Portwise {
     fn drop(&mut self) {
         match self.run.take() {
-            Some(Running::InProcess { task, .. }) => task.abort(),
+            // Dropping the senders ends the controller's thread.
+            Some(Running::InProcess { .. }) => {}
             Some(Running::Binary { mut child }) => {
                 let _ = child.start_kill();
             }
