@@ -1,0 +1,562 @@
+//! Alignment: which pods back which Service port, and on which address.
+//!
+//! The native controller aligns pods to a Service through `spec.selector`;
+//! portwise aligns them through a configured label or annotation and then
+//! asks a checker, per (Service port, address family, pod), whether the pod
+//! backs the port. This module produces those triples ([`Subject`]s) and
+//! nothing else: no verdicts, no I/O. The rules mirror upstream so a Service
+//! moved from the native controller to portwise publishes the same
+//! addresses and target ports (`podutil.FindPort`, `getEndpointAddresses`,
+//! `getAddressTypesForService`).
+
+use std::{
+    net::{IpAddr, Ipv4Addr},
+    sync::Arc,
+};
+
+use crate::membership::{Family, ResolvedPort, Subject};
+use k8s_openapi::{
+    api::core::v1::{Container, Pod, Service, ServicePort},
+    apimachinery::pkg::{apis::meta::v1::ObjectMeta, util::intstr::IntOrString},
+};
+
+pub use crate::config::KeySource;
+
+/// The value of `key` on an object, if present.
+pub fn key_value<'a>(meta: &'a ObjectMeta, key: &KeySource) -> Option<&'a str> {
+    key.get(meta)
+}
+
+/// The address families a Service publishes, in `spec.ipFamilies` order.
+///
+/// An apiserver always fills `ipFamilies`; when it is empty (objects built by
+/// hand, very old servers) the family of `clusterIP` decides, else IPv4.
+pub fn families(svc: &Service) -> Vec<Family> {
+    let spec = svc.spec.as_ref();
+    let mut out = Vec::with_capacity(2);
+    for f in spec
+        .and_then(|s| s.ip_families.as_ref())
+        .into_iter()
+        .flatten()
+    {
+        let fam = match f.as_str() {
+            "IPv4" => Family::V4,
+            "IPv6" => Family::V6,
+            _ => continue,
+        };
+        if !out.contains(&fam) {
+            out.push(fam);
+        }
+    }
+    if out.is_empty() {
+        let v6_cluster_ip = spec
+            .and_then(|s| s.cluster_ip.as_deref())
+            .and_then(parse_ip)
+            .is_some_and(|ip| ip.is_ipv6());
+        out.push(if v6_cluster_ip {
+            Family::V6
+        } else {
+            Family::V4
+        });
+    }
+    out
+}
+
+/// The family of an address (after normalisation).
+pub fn family_of(ip: IpAddr) -> Family {
+    match ip {
+        IpAddr::V4(_) => Family::V4,
+        IpAddr::V6(_) => Family::V6,
+    }
+}
+
+/// `discovery.k8s.io` address type of a family.
+pub fn address_type(family: Family) -> &'static str {
+    match family {
+        Family::V4 => "IPv4",
+        Family::V6 => "IPv6",
+    }
+}
+
+/// Parses an IP the way upstream's `ParseIPSloppy` does (IPv4 octets with
+/// leading zeros are decimal) and normalises IPv4-mapped IPv6 to IPv4, so
+/// that `::ffff:10.0.0.1` is published as the IPv4 address it is.
+pub fn parse_ip(s: &str) -> Option<IpAddr> {
+    let s = s.trim();
+    let ip = match s.parse::<IpAddr>() {
+        Ok(ip) => ip,
+        Err(_) => IpAddr::V4(parse_sloppy_v4(s)?),
+    };
+    Some(ip.to_canonical())
+}
+
+fn parse_sloppy_v4(s: &str) -> Option<Ipv4Addr> {
+    let mut octets = [0u8; 4];
+    let mut parts = s.split('.');
+    for o in &mut octets {
+        let p = parts.next()?;
+        if p.is_empty() || p.len() > 3 || !p.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        *o = p.parse().ok()?;
+    }
+    parts.next().is_none().then(|| Ipv4Addr::from(octets))
+}
+
+/// The pod's address in `family`: the first match in `status.podIPs`, else
+/// `status.podIP` (older objects only carry that).
+pub fn pod_address(pod: &Pod, family: Family) -> Option<IpAddr> {
+    let status = pod.status.as_ref()?;
+    status
+        .pod_ips
+        .iter()
+        .flatten()
+        .map(|p| p.ip.as_str())
+        .chain(status.pod_ip.as_deref())
+        .filter_map(parse_ip)
+        .find(|ip| family_of(*ip) == family)
+}
+
+/// A pod can back a Service unless it has terminated for good.
+pub fn is_candidate(pod: &Pod) -> bool {
+    !matches!(
+        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Succeeded" | "Failed")
+    )
+}
+
+/// The protocol of a Service or container port; the API defaults it to TCP.
+pub fn protocol(p: Option<&str>) -> &str {
+    match p {
+        None | Some("") => "TCP",
+        Some(p) => p,
+    }
+}
+
+/// The container port `port` reaches on `pod`, as upstream `FindPort`:
+/// a numeric `targetPort` is used as is (unset or zero means `port`); a named
+/// one is looked up by name and protocol in the containers, then in the
+/// restartable init containers (sidecars, `restartPolicy: Always`).
+pub fn resolve_target(port: &ServicePort, pod: &Pod) -> Option<u16> {
+    match &port.target_port {
+        None => valid_port(port.port),
+        Some(IntOrString::Int(0)) => valid_port(port.port),
+        Some(IntOrString::Int(n)) => valid_port(*n),
+        Some(IntOrString::String(name)) if name.is_empty() => valid_port(port.port),
+        Some(IntOrString::String(name)) => {
+            let spec = pod.spec.as_ref()?;
+            let want = protocol(port.protocol.as_deref());
+            let sidecars = spec
+                .init_containers
+                .iter()
+                .flatten()
+                .filter(|c| c.restart_policy.as_deref() == Some("Always"));
+            spec.containers
+                .iter()
+                .chain(sidecars)
+                .find_map(|c| named_port(c, name, want))
+        }
+    }
+}
+
+fn named_port(c: &Container, name: &str, proto: &str) -> Option<u16> {
+    c.ports
+        .iter()
+        .flatten()
+        .find(|p| p.name.as_deref() == Some(name) && protocol(p.protocol.as_deref()) == proto)
+        .and_then(|p| valid_port(p.container_port))
+}
+
+fn valid_port(n: i32) -> Option<u16> {
+    u16::try_from(n).ok().filter(|p| *p != 0)
+}
+
+/// The Service port as the membership layer sees it on one pod.
+pub fn resolved_port(port: &ServicePort, target: u16) -> ResolvedPort {
+    ResolvedPort {
+        name: port.name.clone().unwrap_or_default(),
+        port: port.port,
+        protocol: protocol(port.protocol.as_deref()).to_string(),
+        target,
+    }
+}
+
+/// Every (Service port, family, candidate pod) whose target port resolves
+/// and which has an address of that family: what the checker judges.
+///
+/// Order: Service ports in spec order, then families in `ipFamilies` order,
+/// then pods in the order given. Pods of other namespaces are skipped.
+pub fn subjects(service: &Arc<Service>, pods: &[Arc<Pod>]) -> Vec<Subject> {
+    let ports = service
+        .spec
+        .as_ref()
+        .and_then(|s| s.ports.as_deref())
+        .unwrap_or_default();
+    let families = families(service);
+    let ns = service.metadata.namespace.as_deref().unwrap_or_default();
+    let pods: Vec<&Arc<Pod>> = pods
+        .iter()
+        .filter(|p| p.metadata.namespace.as_deref().unwrap_or_default() == ns)
+        .filter(|p| is_candidate(p))
+        .collect();
+    let mut out = Vec::new();
+    for sp in ports {
+        for &family in &families {
+            for pod in &pods {
+                let Some(target) = resolve_target(sp, pod) else {
+                    continue;
+                };
+                let Some(address) = pod_address(pod, family) else {
+                    continue;
+                };
+                out.push(Subject {
+                    service: service.clone(),
+                    pod: Arc::clone(pod),
+                    port: resolved_port(sp, target),
+                    family,
+                    address,
+                });
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use k8s_openapi::api::core::v1::{ContainerPort, PodIP, PodSpec, PodStatus, ServiceSpec};
+
+    use super::*;
+
+    fn meta(labels: &[(&str, &str)], annotations: &[(&str, &str)]) -> ObjectMeta {
+        let map = |kv: &[(&str, &str)]| {
+            Some(
+                kv.iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect::<BTreeMap<_, _>>(),
+            )
+        };
+        ObjectMeta {
+            labels: map(labels),
+            annotations: map(annotations),
+            ..Default::default()
+        }
+    }
+
+    fn cport(name: &str, port: i32, proto: Option<&str>) -> ContainerPort {
+        ContainerPort {
+            name: Some(name.into()),
+            container_port: port,
+            protocol: proto.map(Into::into),
+            ..Default::default()
+        }
+    }
+
+    fn container(ports: Vec<ContainerPort>) -> Container {
+        Container {
+            name: "c".into(),
+            ports: Some(ports),
+            ..Default::default()
+        }
+    }
+
+    fn pod_with(containers: Vec<Container>, init: Vec<Container>, ips: &[&str]) -> Pod {
+        Pod {
+            metadata: ObjectMeta {
+                name: Some("p".into()),
+                namespace: Some("ns".into()),
+                ..Default::default()
+            },
+            spec: Some(PodSpec {
+                containers,
+                init_containers: Some(init),
+                ..Default::default()
+            }),
+            status: Some(PodStatus {
+                pod_ip: ips.first().map(|s| s.to_string()),
+                pod_ips: Some(ips.iter().map(|ip| PodIP { ip: ip.to_string() }).collect()),
+                phase: Some("Running".into()),
+                ..Default::default()
+            }),
+        }
+    }
+
+    fn sport(
+        name: &str,
+        port: i32,
+        target: Option<IntOrString>,
+        proto: Option<&str>,
+    ) -> ServicePort {
+        ServicePort {
+            name: Some(name.into()),
+            port,
+            target_port: target,
+            protocol: proto.map(Into::into),
+            ..Default::default()
+        }
+    }
+
+    fn named(s: &str) -> Option<IntOrString> {
+        Some(IntOrString::String(s.into()))
+    }
+
+    #[test]
+    fn key_value_reads_label_or_annotation() {
+        let m = meta(&[("g", "label-val")], &[("g", "ann-val")]);
+        assert_eq!(
+            key_value(&m, &KeySource::Label("g".into())),
+            Some("label-val")
+        );
+        assert_eq!(
+            key_value(&m, &KeySource::Annotation("g".into())),
+            Some("ann-val")
+        );
+        assert_eq!(key_value(&m, &KeySource::Label("other".into())), None);
+        assert_eq!(
+            key_value(&ObjectMeta::default(), &KeySource::Annotation("g".into())),
+            None
+        );
+    }
+
+    #[test]
+    fn families_follow_spec_and_default_to_v4() {
+        let svc = |fams: Option<Vec<&str>>, cip: Option<&str>| Service {
+            spec: Some(ServiceSpec {
+                ip_families: fams.map(|f| f.into_iter().map(String::from).collect()),
+                cluster_ip: cip.map(Into::into),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        assert_eq!(
+            families(&svc(Some(vec!["IPv6", "IPv4"]), None)),
+            vec![Family::V6, Family::V4]
+        );
+        assert_eq!(families(&svc(Some(vec!["IPv4"]), None)), vec![Family::V4]);
+        assert_eq!(families(&svc(None, None)), vec![Family::V4]);
+        assert_eq!(families(&svc(Some(vec![]), Some("None"))), vec![Family::V4]);
+        assert_eq!(families(&svc(None, Some("fd00::1"))), vec![Family::V6]);
+        assert_eq!(families(&Service::default()), vec![Family::V4]);
+    }
+
+    #[test]
+    fn pod_address_per_family_with_mapped_normalisation() {
+        let p = pod_with(vec![], vec![], &["10.244.0.5", "fd00:10:244::5"]);
+        assert_eq!(
+            pod_address(&p, Family::V4),
+            Some("10.244.0.5".parse().unwrap())
+        );
+        assert_eq!(
+            pod_address(&p, Family::V6),
+            Some("fd00:10:244::5".parse().unwrap())
+        );
+
+        let mapped = pod_with(vec![], vec![], &["::ffff:10.244.0.7"]);
+        assert_eq!(
+            pod_address(&mapped, Family::V4),
+            Some("10.244.0.7".parse().unwrap())
+        );
+        assert_eq!(pod_address(&mapped, Family::V6), None);
+
+        let mut legacy = pod_with(vec![], vec![], &[]);
+        legacy.status.as_mut().unwrap().pod_ips = None;
+        legacy.status.as_mut().unwrap().pod_ip = Some("10.244.0.9".into());
+        assert_eq!(
+            pod_address(&legacy, Family::V4),
+            Some("10.244.0.9".parse().unwrap())
+        );
+
+        let sloppy = pod_with(vec![], vec![], &["010.244.000.011"]);
+        assert_eq!(
+            pod_address(&sloppy, Family::V4),
+            Some("10.244.0.11".parse().unwrap())
+        );
+
+        let none = pod_with(vec![], vec![], &[]);
+        assert_eq!(pod_address(&none, Family::V4), None);
+        assert_eq!(pod_address(&Pod::default(), Family::V4), None);
+    }
+
+    #[test]
+    fn terminal_pods_are_not_candidates() {
+        let mut p = pod_with(vec![], vec![], &["10.0.0.1"]);
+        assert!(is_candidate(&p));
+        for (phase, want) in [
+            ("Pending", true),
+            ("Unknown", true),
+            ("Succeeded", false),
+            ("Failed", false),
+        ] {
+            p.status.as_mut().unwrap().phase = Some(phase.into());
+            assert_eq!(is_candidate(&p), want, "{phase}");
+        }
+        assert!(is_candidate(&Pod::default()));
+    }
+
+    #[test]
+    fn numeric_and_unset_target_ports() {
+        let p = pod_with(vec![], vec![], &["10.0.0.1"]);
+        assert_eq!(resolve_target(&sport("a", 80, None, None), &p), Some(80));
+        assert_eq!(
+            resolve_target(&sport("a", 80, Some(IntOrString::Int(8080)), None), &p),
+            Some(8080)
+        );
+        assert_eq!(
+            resolve_target(&sport("a", 80, Some(IntOrString::Int(0)), None), &p),
+            Some(80)
+        );
+        assert_eq!(
+            resolve_target(&sport("a", 80, named(""), None), &p),
+            Some(80)
+        );
+        assert_eq!(
+            resolve_target(&sport("a", 80, Some(IntOrString::Int(70000)), None), &p),
+            None
+        );
+    }
+
+    #[test]
+    fn named_target_port_matches_name_and_protocol() {
+        let p = pod_with(
+            vec![
+                container(vec![
+                    cport("dns", 5353, Some("UDP")),
+                    cport("web", 8080, None),
+                ]),
+                container(vec![cport("dns", 5354, Some("TCP"))]),
+            ],
+            vec![],
+            &["10.0.0.1"],
+        );
+        // empty protocol on both sides means TCP
+        assert_eq!(
+            resolve_target(&sport("http", 80, named("web"), None), &p),
+            Some(8080)
+        );
+        assert_eq!(
+            resolve_target(&sport("http", 80, named("web"), Some("TCP")), &p),
+            Some(8080)
+        );
+        assert_eq!(
+            resolve_target(&sport("http", 80, named("web"), Some("UDP")), &p),
+            None
+        );
+        // same name, different protocol: picks the matching one across containers
+        assert_eq!(
+            resolve_target(&sport("dns", 53, named("dns"), Some("UDP")), &p),
+            Some(5353)
+        );
+        assert_eq!(
+            resolve_target(&sport("dns", 53, named("dns"), None), &p),
+            Some(5354)
+        );
+        assert_eq!(
+            resolve_target(&sport("x", 53, named("missing"), None), &p),
+            None
+        );
+    }
+
+    #[test]
+    fn named_target_port_in_sidecar_only() {
+        let mut sidecar = container(vec![cport("metrics", 9090, None)]);
+        sidecar.restart_policy = Some("Always".into());
+        let plain_init = container(vec![cport("setup", 7070, None)]);
+        let p = pod_with(
+            vec![container(vec![cport("web", 8080, None)])],
+            vec![plain_init, sidecar],
+            &["10.0.0.1"],
+        );
+        assert_eq!(
+            resolve_target(&sport("m", 90, named("metrics"), None), &p),
+            Some(9090)
+        );
+        // a run-to-completion init container does not serve
+        assert_eq!(
+            resolve_target(&sport("s", 70, named("setup"), None), &p),
+            None
+        );
+        // regular containers win over sidecars
+        let mut dup = container(vec![cport("web", 9999, None)]);
+        dup.restart_policy = Some("Always".into());
+        let p2 = pod_with(
+            vec![container(vec![cport("web", 8080, None)])],
+            vec![dup],
+            &["10.0.0.1"],
+        );
+        assert_eq!(
+            resolve_target(&sport("w", 80, named("web"), None), &p2),
+            Some(8080)
+        );
+    }
+
+    #[test]
+    fn subjects_cover_ports_families_and_candidates() {
+        let svc = Arc::new(Service {
+            metadata: ObjectMeta {
+                name: Some("s".into()),
+                namespace: Some("ns".into()),
+                ..Default::default()
+            },
+            spec: Some(ServiceSpec {
+                ip_families: Some(vec!["IPv4".into(), "IPv6".into()]),
+                ports: Some(vec![
+                    sport("http", 80, named("web"), None),
+                    sport("admin", 9000, Some(IntOrString::Int(9001)), None),
+                ]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        let dual = pod_with(
+            vec![container(vec![cport("web", 8080, None)])],
+            vec![],
+            &["10.0.0.1", "fd00::1"],
+        );
+        let v4_only_no_web = {
+            let mut p = pod_with(vec![], vec![], &["10.0.0.2"]);
+            p.metadata.name = Some("q".into());
+            p
+        };
+        let failed = {
+            let mut p = pod_with(
+                vec![container(vec![cport("web", 8080, None)])],
+                vec![],
+                &["10.0.0.3"],
+            );
+            p.status.as_mut().unwrap().phase = Some("Failed".into());
+            p
+        };
+        let other_ns = {
+            let mut p = pod_with(
+                vec![container(vec![cport("web", 8080, None)])],
+                vec![],
+                &["10.0.0.4"],
+            );
+            p.metadata.namespace = Some("elsewhere".into());
+            p
+        };
+        let pods: Vec<Arc<Pod>> = [dual, v4_only_no_web, failed, other_ns]
+            .into_iter()
+            .map(Arc::new)
+            .collect();
+        let got: Vec<(String, u16, Family, String)> = subjects(&svc, &pods)
+            .into_iter()
+            .map(|s| (s.port.name, s.port.target, s.family, s.address.to_string()))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                ("http".into(), 8080, Family::V4, "10.0.0.1".into()),
+                ("http".into(), 8080, Family::V6, "fd00::1".into()),
+                ("admin".into(), 9001, Family::V4, "10.0.0.1".into()),
+                ("admin".into(), 9001, Family::V4, "10.0.0.2".into()),
+                ("admin".into(), 9001, Family::V6, "fd00::1".into()),
+            ]
+        );
+        let s = &subjects(&svc, &pods)[0];
+        assert_eq!(s.port.protocol, "TCP");
+        assert_eq!(s.port.port, 80);
+    }
+}

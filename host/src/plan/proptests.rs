@@ -1,0 +1,418 @@
+//! Property tests of the planner over random pods, verdicts and live state
+//! (issue 7, item 5).
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    sync::Arc,
+};
+
+use k8s_openapi::api::{core::v1::Pod, discovery::v1::EndpointSlice};
+use proptest::prelude::*;
+
+use super::{testutil::*, *};
+
+#[derive(Clone, Debug)]
+struct PodSpec {
+    v6: bool,
+    web: u16,
+    terminating: bool,
+    node: u8,
+}
+
+#[derive(Clone, Debug)]
+struct Case {
+    families: Vec<&'static str>,
+    publish_not_ready: bool,
+    traffic: Option<&'static str>,
+    deleting: bool,
+    max: usize,
+    pods: Vec<PodSpec>,
+    /// Verdicts that built the live state, then the current ones
+    /// (indexed by subject, wrapping).
+    before: Vec<Decision>,
+    now: Vec<Decision>,
+    /// Perturbations of the live state.
+    drop_slices: Vec<usize>,
+    strip_labels: Vec<usize>,
+    drop_endpoints: Vec<usize>,
+    foreign: Vec<usize>,
+    max_before: usize,
+    /// Which subject flips, and which pod starts terminating, for the
+    /// churn property.
+    flip: usize,
+    term: usize,
+    /// The admin port's target before (9000) or after a Service edit (9001).
+    admin_edit: bool,
+}
+
+/// `cases` unless `PROPTEST_CASES` asks for another number (deep runs).
+fn config(cases: u32) -> ProptestConfig {
+    let cases = std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(cases);
+    ProptestConfig {
+        cases,
+        ..ProptestConfig::default()
+    }
+}
+
+fn decision() -> impl Strategy<Value = Decision> {
+    prop_oneof![
+        Just(Decision::Include),
+        Just(Decision::Exclude),
+        Just(Decision::Abstain)
+    ]
+}
+
+fn case() -> impl Strategy<Value = Case> {
+    let pod = (
+        any::<bool>(),
+        prop_oneof![Just(8080u16), Just(8081u16)],
+        prop::bool::weighted(0.2),
+        0u8..3,
+    )
+        .prop_map(|(v6, web, terminating, node)| PodSpec {
+            v6,
+            web,
+            terminating,
+            node,
+        });
+    (
+        prop_oneof![
+            Just(vec!["IPv4"]),
+            Just(vec!["IPv6"]),
+            Just(vec!["IPv4", "IPv6"]),
+            Just(vec!["IPv6", "IPv4"])
+        ],
+        any::<bool>(),
+        prop_oneof![
+            Just(None),
+            Just(Some("PreferClose")),
+            Just(Some("PreferSameNode"))
+        ],
+        prop::bool::weighted(0.1),
+        1usize..6,
+        prop::collection::vec(pod, 0..30),
+        prop::collection::vec(decision(), 1..40),
+        prop::collection::vec(decision(), 1..40),
+        (
+            prop::collection::vec(0usize..20, 0..3),
+            prop::collection::vec(0usize..20, 0..3),
+            prop::collection::vec(0usize..20, 0..3),
+            prop::collection::vec(0usize..12, 0..3),
+            1usize..6,
+        ),
+        (any::<usize>(), any::<usize>(), prop::bool::weighted(0.2)),
+    )
+        .prop_map(
+            |(
+                families,
+                publish_not_ready,
+                traffic,
+                deleting,
+                max,
+                pods,
+                before,
+                now,
+                (d, s, e, f, max_before),
+                (flip, term, admin_edit),
+            )| Case {
+                families,
+                publish_not_ready,
+                traffic,
+                deleting,
+                max,
+                pods,
+                before,
+                now,
+                drop_slices: d,
+                strip_labels: s,
+                drop_endpoints: e,
+                foreign: f,
+                max_before,
+                flip,
+                term,
+                admin_edit,
+            },
+        )
+}
+
+fn build(case: &Case) -> (Service, Vec<Arc<Pod>>) {
+    let mut svc = service(
+        "web",
+        vec![
+            port("http", 80, named("web")),
+            port("admin", 90, num(9000 + i32::from(case.admin_edit))),
+        ],
+        &case.families,
+    );
+    let spec = svc.spec.as_mut().unwrap();
+    spec.publish_not_ready_addresses = Some(case.publish_not_ready);
+    spec.traffic_distribution = case.traffic.map(Into::into);
+    let pods = case
+        .pods
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let v4 = format!("10.244.0.{}", i + 1);
+            let v6 = format!("fd00:10:244::{:x}", i + 1);
+            let ips: Vec<&str> = if p.v6 { vec![&v4, &v6] } else { vec![&v4] };
+            let mut pod = pod(&format!("p{i}"), &ips, p.web);
+            pod.spec.as_mut().unwrap().node_name = Some(format!("node-{}", p.node));
+            if p.terminating {
+                pod = terminating(pod);
+            }
+            Arc::new(pod)
+        })
+        .collect();
+    (svc, pods)
+}
+
+fn verdicts(svc: &Service, pods: &[Arc<Pod>], table: &[Decision]) -> Vec<Judged> {
+    let mut judged = include_all(svc, pods);
+    for (i, j) in judged.iter_mut().enumerate() {
+        j.decision = table[i % table.len()];
+    }
+    judged
+}
+
+fn zones(node: &str) -> Option<String> {
+    (node != "node-2").then(|| format!("zone-{}", &node[5..]))
+}
+
+/// Builds a live state by planning earlier verdicts, then damages it.
+fn live_state(case: &Case, svc: &Service, pods: &[Arc<Pod>]) -> World {
+    let mut w = World::default();
+    let mut earlier = svc.clone();
+    earlier.metadata.deletion_timestamp = None;
+    earlier.spec.as_mut().unwrap().ports.as_mut().unwrap()[1].target_port = Some(num(9000));
+    let plan = w.plan_with(
+        &earlier,
+        &verdicts(&earlier, pods, &case.before),
+        case.max_before,
+        Some(&zones),
+    );
+    w.apply(&plan);
+    let names = w.names();
+    let pick = |i: &usize| names.get(i % names.len().max(1)).cloned();
+    for i in &case.drop_slices {
+        if let Some(n) = pick(i) {
+            w.slices.remove(&n);
+        }
+    }
+    for i in &case.strip_labels {
+        if let Some(n) = pick(i)
+            && let Some(s) = w.slices.get(&n)
+        {
+            let mut s = (**s).clone();
+            s.metadata.labels.as_mut().unwrap().remove(MANAGED_BY_LABEL);
+            w.slices.insert(n, Arc::new(s));
+        }
+    }
+    for i in &case.drop_endpoints {
+        if let Some(n) = pick(i)
+            && let Some(s) = w.slices.get(&n)
+        {
+            let mut s = (**s).clone();
+            if let Some(e) = s.endpoints.as_mut().filter(|e| !e.is_empty()) {
+                e.remove(i % e.len());
+            }
+            w.slices.insert(n, Arc::new(s));
+        }
+    }
+    // Names other owners hold (some of which we may want).
+    let candidates = [
+        "web-http",
+        "web-http--2",
+        "web-http--3",
+        "web-admin",
+        "web-admin--2",
+        "web-http--ipv6",
+        "web-http--p8081",
+        "web-http--p8080",
+        "web-admin--ipv6",
+        "web-http--ipv6--2",
+        "web-admin--3",
+        "web-http--4",
+    ];
+    for i in &case.foreign {
+        let name = candidates[*i];
+        if !w.slices.contains_key(name) {
+            w.slices
+                .insert(name.into(), foreign(name, "someone-else", "other", "IPv4"));
+        }
+    }
+    w
+}
+
+fn run(w: &World, svc: &Service, judged: &[Judged], max: usize) -> Plan {
+    w.plan_with(svc, judged, max, Some(&zones))
+}
+
+proptest! {
+    #![proptest_config(config(400))]
+
+    #[test]
+    fn planner_properties(case in case()) {
+        let (mut svc, pods) = build(&case);
+        if case.deleting {
+            svc.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                "2026-01-01T00:00:00Z".parse().unwrap(),
+            ));
+        }
+        let before = live_state(&case, &svc, &pods);
+        let judged = verdicts(&svc, &pods, &case.now);
+        let plan = run(&before, &svc, &judged, case.max);
+
+        // Deterministic: the same input (in any order) gives the same plan.
+        let again = run(&before, &svc, &judged, case.max);
+        prop_assert_eq!(&plan.applies, &again.applies);
+        prop_assert_eq!(&plan.deletes, &again.deletes);
+        prop_assert_eq!(&plan.collisions, &again.collisions);
+        let mut shuffled = judged.clone();
+        shuffled.reverse();
+        let reversed = run(&before, &svc, &shuffled, case.max);
+        prop_assert_eq!(&plan.applies, &reversed.applies);
+        prop_assert_eq!(&plan.deletes, &reversed.deletes);
+
+        // Never touch what is not ours.
+        for s in &plan.applies {
+            let name = s.metadata.name.clone().unwrap();
+            if let Some(live) = before.slices.get(&name) {
+                prop_assert!(is_ours(live, &svc, MANAGER), "overwrote {}", name);
+            }
+            prop_assert!(s.endpoints.as_ref().unwrap().len() <= case.max, "{} too big", name);
+            prop_assert!(name.len() <= naming::MAX_NAME_LEN);
+        }
+        for d in &plan.deletes {
+            prop_assert!(is_ours(&before.slices[d], &svc, MANAGER));
+        }
+
+        // Apply it.
+        let mut after = before.clone();
+        after.apply(&plan);
+        for s in after.owned(&svc) {
+            prop_assert!(s.endpoints.iter().flatten().count() <= case.max);
+        }
+
+        // Each member exactly once per (port, family); nothing else.
+        let published = published(&after, &svc);
+        let mut want: HashMap<(String, String), Vec<(std::net::IpAddr, String)>> = HashMap::new();
+        for m in &plan.members {
+            want.entry((m.port.name.clone(), align::address_type(m.family).to_string()))
+                .or_default()
+                .push((m.address, m.pod.metadata.name.clone().unwrap()));
+        }
+        for (group, members) in &want {
+            let mut got = published.get(group).cloned().unwrap_or_default();
+            got.sort();
+            let mut members = members.clone();
+            members.sort();
+            if case.deleting {
+                let mut dedup = got.clone();
+                dedup.dedup();
+                prop_assert_eq!(&dedup, &got, "duplicates in {:?}", group);
+                prop_assert!(got.iter().all(|g| members.contains(g)));
+            } else {
+                prop_assert_eq!(&got, &members, "group {:?}", group);
+            }
+        }
+        for (group, got) in &published {
+            prop_assert!(want.contains_key(group) || got.is_empty(), "stray endpoints in {:?}", group);
+        }
+        // Summary agrees with what is published.
+        let counted: BTreeMap<(String, String), usize> =
+            published.iter().map(|(k, v)| (k.clone(), v.len())).filter(|(_, n)| *n > 0).collect();
+        let summary: BTreeMap<(String, String), usize> =
+            plan.summary.endpoints.iter().filter(|(_, n)| **n > 0).map(|(k, v)| (k.clone(), *v)).collect();
+        prop_assert_eq!(counted, summary);
+        prop_assert_eq!(plan.summary.slices, after.owned(&svc).len());
+
+        // Every (port, family) has a slice unless the Service is going away.
+        if !case.deleting {
+            for group in plan.summary.endpoints.keys() {
+                let has = after.owned(&svc).iter().any(|s| {
+                    s.address_type == group.1
+                        && s.ports.as_ref().unwrap()[0].name.as_deref() == Some(group.0.as_str())
+                });
+                prop_assert!(has, "no slice for {:?}", group);
+            }
+        }
+
+        // Re-planning the applied state writes nothing.
+        let replan = run(&after, &svc, &judged, case.max);
+        prop_assert!(
+            replan.applies.is_empty() && replan.deletes.is_empty(),
+            "re-plan wrote {:?} / deleted {:?}",
+            replan.applies.iter().map(|s| s.metadata.name.clone()).collect::<Vec<_>>(),
+            replan.deletes
+        );
+    }
+}
+
+/// Writes per (port name, address type).
+fn writes(plan: &Plan, before: &World) -> BTreeMap<(String, String), usize> {
+    let mut out: BTreeMap<(String, String), usize> = BTreeMap::new();
+    let group_of = |s: &EndpointSlice| {
+        (
+            s.ports
+                .as_ref()
+                .and_then(|p| p.first())
+                .and_then(|p| p.name.clone())
+                .unwrap_or_default(),
+            s.address_type.clone(),
+        )
+    };
+    for s in &plan.applies {
+        *out.entry(group_of(s)).or_default() += 1;
+    }
+    for d in &plan.deletes {
+        *out.entry(group_of(before.get(d))).or_default() += 1;
+    }
+    out
+}
+
+proptest! {
+    #![proptest_config(config(300))]
+
+    /// From a settled state, one verdict flipping, or one pod starting to
+    /// terminate, costs at most one write per (port, family).
+    #[test]
+    fn one_change_one_write_per_group(case in case()) {
+        let (svc, pods) = build(&case);
+        let mut world = live_state(&case, &svc, &pods);
+        let judged = verdicts(&svc, &pods, &case.now);
+        let plan = run(&world, &svc, &judged, case.max);
+        world.apply(&plan);
+        prop_assume!(!judged.is_empty());
+
+        let mut flipped = judged.clone();
+        let j = &mut flipped[case.flip % judged.len()];
+        j.decision = if j.decision == Decision::Include { Decision::Exclude } else { Decision::Include };
+        let plan = run(&world, &svc, &flipped, case.max);
+        let w = writes(&plan, &world);
+        prop_assert!(w.values().all(|n| *n <= 1), "flip: {:?}", w);
+        prop_assert!(w.len() <= 1, "a flip touches one group: {:?}", w);
+
+        let victim = &pods[case.term % pods.len()];
+        let moved: Vec<Arc<Pod>> = pods
+            .iter()
+            .map(|p| if Arc::ptr_eq(p, victim) { Arc::new(terminating((**p).clone())) } else { p.clone() })
+            .collect();
+        let judged_t: Vec<Judged> = judged
+            .iter()
+            .map(|j| {
+                let mut j = j.clone();
+                if j.pod.metadata.name == victim.metadata.name {
+                    j.pod = moved[case.term % pods.len()].clone();
+                }
+                j
+            })
+            .collect();
+        let plan = run(&world, &svc, &judged_t, case.max);
+        let w = writes(&plan, &world);
+        prop_assert!(w.values().all(|n| *n <= 1), "terminating: {:?}", w);
+        prop_assert!(plan.deletes.is_empty());
+    }
+}

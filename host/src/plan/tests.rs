@@ -1,0 +1,1127 @@
+//! Unit tests of the planner, one per behaviour in semantics.md.
+
+use std::{collections::BTreeMap, sync::Arc};
+
+use k8s_openapi::{
+    api::{
+        core::v1::{Container, ContainerPort, Pod},
+        discovery::v1::EndpointSlice,
+    },
+    apimachinery::pkg::apis::meta::v1::{OwnerReference, Time},
+};
+
+use super::{testutil::*, *};
+
+fn http_svc() -> Service {
+    service("web", vec![port("http", 80, named("web"))], &["IPv4"])
+}
+
+fn steady(world: &World, svc: &Service, judged: &[Judged], max: usize) {
+    let again = world.plan(svc, judged, max);
+    assert!(
+        again.applies.is_empty() && again.deletes.is_empty(),
+        "re-plan wrote: applies {:?} deletes {:?}",
+        again
+            .applies
+            .iter()
+            .map(|s| s.metadata.name.clone())
+            .collect::<Vec<_>>(),
+        again.deletes
+    );
+}
+
+fn names(plan: &Plan) -> Vec<String> {
+    plan.applies
+        .iter()
+        .map(|s| s.metadata.name.clone().unwrap())
+        .collect()
+}
+
+#[test]
+fn colocated_ports_get_their_own_members() {
+    let svc = service(
+        "web",
+        vec![
+            port("http", 80, named("web")),
+            port("https", 443, num(8443)),
+        ],
+        &["IPv4"],
+    );
+    let pods: Vec<Arc<Pod>> = ["a", "b", "c", "d"]
+        .iter()
+        .enumerate()
+        .map(|(i, n)| Arc::new(pod(n, &[&format!("10.244.0.{}", 10 - i)], 8080)))
+        .collect();
+    // http → a, b, c; https → b, c, d
+    let judged = judge(&svc, &pods, |p, port, _| {
+        let n = p.metadata.name.as_deref().unwrap();
+        let yes = match port {
+            "http" => n != "d",
+            _ => n != "a",
+        };
+        if yes {
+            Decision::Include
+        } else {
+            Decision::Exclude
+        }
+    });
+    let plan = World::default().plan(&svc, &judged, 100);
+    assert_eq!(names(&plan), vec!["web-http", "web-https"]);
+    let http = &plan.applies[0];
+    // sorted by address
+    assert_eq!(
+        addresses(http),
+        vec!["10.244.0.8", "10.244.0.9", "10.244.0.10"]
+    );
+    assert_eq!(
+        addresses(&plan.applies[1]),
+        vec!["10.244.0.7", "10.244.0.8", "10.244.0.9"]
+    );
+    assert_eq!(http.address_type, "IPv4");
+    let p = &http.ports.as_ref().unwrap()[..];
+    assert_eq!(p.len(), 1);
+    assert_eq!(p[0].name.as_deref(), Some("http"));
+    assert_eq!(p[0].port, Some(8080));
+    assert_eq!(p[0].protocol.as_deref(), Some("TCP"));
+    assert_eq!(plan.applies[1].ports.as_ref().unwrap()[0].port, Some(8443));
+    let labels = http.metadata.labels.as_ref().unwrap();
+    assert_eq!(
+        labels.get(SERVICE_NAME_LABEL).map(String::as_str),
+        Some("web")
+    );
+    assert_eq!(
+        labels.get(MANAGED_BY_LABEL).map(String::as_str),
+        Some(MANAGER)
+    );
+    assert_eq!(labels.get("app").map(String::as_str), Some("web"));
+    assert!(!labels.contains_key(HEADLESS_LABEL));
+    assert_eq!(
+        http.metadata.owner_references.as_deref(),
+        Some(
+            &[OwnerReference {
+                api_version: "v1".into(),
+                kind: "Service".into(),
+                name: "web".into(),
+                uid: "web-uid".into(),
+                controller: Some(true),
+                block_owner_deletion: Some(true),
+            }][..]
+        )
+    );
+    assert_eq!(http.metadata.namespace.as_deref(), Some(NS));
+    let ep = &http.endpoints.as_ref().unwrap()[0];
+    let r = ep.target_ref.as_ref().unwrap();
+    assert_eq!(
+        (
+            r.kind.as_deref(),
+            r.namespace.as_deref(),
+            r.name.as_deref(),
+            r.uid.as_deref()
+        ),
+        (Some("Pod"), Some(NS), Some("c"), Some("c-uid"))
+    );
+    assert_eq!(ep.node_name.as_deref(), Some("node-a"));
+    assert_eq!(ep.zone, None);
+    assert_eq!(
+        plan.summary.endpoints[&("http".to_string(), "IPv4".to_string())],
+        3
+    );
+    assert_eq!(plan.summary.slices, 2);
+    assert_eq!(plan.members.len(), 6);
+    assert!(plan.deletes.is_empty() && plan.collisions.is_empty());
+
+    let mut w = World::default();
+    w.apply(&plan);
+    steady(&w, &svc, &judged, 100);
+}
+
+#[test]
+fn names_for_unnamed_ports_and_ipv6() {
+    let mut svc = service("web", vec![port("", 8080, num(8080))], &["IPv4", "IPv6"]);
+    svc.spec.as_mut().unwrap().ports.as_mut().unwrap()[0].name = None;
+    let pods = many_pods(2, true);
+    let plan = World::default().plan(&svc, &include_all(&svc, &pods), 100);
+    assert_eq!(names(&plan), vec!["web-8080", "web-8080--ipv6"]);
+    assert_eq!(plan.applies[1].address_type, "IPv6");
+    assert_eq!(
+        plan.applies[0].ports.as_ref().unwrap()[0].name.as_deref(),
+        Some("")
+    );
+    assert_eq!(
+        addresses(&plan.applies[1]),
+        vec!["fd00:10:244::1", "fd00:10:244::2"]
+    );
+}
+
+#[test]
+fn dual_stack_publishes_each_family_with_its_own_pods() {
+    let svc = service(
+        "web",
+        vec![port("http", 80, named("web"))],
+        &["IPv6", "IPv4"],
+    );
+    let mut pods = many_pods(3, true);
+    pods.push(Arc::new(pod("v4only", &["10.244.9.9"], 8080)));
+    let judged = include_all(&svc, &pods);
+    let plan = World::default().plan(&svc, &judged, 100);
+    assert_eq!(names(&plan), vec!["web-http", "web-http--ipv6"]);
+    assert_eq!(plan.applies[0].address_type, "IPv4");
+    assert_eq!(addresses(&plan.applies[0]).len(), 4);
+    assert_eq!(plan.applies[1].address_type, "IPv6");
+    assert_eq!(addresses(&plan.applies[1]).len(), 3);
+    assert_eq!(
+        plan.summary.endpoints[&("http".to_string(), "IPv6".to_string())],
+        3
+    );
+
+    // Dropping a family deletes its slices.
+    let mut w = World::default();
+    w.apply(&plan);
+    let v4 = service("web", vec![port("http", 80, named("web"))], &["IPv4"]);
+    let judged = include_all(&v4, &pods);
+    let plan = w.plan(&v4, &judged, 100);
+    assert!(plan.applies.is_empty());
+    assert_eq!(plan.deletes, vec!["web-http--ipv6"]);
+}
+
+#[test]
+fn ipv4_mapped_addresses_publish_as_ipv4() {
+    let svc = http_svc();
+    let pods = vec![Arc::new(pod("m", &["::ffff:10.244.0.3"], 8080))];
+    let plan = World::default().plan(&svc, &include_all(&svc, &pods), 100);
+    assert_eq!(addresses(&plan.applies[0]), vec!["10.244.0.3"]);
+}
+
+#[test]
+fn chunks_250_pods_at_100() {
+    let svc = http_svc();
+    let pods = many_pods(250, false);
+    let judged = include_all(&svc, &pods);
+    let plan = World::default().plan(&svc, &judged, 100);
+    assert_eq!(names(&plan), vec!["web-http", "web-http--2", "web-http--3"]);
+    let sizes: Vec<usize> = plan.applies.iter().map(|s| addresses(s).len()).collect();
+    assert_eq!(sizes, vec![100, 100, 50]);
+    assert_eq!(plan.summary.slices, 3);
+    assert_eq!(
+        plan.summary.endpoints[&("http".to_string(), "IPv4".to_string())],
+        250
+    );
+    let mut w = World::default();
+    w.apply(&plan);
+    steady(&w, &svc, &judged, 100);
+    // each endpoint exactly once
+    let all = &published(&w, &svc)[&("http".to_string(), "IPv4".to_string())];
+    let mut dedup = all.clone();
+    dedup.sort();
+    dedup.dedup();
+    assert_eq!((all.len(), dedup.len()), (250, 250));
+}
+
+#[test]
+fn max_is_clamped() {
+    let svc = http_svc();
+    let pods = many_pods(3, false);
+    let plan = World::default().plan(&svc, &include_all(&svc, &pods), 0);
+    assert_eq!(plan.applies.len(), 3, "max 0 behaves as 1");
+    let pods = many_pods(1001, false);
+    let plan = World::default().plan(&svc, &include_all(&svc, &pods), 5000);
+    let sizes: Vec<usize> = plan.applies.iter().map(|s| addresses(s).len()).collect();
+    assert_eq!(sizes, vec![1000, 1]);
+}
+
+/// 1000 endpoints in 10 slices; one pod at a time flips out, back in,
+/// becomes terminating: each costs exactly one write per (port, family).
+#[test]
+fn churn_one_pod_one_write_per_port_and_family() {
+    let svc = service(
+        "web",
+        vec![
+            port("http", 80, named("web")),
+            port("admin", 9000, num(9000)),
+        ],
+        &["IPv4", "IPv6"],
+    );
+    let mut pods = many_pods(1000, true);
+    let mut excluded: Option<String> = None;
+    let decide = |ex: &Option<String>| {
+        let ex = ex.clone();
+        move |p: &Pod, _: &str, _: Family| {
+            if Some(p.metadata.name.clone().unwrap()) == ex {
+                Decision::Exclude
+            } else {
+                Decision::Include
+            }
+        }
+    };
+    let mut w = World::default();
+    let first = w.plan(&svc, &judge(&svc, &pods, decide(&excluded)), 100);
+    assert_eq!(first.applies.len(), 40);
+    w.apply(&first);
+
+    let check = |w: &mut World, pods: &[Arc<Pod>], excluded: &Option<String>, what: &str| {
+        let judged = judge(&svc, pods, decide(excluded));
+        let plan = w.plan(&svc, &judged, 100);
+        let mut per_group: BTreeMap<(String, String), usize> = BTreeMap::new();
+        for s in &plan.applies {
+            let port = s.ports.as_ref().unwrap()[0].name.clone().unwrap();
+            *per_group.entry((port, s.address_type.clone())).or_default() += 1;
+        }
+        assert_eq!(per_group.len(), 4, "{what}: {per_group:?}");
+        assert!(per_group.values().all(|n| *n == 1), "{what}: {per_group:?}");
+        assert!(plan.deletes.is_empty(), "{what}");
+        w.apply(&plan);
+        steady(w, &svc, &judged, 100);
+    };
+    for victim in ["p0000", "p0457", "p0999"] {
+        excluded = Some(victim.into());
+        check(&mut w, &pods, &excluded, &format!("{victim} out"));
+        excluded = None;
+        check(&mut w, &pods, &excluded, &format!("{victim} back"));
+    }
+    // a pod starts terminating: its conditions change in place
+    pods[500] = Arc::new(terminating((*pods[500]).clone()));
+    check(&mut w, &pods, &excluded, "terminating");
+    // a pod is replaced by one with another name and address
+    pods[10] = Arc::new(pod(
+        "replacement",
+        &["10.244.50.1", "fd00:10:244::ffff"],
+        8080,
+    ));
+    check(&mut w, &pods, &excluded, "replaced");
+    // a brand-new pod while a slice has room
+    pods.push(Arc::new(pod(
+        "newcomer",
+        &["10.244.60.1", "fd00:10:244::1:0"],
+        8080,
+    )));
+    excluded = Some("p0100".into());
+    check(&mut w, &pods, &excluded, "out, making room");
+    excluded = None;
+    pods.pop();
+    check(&mut w, &pods, &excluded, "newcomer leaves, p0100 back");
+    for s in w.owned(&svc) {
+        assert!(addresses(&s).len() <= 100);
+    }
+}
+
+#[test]
+fn named_target_port_two_numbers_mid_rollout() {
+    let svc = http_svc();
+    let old: Vec<Arc<Pod>> = (0..3)
+        .map(|i| Arc::new(pod(&format!("old{i}"), &[&format!("10.244.1.{i}")], 8081)))
+        .collect();
+    let mut w = World::default();
+    let plan = w.plan(&svc, &include_all(&svc, &old), 100);
+    assert_eq!(names(&plan), vec!["web-http"]);
+    assert_eq!(plan.applies[0].ports.as_ref().unwrap()[0].port, Some(8081));
+    w.apply(&plan);
+
+    // New pods resolve `web` to 8080, a lower number: the live set keeps
+    // the bare name, the new one gets --p8080.
+    let new: Vec<Arc<Pod>> = (0..2)
+        .map(|i| Arc::new(pod(&format!("new{i}"), &[&format!("10.244.2.{i}")], 8080)))
+        .collect();
+    let mixed: Vec<Arc<Pod>> = old.iter().chain(&new).cloned().collect();
+    let judged = include_all(&svc, &mixed);
+    let plan = w.plan(&svc, &judged, 100);
+    assert_eq!(
+        names(&plan),
+        vec!["web-http--p8080"],
+        "the existing set is not rewritten"
+    );
+    assert_eq!(plan.applies[0].ports.as_ref().unwrap()[0].port, Some(8080));
+    assert_eq!(
+        plan.summary.endpoints[&("http".to_string(), "IPv4".to_string())],
+        5
+    );
+    w.apply(&plan);
+    steady(&w, &svc, &judged, 100);
+
+    // The rollout finishes: the old set goes, the new one keeps its name.
+    let judged = include_all(&svc, &new);
+    let plan = w.plan(&svc, &judged, 100);
+    assert!(plan.applies.is_empty());
+    assert_eq!(plan.deletes, vec!["web-http"]);
+    w.apply(&plan);
+    steady(&w, &svc, &judged, 100);
+
+    // From scratch, the lowest target gets the bare name.
+    let plan = World::default().plan(&svc, &include_all(&svc, &mixed), 100);
+    assert_eq!(names(&plan), vec!["web-http", "web-http--p8081"]);
+    assert_eq!(plan.applies[0].ports.as_ref().unwrap()[0].port, Some(8080));
+}
+
+#[test]
+fn sidecar_port_is_published() {
+    let svc = service(
+        "web",
+        vec![port("metrics", 9090, named("metrics"))],
+        &["IPv4"],
+    );
+    let mut p = pod("s", &["10.244.0.1"], 8080);
+    p.spec.as_mut().unwrap().init_containers = Some(vec![Container {
+        name: "sidecar".into(),
+        restart_policy: Some("Always".into()),
+        ports: Some(vec![ContainerPort {
+            name: Some("metrics".into()),
+            container_port: 9102,
+            ..Default::default()
+        }]),
+        ..Default::default()
+    }]);
+    let pods = vec![Arc::new(p)];
+    let plan = World::default().plan(&svc, &include_all(&svc, &pods), 100);
+    assert_eq!(plan.applies[0].ports.as_ref().unwrap()[0].port, Some(9102));
+    assert_eq!(addresses(&plan.applies[0]), vec!["10.244.0.1"]);
+}
+
+fn conditions(s: &EndpointSlice, i: usize) -> (Option<bool>, Option<bool>, Option<bool>) {
+    let c = s.endpoints.as_ref().unwrap()[i].conditions.clone().unwrap();
+    (c.ready, c.serving, c.terminating)
+}
+
+#[test]
+fn terminating_members_and_publish_not_ready() {
+    let mut svc = http_svc();
+    let pods = vec![
+        Arc::new(pod("a", &["10.244.0.1"], 8080)),
+        Arc::new(terminating(pod("b", &["10.244.0.2"], 8080))),
+    ];
+    let plan = World::default().plan(&svc, &include_all(&svc, &pods), 100);
+    let s = &plan.applies[0];
+    assert_eq!(conditions(s, 0), (Some(true), Some(true), Some(false)));
+    assert_eq!(conditions(s, 1), (Some(false), Some(true), Some(true)));
+
+    svc.spec.as_mut().unwrap().publish_not_ready_addresses = Some(true);
+    let plan = World::default().plan(&svc, &include_all(&svc, &pods), 100);
+    let s = &plan.applies[0];
+    assert_eq!(conditions(s, 0), (Some(true), Some(true), Some(false)));
+    assert_eq!(conditions(s, 1), (Some(true), Some(true), Some(true)));
+}
+
+#[test]
+fn hostname_when_subdomain_is_the_service() {
+    let svc = http_svc();
+    let mut a = pod("a", &["10.244.0.1"], 8080);
+    let spec = a.spec.as_mut().unwrap();
+    spec.hostname = Some("host-a".into());
+    spec.subdomain = Some("web".into());
+    let mut b = pod("b", &["10.244.0.2"], 8080);
+    let spec = b.spec.as_mut().unwrap();
+    spec.hostname = Some("host-b".into());
+    spec.subdomain = Some("other".into());
+    let pods = vec![Arc::new(a), Arc::new(b)];
+    let plan = World::default().plan(&svc, &include_all(&svc, &pods), 100);
+    let eps = plan.applies[0].endpoints.as_ref().unwrap();
+    assert_eq!(eps[0].hostname.as_deref(), Some("host-a"));
+    assert_eq!(eps[1].hostname, None);
+}
+
+#[test]
+fn traffic_distribution_hints_on_ready_endpoints() {
+    let zones = |node: &str| match node {
+        "node-a" => Some("zone-1".to_string()),
+        _ => None,
+    };
+    let mut nozone = pod("c", &["10.244.0.3"], 8080);
+    nozone.spec.as_mut().unwrap().node_name = Some("node-x".into());
+    let mut unscheduled = pod("d", &["10.244.0.4"], 8080);
+    unscheduled.spec.as_mut().unwrap().node_name = None;
+    let pods = vec![
+        Arc::new(pod("a", &["10.244.0.1"], 8080)),
+        Arc::new(terminating(pod("b", &["10.244.0.2"], 8080))),
+        Arc::new(nozone),
+        Arc::new(unscheduled),
+    ];
+    let hints = |td: Option<&str>, zones: Option<ZoneLookup>| {
+        let mut svc = http_svc();
+        svc.spec.as_mut().unwrap().traffic_distribution = td.map(Into::into);
+        let plan = World::default().plan_with(&svc, &include_all(&svc, &pods), 100, zones);
+        plan.applies[0]
+            .endpoints
+            .clone()
+            .unwrap()
+            .into_iter()
+            .map(|e| {
+                let h = e.hints.unwrap_or_default();
+                (
+                    e.zone,
+                    h.for_zones
+                        .map(|z| z.into_iter().map(|z| z.name).collect::<Vec<_>>()),
+                    h.for_nodes
+                        .map(|n| n.into_iter().map(|n| n.name).collect::<Vec<_>>()),
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    let z = |s: &str| Some(s.to_string());
+    let v = |s: &str| Some(vec![s.to_string()]);
+    // no trafficDistribution: zones published, no hints
+    assert_eq!(hints(None, Some(&zones))[0], (z("zone-1"), None, None));
+    for td in ["PreferClose", "PreferSameZone"] {
+        let got = hints(Some(td), Some(&zones));
+        assert_eq!(got[0], (z("zone-1"), v("zone-1"), None), "{td}");
+        assert_eq!(
+            got[1],
+            (z("zone-1"), None, None),
+            "{td}: terminating is not ready"
+        );
+        assert_eq!(got[2], (None, None, None), "{td}: zone unknown");
+        assert_eq!(got[3], (None, None, None), "{td}: no node");
+    }
+    let got = hints(Some("PreferSameNode"), Some(&zones));
+    assert_eq!(got[0], (z("zone-1"), v("zone-1"), v("node-a")));
+    assert_eq!(got[1], (z("zone-1"), None, None));
+    assert_eq!(got[2], (None, None, v("node-x")));
+    // node lookups disabled: no zones, only node hints
+    let got = hints(Some("PreferSameNode"), None);
+    assert_eq!(got[0], (None, None, v("node-a")));
+    assert_eq!(hints(Some("PreferClose"), None)[0], (None, None, None));
+}
+
+#[test]
+fn headless_label_and_reserved_service_labels() {
+    let mut svc = http_svc();
+    svc.spec.as_mut().unwrap().cluster_ip = Some("None".into());
+    svc.metadata.labels.as_mut().unwrap().extend([
+        (
+            MANAGED_BY_LABEL.to_string(),
+            "endpointslice-controller.k8s.io".to_string(),
+        ),
+        (SERVICE_NAME_LABEL.to_string(), "spoofed".to_string()),
+        ("team".to_string(), "blue".to_string()),
+    ]);
+    let pods = many_pods(1, false);
+    let plan = World::default().plan(&svc, &include_all(&svc, &pods), 100);
+    let labels = plan.applies[0].metadata.labels.clone().unwrap();
+    assert_eq!(
+        labels,
+        BTreeMap::from([
+            ("app".to_string(), "web".to_string()),
+            ("team".to_string(), "blue".to_string()),
+            (HEADLESS_LABEL.to_string(), String::new()),
+            (SERVICE_NAME_LABEL.to_string(), "web".to_string()),
+            (MANAGED_BY_LABEL.to_string(), MANAGER.to_string()),
+        ])
+    );
+}
+
+#[test]
+fn placeholder_for_ports_without_members() {
+    let svc = service(
+        "web",
+        vec![
+            port("http", 80, named("web")),
+            port("admin", 9000, num(9001)),
+            port("plain", 70, num(0)),
+        ],
+        &["IPv4"],
+    );
+    let mut w = World::default();
+    let plan = w.plan(&svc, &[], 100);
+    assert_eq!(names(&plan), vec!["web-admin", "web-http", "web-plain"]);
+    for s in &plan.applies {
+        assert_eq!(s.endpoints.as_deref(), Some(&[][..]));
+    }
+    let port_of = |p: &Plan, i: usize| p.applies[i].ports.as_ref().unwrap()[0].port;
+    assert_eq!(port_of(&plan, 0), Some(9001));
+    assert_eq!(port_of(&plan, 1), None, "named targetPort: number unknown");
+    assert_eq!(port_of(&plan, 2), Some(70), "targetPort 0 means port");
+    assert_eq!(plan.summary.endpoints.values().sum::<usize>(), 0);
+    assert_eq!(plan.summary.endpoints.len(), 3);
+    w.apply(&plan);
+    steady(&w, &svc, &[], 100);
+
+    // A member arrives: the placeholder becomes the slice (no delete).
+    let pods = many_pods(1, false);
+    let judged = include_all(&svc, &pods[..1]);
+    let plan = w.plan(&svc, &judged, 100);
+    assert_eq!(names(&plan), vec!["web-admin", "web-http", "web-plain"]);
+    assert!(plan.deletes.is_empty());
+    assert_eq!(port_of(&plan, 1), Some(8080));
+    w.apply(&plan);
+    steady(&w, &svc, &judged, 100);
+
+    // It leaves again: back to a placeholder in place.
+    let plan = w.plan(&svc, &[], 100);
+    assert_eq!(names(&plan), vec!["web-admin", "web-http", "web-plain"]);
+    assert!(plan.deletes.is_empty());
+    assert_eq!(port_of(&plan, 1), None);
+}
+
+#[test]
+fn emptied_chunks_are_deleted_but_the_last_stays() {
+    let svc = http_svc();
+    let pods = many_pods(250, false);
+    let mut w = World::default();
+    w.apply(&w.plan(&svc, &include_all(&svc, &pods), 100));
+    // keep only the first 100 (the first chunk)
+    let judged = include_all(&svc, &pods[..100]);
+    let plan = w.plan(&svc, &judged, 100);
+    assert!(plan.applies.is_empty());
+    assert_eq!(plan.deletes, vec!["web-http--2", "web-http--3"]);
+    w.apply(&plan);
+    // all gone: one placeholder, in place of the first chunk
+    let plan = w.plan(&svc, &[], 100);
+    assert_eq!(names(&plan), vec!["web-http"]);
+    assert!(plan.deletes.is_empty());
+}
+
+#[test]
+fn abstain_keeps_only_what_is_published() {
+    let svc = http_svc();
+    let pods: Vec<Arc<Pod>> = vec![
+        Arc::new(pod("a", &["10.244.0.1"], 8080)),
+        Arc::new(pod("b", &["10.244.0.2"], 8080)),
+    ];
+    let mut w = World::default();
+    // a published, b not
+    let only_a = |p: &Pod, _: &str, _: Family| {
+        if p.metadata.name.as_deref() == Some("a") {
+            Decision::Include
+        } else {
+            Decision::Exclude
+        }
+    };
+    w.apply(&w.plan(&svc, &judge(&svc, &pods, only_a), 100));
+
+    let abstain = judge(&svc, &pods, |_, _, _| Decision::Abstain);
+    let plan = w.plan(&svc, &abstain, 100);
+    assert!(
+        plan.applies.is_empty() && plan.deletes.is_empty(),
+        "a kept, b stays out"
+    );
+    assert_eq!(plan.members.len(), 1);
+    assert_eq!(plan.members[0].pod.metadata.name.as_deref(), Some("a"));
+
+    // Same name and address but a new pod (uid): not what was published.
+    let reborn: Vec<Arc<Pod>> = vec![Arc::new({
+        let mut p = pod("a", &["10.244.0.1"], 8080);
+        p.metadata.uid = Some("a-uid-2".into());
+        p
+    })];
+    let plan = w.plan(
+        &svc,
+        &judge(&svc, &reborn, |_, _, _| Decision::Abstain),
+        100,
+    );
+    assert_eq!(addresses(&plan.applies[0]), Vec::<String>::new());
+
+    // Same pod, new address: not published either.
+    let moved = vec![Arc::new(pod("a", &["10.244.0.9"], 8080))];
+    let plan = w.plan(&svc, &judge(&svc, &moved, |_, _, _| Decision::Abstain), 100);
+    assert_eq!(addresses(&plan.applies[0]), Vec::<String>::new());
+
+    // Published for another port only: does not count.
+    let two = service(
+        "web",
+        vec![port("http", 80, named("web")), port("admin", 90, num(90))],
+        &["IPv4"],
+    );
+    let plan = w.plan(&two, &judge(&two, &pods, |_, _, _| Decision::Abstain), 100);
+    assert_eq!(
+        plan.members
+            .iter()
+            .map(|m| m.port.name.as_str())
+            .collect::<Vec<_>>(),
+        vec!["http"]
+    );
+}
+
+#[test]
+fn exclude_and_include_win_over_duplicates() {
+    let svc = http_svc();
+    let pods = many_pods(1, false);
+    let mut judged = include_all(&svc, &pods);
+    let mut dup = judged[0].clone();
+    dup.decision = Decision::Exclude;
+    judged.insert(0, dup);
+    let plan = World::default().plan(&svc, &judged, 100);
+    assert_eq!(addresses(&plan.applies[0]).len(), 1);
+    assert_eq!(plan.members.len(), 1);
+}
+
+#[test]
+fn collisions_are_reported_and_never_written() {
+    let svc = http_svc();
+    let pods = many_pods(150, false);
+    let judged = include_all(&svc, &pods);
+    let mut w = World::default();
+    // Another Service of ours named `web-http`'s ... and a native slice.
+    w.slices.insert(
+        "web-http".into(),
+        foreign("web-http", MANAGER, "web-h", "IPv4"),
+    );
+    w.slices.insert(
+        "web-http--3".into(),
+        foreign(
+            "web-http--3",
+            "endpointslice-controller.k8s.io",
+            "other",
+            "IPv4",
+        ),
+    );
+    let plan = w.plan(&svc, &judged, 100);
+    assert_eq!(names(&plan), vec!["web-http--2", "web-http--4"]);
+    assert_eq!(
+        plan.collisions,
+        vec![
+            Collision {
+                name: "web-http".into(),
+                holder: "portwise for Service web-h".into(),
+            },
+            Collision {
+                name: "web-http--3".into(),
+                holder: "endpointslice-controller.k8s.io for Service other".into(),
+            },
+        ]
+    );
+    assert!(plan.deletes.is_empty());
+    let before = w.slices["web-http"].clone();
+    w.apply(&plan);
+    assert_eq!(w.slices["web-http"], before);
+    // Sticky: the next plan neither writes nor reports again.
+    let again = w.plan(&svc, &judged, 100);
+    assert!(again.applies.is_empty() && again.deletes.is_empty() && again.collisions.is_empty());
+    // The other owner's slice is not in our owned set even if handed in.
+    let owned = vec![w.slices["web-http"].clone()];
+    let lookup = |n: &str| w.slices.get(n).cloned();
+    let p = plan_fn(&svc, &judged, &owned, &lookup);
+    assert!(!p.deletes.contains(&"web-http".to_string()));
+}
+
+fn plan_fn(
+    svc: &Service,
+    judged: &[Judged],
+    owned: &[Arc<EndpointSlice>],
+    lookup: &dyn Fn(&str) -> Option<Arc<EndpointSlice>>,
+) -> Plan {
+    plan(&PlanInput {
+        service: svc,
+        managed_by: MANAGER,
+        max_endpoints_per_slice: 100,
+        judged,
+        zones: None,
+        owned,
+        lookup,
+    })
+}
+
+#[test]
+fn reclaims_a_slice_whose_manager_label_was_stripped() {
+    let svc = http_svc();
+    let pods = many_pods(3, false);
+    let judged = include_all(&svc, &pods);
+    let mut w = World::default();
+    w.apply(&w.plan(&svc, &judged, 100));
+    let mut stripped = (*w.slices["web-http"]).clone();
+    stripped
+        .metadata
+        .labels
+        .as_mut()
+        .unwrap()
+        .remove(MANAGED_BY_LABEL);
+    w.slices.insert("web-http".into(), Arc::new(stripped));
+    assert!(is_ours(&w.slices["web-http"], &svc, MANAGER));
+    let plan = w.plan(&svc, &judged, 100);
+    assert_eq!(names(&plan), vec!["web-http"]);
+    assert_eq!(
+        plan.applies[0]
+            .metadata
+            .labels
+            .as_ref()
+            .unwrap()
+            .get(MANAGED_BY_LABEL)
+            .map(String::as_str),
+        Some(MANAGER)
+    );
+    w.apply(&plan);
+    steady(&w, &svc, &judged, 100);
+
+    // Someone else's manager label with our owner: not ours, left alone.
+    let mut taken = (*w.slices["web-http"]).clone();
+    taken
+        .metadata
+        .labels
+        .as_mut()
+        .unwrap()
+        .insert(MANAGED_BY_LABEL.into(), "someone".into());
+    w.slices.insert("web-http".into(), Arc::new(taken));
+    let plan = w.plan(&svc, &judged, 100);
+    assert_eq!(names(&plan), vec!["web-http--2"]);
+    assert_eq!(plan.collisions.len(), 1);
+    assert!(plan.deletes.is_empty());
+}
+
+#[test]
+fn manual_edits_are_repaired() {
+    let svc = http_svc();
+    let pods = many_pods(3, false);
+    let judged = include_all(&svc, &pods);
+    let mut w = World::default();
+    w.apply(&w.plan(&svc, &judged, 100));
+    let clean = w.clone();
+
+    let edit = |f: &dyn Fn(&mut EndpointSlice)| {
+        let mut w = clean.clone();
+        let mut s = (*w.slices["web-http"]).clone();
+        f(&mut s);
+        w.slices.insert("web-http".into(), Arc::new(s));
+        w
+    };
+    let cases: Vec<(&str, World)> = vec![
+        (
+            "condition flipped",
+            edit(&|s| {
+                s.endpoints.as_mut().unwrap()[0]
+                    .conditions
+                    .as_mut()
+                    .unwrap()
+                    .ready = Some(false)
+            }),
+        ),
+        (
+            "endpoint removed",
+            edit(&|s| {
+                s.endpoints.as_mut().unwrap().remove(1);
+            }),
+        ),
+        (
+            "foreign endpoint added",
+            edit(&|s| {
+                let mut e = s.endpoints.as_ref().unwrap()[0].clone();
+                e.addresses = vec!["192.0.2.1".into()];
+                s.endpoints.as_mut().unwrap().push(e);
+            }),
+        ),
+        (
+            "reordered",
+            edit(&|s| s.endpoints.as_mut().unwrap().reverse()),
+        ),
+        (
+            "port changed",
+            edit(&|s| s.ports.as_mut().unwrap()[0].port = Some(1)),
+        ),
+        (
+            "service label changed",
+            edit(&|s| {
+                s.metadata
+                    .labels
+                    .as_mut()
+                    .unwrap()
+                    .insert("app".into(), "x".into());
+            }),
+        ),
+        (
+            "owner reference loosened",
+            edit(&|s| s.metadata.owner_references.as_mut().unwrap()[0].block_owner_deletion = None),
+        ),
+    ];
+    for (what, w) in cases {
+        let plan = w.plan(&svc, &judged, 100);
+        assert_eq!(names(&plan), vec!["web-http"], "{what}");
+        assert!(plan.deletes.is_empty(), "{what}");
+        let mut w = w;
+        w.apply(&plan);
+        steady(&w, &svc, &judged, 100);
+    }
+
+    // Labels others add are theirs: no write.
+    let w = edit(&|s| {
+        s.metadata
+            .labels
+            .as_mut()
+            .unwrap()
+            .insert("extra".into(), "x".into());
+    });
+    assert!(w.plan(&svc, &judged, 100).applies.is_empty());
+}
+
+#[test]
+fn removed_port_is_deleted_and_max_shrink_rechunks() {
+    let svc = service(
+        "web",
+        vec![port("http", 80, named("web")), port("admin", 90, num(90))],
+        &["IPv4"],
+    );
+    let pods = many_pods(20, false);
+    let mut w = World::default();
+    w.apply(&w.plan(&svc, &include_all(&svc, &pods), 100));
+    assert_eq!(w.names(), vec!["web-admin", "web-http"]);
+
+    let only_http = http_svc();
+    let judged = include_all(&only_http, &pods);
+    let plan = w.plan(&only_http, &judged, 100);
+    assert!(plan.applies.is_empty());
+    assert_eq!(plan.deletes, vec!["web-admin"]);
+    w.apply(&plan);
+
+    let plan = w.plan(&only_http, &judged, 8);
+    for s in &plan.applies {
+        assert!(addresses(s).len() <= 8);
+    }
+    assert_eq!(names(&plan), vec!["web-http", "web-http--2", "web-http--3"]);
+    w.apply(&plan);
+    steady(&w, &only_http, &judged, 8);
+    let total: usize = w.owned(&only_http).iter().map(|s| addresses(s).len()).sum();
+    assert_eq!(total, 20);
+}
+
+#[test]
+fn target_port_change_rewrites_in_place() {
+    let svc = service("web", vec![port("admin", 90, num(9000))], &["IPv4"]);
+    let pods = many_pods(150, false);
+    let mut w = World::default();
+    w.apply(&w.plan(&svc, &include_all(&svc, &pods), 100));
+    let svc2 = service("web", vec![port("admin", 90, num(9001))], &["IPv4"]);
+    let judged = include_all(&svc2, &pods);
+    let plan = w.plan(&svc2, &judged, 100);
+    assert_eq!(
+        names(&plan),
+        vec!["web-admin", "web-admin--2"],
+        "recycled, not renamed"
+    );
+    assert!(plan.deletes.is_empty());
+    w.apply(&plan);
+    steady(&w, &svc2, &judged, 100);
+}
+
+#[test]
+fn no_new_slices_while_the_service_is_deleted() {
+    let mut svc = http_svc();
+    let pods = many_pods(150, false);
+    let mut w = World::default();
+    w.apply(&w.plan(&svc, &include_all(&svc, &pods[..50]), 100));
+    svc.metadata.deletion_timestamp = Some(Time("2026-01-01T00:00:00Z".parse().unwrap()));
+
+    // Ten members leave and a hundred arrive: the live slice is rewritten
+    // and filled, but no new slice is created for the rest.
+    let plan = w.plan(&svc, &include_all(&svc, &pods[10..150]), 100);
+    assert_eq!(names(&plan), vec!["web-http"]);
+    assert_eq!(addresses(&plan.applies[0]).len(), 100);
+    assert_eq!(plan.summary.slices, 1);
+    assert!(plan.deletes.is_empty());
+
+    // No placeholder for a port that has none.
+    let two = {
+        let mut s = service(
+            "web",
+            vec![port("http", 80, named("web")), port("admin", 90, num(90))],
+            &["IPv4"],
+        );
+        s.metadata.deletion_timestamp = svc.metadata.deletion_timestamp.clone();
+        s
+    };
+    let plan = w.plan(
+        &two,
+        &judge(&two, &pods[..50], |_, p, _| {
+            if p == "http" {
+                Decision::Include
+            } else {
+                Decision::Exclude
+            }
+        }),
+        100,
+    );
+    assert!(plan.applies.is_empty(), "{:?}", names(&plan));
+
+    // Members gone: the existing slice becomes the placeholder (an update).
+    let plan = w.plan(&svc, &[], 100);
+    assert_eq!(names(&plan), vec!["web-http"]);
+    assert!(plan.deletes.is_empty());
+    assert_eq!(addresses(&plan.applies[0]).len(), 0);
+}
+
+#[test]
+fn deterministic_under_input_order() {
+    let svc = service(
+        "web",
+        vec![port("http", 80, named("web")), port("admin", 90, num(90))],
+        &["IPv4", "IPv6"],
+    );
+    let pods = many_pods(120, true);
+    let mut w = World::default();
+    w.apply(&w.plan(&svc, &include_all(&svc, &pods[..60]), 50));
+    let judged = judge(&svc, &pods, |p, _, _| {
+        if p.metadata.name.as_deref().unwrap().ends_with('3') {
+            Decision::Exclude
+        } else {
+            Decision::Include
+        }
+    });
+    let a = w.plan(&svc, &judged, 50);
+    let mut reversed = judged.clone();
+    reversed.reverse();
+    let mut owned = w.owned(&svc);
+    owned.reverse();
+    let lookup = |n: &str| w.slices.get(n).cloned();
+    let b = plan(&PlanInput {
+        service: &svc,
+        managed_by: MANAGER,
+        max_endpoints_per_slice: 50,
+        judged: &reversed,
+        zones: None,
+        owned: &owned,
+        lookup: &lookup,
+    });
+    assert_eq!(a.applies, b.applies);
+    assert_eq!(a.deletes, b.deletes);
+    assert_eq!(a.summary, b.summary);
+}
+
+mod legacy {
+    use k8s_openapi::api::core::v1::{EndpointAddress, Endpoints};
+
+    use super::*;
+
+    fn ips(a: &Option<Vec<EndpointAddress>>) -> Vec<String> {
+        a.iter().flatten().map(|a| a.ip.clone()).collect()
+    }
+
+    #[test]
+    fn grouped_by_port_set_with_ready_and_not_ready() {
+        let svc = service(
+            "web",
+            vec![
+                port("http", 80, named("web")),
+                port("https", 443, num(8443)),
+            ],
+            &["IPv4", "IPv6"],
+        );
+        let pods = vec![
+            Arc::new(pod("a", &["10.244.0.1", "fd00::1"], 8080)),
+            Arc::new(pod("b", &["10.244.0.2", "fd00::2"], 8080)),
+            Arc::new(terminating(pod("c", &["10.244.0.3", "fd00::3"], 8080))),
+            Arc::new(pod("d", &["10.244.0.4", "fd00::4"], 8080)),
+        ];
+        // http: a, b, c; https: b, c, d
+        let judged = judge(&svc, &pods, |p, port, _| {
+            let n = p.metadata.name.as_deref().unwrap();
+            if (port == "http" && n != "d") || (port == "https" && n != "a") {
+                Decision::Include
+            } else {
+                Decision::Exclude
+            }
+        });
+        let plan = World::default().plan(&svc, &judged, 100);
+        let ep = plan_endpoints(&svc, &plan.members, MANAGER);
+        let subsets = ep.subsets.clone().unwrap();
+        let ports = |i: usize| {
+            subsets[i]
+                .ports
+                .iter()
+                .flatten()
+                .map(|p| (p.name.clone().unwrap(), p.port))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(subsets.len(), 3);
+        assert_eq!(ports(0), vec![("http".to_string(), 8080)]);
+        assert_eq!(ips(&subsets[0].addresses), vec!["10.244.0.1"]);
+        assert_eq!(
+            ports(1),
+            vec![("http".to_string(), 8080), ("https".to_string(), 8443)]
+        );
+        assert_eq!(ips(&subsets[1].addresses), vec!["10.244.0.2"]);
+        assert_eq!(
+            ips(&subsets[1].not_ready_addresses),
+            vec!["10.244.0.3"],
+            "terminating"
+        );
+        assert_eq!(ports(2), vec![("https".to_string(), 8443)]);
+        assert_eq!(ips(&subsets[2].addresses), vec!["10.244.0.4"]);
+        let labels = ep.metadata.labels.clone().unwrap();
+        assert_eq!(labels[SKIP_MIRROR_LABEL], "true");
+        assert_eq!(labels[ENDPOINTS_MANAGED_BY_LABEL], MANAGER);
+        assert_eq!(labels["app"], "web");
+        assert_eq!(ep.metadata.name.as_deref(), Some("web"));
+        assert_eq!(ep.metadata.annotations, None);
+        let t = subsets[0].addresses.as_ref().unwrap()[0]
+            .target_ref
+            .clone()
+            .unwrap();
+        assert_eq!(t.name.as_deref(), Some("a"));
+
+        // Diff: identical is quiet; defaulting is ignored; edits are seen.
+        assert!(!endpoints_differ(&ep, &ep));
+        let mut defaulted = ep.clone();
+        for s in defaulted.subsets.as_mut().unwrap() {
+            for p in s.ports.as_mut().unwrap() {
+                p.protocol = None;
+            }
+        }
+        defaulted
+            .metadata
+            .labels
+            .as_mut()
+            .unwrap()
+            .insert("theirs".into(), "x".into());
+        assert!(!endpoints_differ(&ep, &defaulted));
+        let mut edited = ep.clone();
+        edited.subsets.as_mut().unwrap().pop();
+        assert!(endpoints_differ(&ep, &edited));
+        let mut capped = ep.clone();
+        capped.metadata.annotations = Some(BTreeMap::from([(
+            OVER_CAPACITY_ANNOTATION.into(),
+            "truncated".into(),
+        )]));
+        assert!(endpoints_differ(&ep, &capped));
+        assert!(endpoints_differ(&ep, &Endpoints::default()));
+    }
+
+    #[test]
+    fn capped_at_1000_with_annotation() {
+        let svc = http_svc();
+        let mut pods = many_pods(1100, false);
+        for p in pods.iter_mut().skip(1050) {
+            *p = Arc::new(terminating((**p).clone()));
+        }
+        let plan = World::default().plan(&svc, &include_all(&svc, &pods), 100);
+        let ep = plan_endpoints(&svc, &plan.members, MANAGER);
+        let total: usize = ep
+            .subsets
+            .iter()
+            .flatten()
+            .map(|s| ips(&s.addresses).len() + ips(&s.not_ready_addresses).len())
+            .sum();
+        assert_eq!(total, MAX_LEGACY_ADDRESSES);
+        let s = &ep.subsets.as_ref().unwrap()[0];
+        assert_eq!(ips(&s.addresses).len(), 1000, "ready ones are kept first");
+        assert_eq!(s.not_ready_addresses, None);
+        assert_eq!(
+            ep.metadata.annotations.as_ref().unwrap()[OVER_CAPACITY_ANNOTATION],
+            "truncated"
+        );
+
+        // under the cap with not-ready ones: ready all kept, not-ready trimmed
+        let mut pods = many_pods(1010, false);
+        for p in pods.iter_mut().skip(900) {
+            *p = Arc::new(terminating((**p).clone()));
+        }
+        let plan = World::default().plan(&svc, &include_all(&svc, &pods), 100);
+        let ep = plan_endpoints(&svc, &plan.members, MANAGER);
+        let s = &ep.subsets.as_ref().unwrap()[0];
+        assert_eq!(
+            (ips(&s.addresses).len(), ips(&s.not_ready_addresses).len()),
+            (900, 100)
+        );
+    }
+
+    #[test]
+    fn primary_family_only_and_headless_label() {
+        let mut svc = service(
+            "web",
+            vec![port("http", 80, named("web"))],
+            &["IPv6", "IPv4"],
+        );
+        svc.spec.as_mut().unwrap().cluster_ip = Some("None".into());
+        let pods = many_pods(2, true);
+        let plan = World::default().plan(&svc, &include_all(&svc, &pods), 100);
+        let ep = plan_endpoints(&svc, &plan.members, MANAGER);
+        let s = &ep.subsets.as_ref().unwrap()[0];
+        assert_eq!(ips(&s.addresses), vec!["fd00:10:244::1", "fd00:10:244::2"]);
+        assert_eq!(ep.metadata.labels.as_ref().unwrap()[HEADLESS_LABEL], "");
+
+        let empty = plan_endpoints(&svc, &[], MANAGER);
+        assert_eq!(empty.subsets, None);
+    }
+}
