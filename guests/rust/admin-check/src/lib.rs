@@ -28,7 +28,10 @@ struct Config {
 
 impl Default for Config {
     fn default() -> Self {
-        Config { key: default_key(), timeout_ms: default_timeout_ms() }
+        Config {
+            key: default_key(),
+            timeout_ms: default_timeout_ms(),
+        }
     }
 }
 
@@ -63,16 +66,23 @@ impl Checker for AdminCheck {
             Err(e) => return Verdict::abstain().because(e),
         };
         let pod = &input.pod;
-        let mark = pod.label(&config.key).or_else(|| pod.annotation(&config.key));
+        let mark = pod
+            .label(&config.key)
+            .or_else(|| pod.annotation(&config.key));
         if let Some(value) = mark
             && value != "false"
         {
             return Verdict::include().because(format!("marked {}={value}", config.key));
         }
         let port = input.target.target_port;
-        match input.target.tcp_dial(Duration::from_millis(config.timeout_ms.into())) {
+        match input
+            .target
+            .tcp_dial(Duration::from_millis(config.timeout_ms.into()))
+        {
             Ok(()) => Verdict::include().because(format!("port {port} accepts connections")),
-            Err(ProbeError::Timeout) => Verdict::abstain().because(format!("dial {port} timed out")),
+            Err(ProbeError::Timeout) => {
+                Verdict::abstain().because(format!("dial {port} timed out"))
+            }
             Err(e) => Verdict::exclude().because(format!("dial {port}: {}", e.message())),
         }
     }

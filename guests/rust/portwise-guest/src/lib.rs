@@ -95,7 +95,12 @@ impl<T: Checker> Guest for T {
     }
 
     fn check(config: String, service: Service, pod: Pod, target: Target) -> Verdict {
-        <T as Checker>::check(Input { config, service, pod, target })
+        <T as Checker>::check(Input {
+            config,
+            service,
+            pod,
+            target,
+        })
     }
 }
 
@@ -110,13 +115,22 @@ macro_rules! export {
 
 impl Verdict {
     pub fn include() -> Self {
-        Verdict { decision: Decision::Include, reason: None }
+        Verdict {
+            decision: Decision::Include,
+            reason: None,
+        }
     }
     pub fn exclude() -> Self {
-        Verdict { decision: Decision::Exclude, reason: None }
+        Verdict {
+            decision: Decision::Exclude,
+            reason: None,
+        }
     }
     pub fn abstain() -> Self {
-        Verdict { decision: Decision::Abstain, reason: None }
+        Verdict {
+            decision: Decision::Abstain,
+            reason: None,
+        }
     }
     /// Attaches a human-readable reason (logged by the host, shown by
     /// `portwise check`).
@@ -127,7 +141,9 @@ impl Verdict {
 }
 
 fn lookup<'a>(list: &'a [KeyValue], key: &str) -> Option<&'a str> {
-    list.iter().find(|kv| kv.key == key).map(|kv| kv.value.as_str())
+    list.iter()
+        .find(|kv| kv.key == key)
+        .map(|kv| kv.value.as_str())
 }
 
 impl Pod {
@@ -150,7 +166,9 @@ impl Pod {
     }
     /// A declared container port by name.
     pub fn container_port(&self, name: &str) -> Option<&ContainerPort> {
-        self.container_ports.iter().find(|p| p.name.as_deref() == Some(name))
+        self.container_ports
+            .iter()
+            .find(|p| p.name.as_deref() == Some(name))
     }
 }
 
@@ -168,7 +186,9 @@ impl Service {
 }
 
 fn millis(timeout: Duration) -> u32 {
-    u32::try_from(timeout.as_millis()).unwrap_or(u32::MAX).max(1)
+    u32::try_from(timeout.as_millis())
+        .unwrap_or(u32::MAX)
+        .max(1)
 }
 
 impl Target {
@@ -219,7 +239,8 @@ impl HttpResponse {
     /// The body parsed as JSON.
     #[cfg(feature = "json")]
     pub fn json<T: serde::de::DeserializeOwned>(&self) -> Result<T, String> {
-        serde_json::from_slice(&self.body).map_err(|e| format!("body is not the expected JSON: {e}"))
+        serde_json::from_slice(&self.body)
+            .map_err(|e| format!("body is not the expected JSON: {e}"))
     }
 }
 

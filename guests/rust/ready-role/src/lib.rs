@@ -73,7 +73,9 @@ impl Checker for ReadyRole {
             Err(ProbeError::Timeout) => {
                 return Verdict::abstain().because(format!("GET {} timed out", config.path));
             }
-            Err(e) => return Verdict::exclude().because(format!("GET {}: {}", config.path, e.message())),
+            Err(e) => {
+                return Verdict::exclude().because(format!("GET {}: {}", config.path, e.message()));
+            }
         };
         if !response.is_success() {
             return Verdict::exclude()

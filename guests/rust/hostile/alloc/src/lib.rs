@@ -16,7 +16,11 @@ impl Checker for Hog {
         let config: Option<Config> = parse_config(&input.config).unwrap_or_default();
         let bytes = config.unwrap_or_default().bytes.unwrap_or(1 << 30);
         let block = vec![1u8; bytes];
-        let sum: u64 = std::hint::black_box(&block).iter().step_by(4096).map(|&b| u64::from(b)).sum();
+        let sum: u64 = std::hint::black_box(&block)
+            .iter()
+            .step_by(4096)
+            .map(|&b| u64::from(b))
+            .sum();
         Verdict::include().because(format!("allocated {bytes} bytes ({sum} pages touched)"))
     }
 }
