@@ -94,7 +94,7 @@ pub fn endpoints_equal(a: Option<&[Endpoint]>, b: Option<&[Endpoint]>) -> bool {
 /// One endpoint, ignoring what the API cannot tell apart (an empty hints
 /// object and no hints, a `targetRef.resourceVersion` we never set).
 pub fn endpoint_equal(a: &Endpoint, b: &Endpoint) -> bool {
-    normalize_endpoint(a) == normalize_endpoint(b)
+    a == b || normalize_endpoint(a) == normalize_endpoint(b)
 }
 
 fn normalize_endpoint(e: &Endpoint) -> Endpoint {

@@ -14,7 +14,15 @@
 //!   pod could shift every later slice.)
 //! - **Names are sticky.** A live slice keeps its name; the naming scheme
 //!   ([`naming`]) only names new slices, skipping names that other owners
-//!   hold (reported as [`Collision`]s, never overwritten).
+//!   hold (reported as [`Collision`]s, never overwritten; the endpoints go
+//!   to the next free name so traffic keeps flowing). Before creating a
+//!   slice, one of ours in the same (port, family) that would otherwise be
+//!   deleted is reused, as upstream does, so a change never costs a create
+//!   plus a delete where one update would do.
+//! - **Placeholders.** A (port, family) without members keeps one empty
+//!   slice, reusing a live one where possible.
+//! - **A Service being deleted** gets no new slices; existing ones are
+//!   still updated (and filled before anything is dropped).
 //! - **Abstain** keeps exactly what the live slices show, so a restart does
 //!   not forget what was published.
 //! - **Writes only on difference** ([`diff`]): a steady state plans nothing.
@@ -494,17 +502,17 @@ pub fn plan(input: &PlanInput) -> Plan {
             .endpoints
             .entry((g.name.clone(), address_type(g.family).to_string()))
             .or_insert(0);
-        let mut chunks: Vec<(Option<u16>, &Chunk, Vec<Endpoint>)> = Vec::new();
+        // (target, chunk, its endpoints in the set)
+        let mut chunks: Vec<(Option<u16>, &Chunk, Option<&SetPlan>)> = Vec::new();
         for set in &p.sets {
             for c in set.chunks.iter().filter(|c| !c.keys.is_empty()) {
-                let eps = c.keys.iter().map(|k| set.desired[k].clone()).collect();
-                chunks.push((Some(set.target), c, eps));
+                chunks.push((Some(set.target), c, Some(set)));
             }
         }
         if let Some(ph) = &p.placeholder {
-            chunks.push((p.placeholder_target, ph, Vec::new()));
+            chunks.push((p.placeholder_target, ph, None));
         }
-        for (target, c, eps) in chunks {
+        for (target, c, set) in chunks {
             let Some(name) = c
                 .name
                 .as_deref()
@@ -512,9 +520,16 @@ pub fn plan(input: &PlanInput) -> Plan {
             else {
                 continue; // no name could be had (Service being deleted)
             };
-            *count += eps.len();
-            let slice = build(g, target, eps, name);
+            *count += c.keys.len();
             wanted.insert(name.to_string());
+            if !c.changed && c.live.is_some() {
+                continue; // equal to its live state, as packing found
+            }
+            let eps = match set {
+                Some(set) => c.keys.iter().map(|k| set.desired[k].clone()).collect(),
+                None => Vec::new(),
+            };
+            let slice = build(g, target, eps, name);
             if c.live
                 .as_ref()
                 .is_none_or(|l| diff::slice_differs(&slice, l, manager))

@@ -352,6 +352,58 @@ fn named_target_port_two_numbers_mid_rollout() {
 }
 
 #[test]
+fn rollout_transitions_cost_one_write_each() {
+    let svc = http_svc();
+    let at = |name: &str, ip: &str, web: u16| Arc::new(pod(name, &[ip], web));
+    let a = at("a", "10.244.0.1", 8080);
+    let b = at("b", "10.244.0.2", 8081);
+    let c = at("c", "10.244.0.3", 8082);
+    let mut w = World::default();
+    let step = |w: &mut World, pods: &[Arc<Pod>]| {
+        let judged = include_all(&svc, pods);
+        let plan = w.plan(&svc, &judged, 100);
+        w.apply(&plan);
+        steady(w, &svc, &judged, 100);
+        (names(&plan), plan.deletes.clone())
+    };
+    assert_eq!(
+        step(&mut w, &[a.clone(), b.clone()]).0,
+        vec!["web-http", "web-http--p8081"]
+    );
+    // the 8080 set ends: its slice goes, nothing is renamed
+    assert_eq!(
+        step(&mut w, std::slice::from_ref(&b)),
+        (vec![], vec!["web-http".to_string()])
+    );
+    // the last member leaves: the remaining slice becomes the placeholder
+    // and keeps the target its name says
+    assert_eq!(
+        step(&mut w, &[]),
+        (vec!["web-http--p8081".to_string()], vec![])
+    );
+    assert_eq!(
+        w.get("web-http--p8081").ports.as_ref().unwrap()[0].port,
+        Some(8081)
+    );
+    // a member comes back: one update
+    assert_eq!(
+        step(&mut w, std::slice::from_ref(&b)),
+        (vec!["web-http--p8081".to_string()], vec![])
+    );
+    // one pod replaced by one with another target: the emptied slice is
+    // reused rather than creating one and deleting the other
+    assert_eq!(
+        step(&mut w, std::slice::from_ref(&c)),
+        (vec!["web-http--p8081".to_string()], vec![])
+    );
+    assert_eq!(
+        w.get("web-http--p8081").ports.as_ref().unwrap()[0].port,
+        Some(8082)
+    );
+    assert_eq!(w.names(), vec!["web-http--p8081"]);
+}
+
+#[test]
 fn sidecar_port_is_published() {
     let svc = service(
         "web",
@@ -1124,4 +1176,40 @@ mod legacy {
         let empty = plan_endpoints(&svc, &[], MANAGER);
         assert_eq!(empty.subsets, None);
     }
+}
+
+/// Cost of planning a large Service (run with `--ignored --nocapture`).
+#[test]
+#[ignore = "timing figures, not a check"]
+fn timing_4000_endpoints() {
+    use std::time::Instant;
+    let svc = service(
+        "web",
+        vec![
+            port("http", 80, named("web")),
+            port("admin", 9000, num(9000)),
+        ],
+        &["IPv4", "IPv6"],
+    );
+    let pods = many_pods(1000, true);
+    let judged = include_all(&svc, &pods);
+    let mut w = World::default();
+    let t = Instant::now();
+    let first = w.plan(&svc, &judged, 100);
+    let from_scratch = t.elapsed();
+    w.apply(&first);
+    let t = Instant::now();
+    let steady_plan = w.plan(&svc, &judged, 100);
+    let steady_time = t.elapsed();
+    assert!(steady_plan.applies.is_empty());
+    let mut flipped = judged.clone();
+    flipped[17].decision = Decision::Exclude;
+    let t = Instant::now();
+    let one = w.plan(&svc, &flipped, 100);
+    let flip_time = t.elapsed();
+    assert_eq!(one.applies.len(), 1);
+    println!(
+        "4000 endpoints in {} slices: from scratch {from_scratch:?}, steady {steady_time:?}, one flip {flip_time:?}",
+        first.applies.len()
+    );
 }
