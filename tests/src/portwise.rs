@@ -303,7 +303,8 @@ impl Drop for Portwise {
             }
             None => {}
         }
-        if std::thread::panicking() && self.binary {
+        // The harness shows captured output only for failing tests.
+        if self.binary {
             eprintln!("---- portwise binary log ----\n{}", self.logs());
         }
     }
