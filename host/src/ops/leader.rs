@@ -47,7 +47,7 @@ use tokio::{
     sync::{oneshot, watch},
     task::JoinHandle,
 };
-use tracing::{debug, error, info, warn};
+use tracing::{debug, error, info, trace, warn};
 
 /// How long terms last and how often the holder and the others act.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -482,7 +482,7 @@ impl Elector {
             now,
             self.timings.lease_duration,
         );
-        debug!(holder = ?holding.holder, ?action, "Lease decision");
+        trace!(holder = ?holding.holder, ?action, "Lease decision");
         if let LeaseAction::Wait { remaining } = action {
             return Ok(Attempt::NotHeld {
                 retry_in: remaining,

@@ -6,8 +6,8 @@
 //! `info,portwise::membership=trace`). A bad directive is an error at start
 //! that names where it came from, rather than silently logging nothing.
 //!
-//! Cranelift and the HTTP/TLS stacks log every function compiled or every
-//! connection at debug level, which drowns the controller's own debug output
+//! Cranelift, the HTTP/TLS stacks and kube's client log every function
+//! compiled, connection or request at debug level, which drowns the controller's own debug output
 //! (the one operators turn on to ask "why isn't my pod in the slice?"). They
 //! are capped at `warn` unless the directives name them explicitly.
 
@@ -26,6 +26,9 @@ const NOISY: &[&str] = &[
     "h2",
     "rustls",
     "tower",
+    // One line per request (Lease renewals every 2 s, watches): at debug it
+    // buries the controller's own output. Name it to see it.
+    "kube_client",
 ];
 
 /// Output format of the logs.
