@@ -172,6 +172,11 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         None
     };
 
+    match &elector {
+        Some(e) => e.track(&metrics),
+        None => metrics.set_leader(true),
+    }
+
     let opts = RunOptions {
         namespaces: args.namespaces.clone(),
         check_timeout: args.check_timeout,

@@ -49,6 +49,8 @@ use tokio::{
 };
 use tracing::{debug, error, info, trace, warn};
 
+use super::metrics::Metrics;
+
 /// How long terms last and how often the holder and the others act.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Timings {
@@ -308,6 +310,22 @@ impl LeaderElector {
     /// elector is dropped) it reads `false` and `changed()` returns an error.
     pub fn subscribe(&self) -> watch::Receiver<bool> {
         self.leader.clone()
+    }
+
+    /// Keeps `metrics`' `portwise_leader` gauge equal to [`Self::is_leader`]
+    /// (in a background task that ends with the elector).
+    pub fn track(&self, metrics: &Metrics) {
+        let mut rx = self.subscribe();
+        let metrics = metrics.clone();
+        tokio::spawn(async move {
+            loop {
+                metrics.set_leader(*rx.borrow_and_update());
+                if rx.changed().await.is_err() {
+                    metrics.set_leader(false);
+                    break;
+                }
+            }
+        });
     }
 
     /// Stops competing: reports "not leader", then clears `holderIdentity`
@@ -681,6 +699,29 @@ mod tests {
         assert_ne!(a, b);
         assert!(!identity(None).starts_with('_'));
         assert!(!identity(Some("  ")).starts_with('_'));
+    }
+
+    #[tokio::test]
+    async fn track_mirrors_leadership_into_the_gauge() {
+        async fn gauge_becomes(m: &Metrics, want: &str) {
+            for _ in 0..200 {
+                if m.encode()
+                    .lines()
+                    .any(|l| l == format!("portwise_leader {want}"))
+                {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            panic!("portwise_leader never became {want}:\n{}", m.encode());
+        }
+        let m = Metrics::new();
+        let e = LeaderElector::standalone("solo");
+        assert!(e.is_leader());
+        e.track(&m);
+        gauge_becomes(&m, "1").await;
+        drop(e);
+        gauge_becomes(&m, "0").await;
     }
 
     #[test]
