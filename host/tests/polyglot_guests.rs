@@ -53,7 +53,11 @@ async fn runtime_with(module: &str) -> WasmRuntime {
         path.display()
     );
     // The on-disk code cache keeps the 18 MB Python guest from being
-    // recompiled on every run.
+    // recompiled on every run. Loads are serialised so that tests running in
+    // parallel after a rebuild compile it once and then hit the cache,
+    // instead of all compiling it at the same time.
+    static LOADING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    let _one_at_a_time = LOADING.lock().await;
     let rt = WasmRuntime::new(WasmConfig {
         modules_dir: None,
         cache_dir: Some(default_cache_dir()),
