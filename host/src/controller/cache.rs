@@ -37,7 +37,11 @@ impl SyncGate {
         }
     }
     pub fn synced(&self) -> bool {
-        self.0.load(Ordering::SeqCst) == 0
+        self.pending() == 0
+    }
+    /// Watches still listing for the first time.
+    pub fn pending(&self) -> usize {
+        self.0.load(Ordering::SeqCst)
     }
 }
 
@@ -49,7 +53,7 @@ pub struct SyncToken {
 }
 
 impl SyncToken {
-    fn complete(&mut self) {
+    pub fn complete(&mut self) {
         if !self.done {
             self.done = true;
             self.gate.0.fetch_sub(1, Ordering::SeqCst);
@@ -192,9 +196,11 @@ pub fn strip_managed_fields<K: Resource>(obj: &mut K) {
     obj.meta_mut().managed_fields = None;
 }
 
-/// The namespace of an object, `""` for cluster-scoped ones.
-pub fn ns_of<K: Resource>(obj: &K) -> String {
-    obj.namespace().unwrap_or_default()
+/// Keeps only `manager`'s managedFields entries.
+pub fn keep_managed_fields_of<K: Resource>(obj: &mut K, manager: &str) {
+    if let Some(fields) = obj.meta_mut().managed_fields.as_mut() {
+        fields.retain(|f| f.manager.as_deref() == Some(manager));
+    }
 }
 
 #[cfg(test)]

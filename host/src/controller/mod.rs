@@ -150,6 +150,8 @@ pub struct Context {
     /// Services whose ExternalName event was emitted.
     external_warned: Mutex<HashSet<String>>,
     migration: migrate::Migrator,
+    /// Every watch has listed once: the caches are complete.
+    synced: SyncGate,
 }
 
 impl Context {
@@ -279,7 +281,13 @@ where
     let streams = apis.into_iter().map(|api| {
         flatten_relists(watcher(api, cfg.clone()).default_backoff(), gate.register()).boxed()
     });
-    stream::select_all(streams).boxed()
+    // kube's controller holds reconciles until its store has seen one
+    // `InitDone`. Our merged stream never relists as a whole, so mark the
+    // (still empty) store ready up front; reconciles themselves wait for
+    // every watch to have listed (`Context::synced`).
+    stream::iter([Ok(watcher::Event::Init), Ok(watcher::Event::InitDone)])
+        .chain(stream::select_all(streams))
+        .boxed()
 }
 
 /// Runs the controller until `shutdown` resolves.
@@ -339,8 +347,11 @@ pub async fn run(
         let owners = slice_owners.clone();
         let tx = trigger_tx.clone();
         let managed_by = config.managed_by.clone();
+        let keep = config.managed_by.clone();
         watch_all::<EndpointSlice>(&client, &opts.namespaces, list_cfg.clone(), &gate)
-            .modify(cache::strip_managed_fields)
+            // Our own managedFields entry tells the planner which labels we
+            // applied before, so one the Service dropped is removed too.
+            .modify(move |s: &mut EndpointSlice| cache::keep_managed_fields_of(s, &keep))
             .reflect(slice_writer)
             .for_each(move |ev| {
                 match ev {
@@ -427,6 +438,7 @@ pub async fn run(
         writer: SliceWriter::new(client.clone(), config.managed_by.clone()),
         recorder: Recorder::new(client.clone(), reporter),
         migration: migrate::Migrator::new(client.clone(), config.managed_by.clone()),
+        synced: gate.clone(),
         config: config.clone(),
         pods: pod_reader,
         slices: slice_reader,
@@ -537,6 +549,12 @@ async fn reconcile(svc: Arc<Service>, ctx: Arc<Context>) -> Result<Action, Error
     let resync = Action::requeue(ctx.config.resync_period);
     if !ctx.is_leader() {
         return Ok(Action::await_change());
+    }
+    // Never plan from a partial cache: a Service seen before its pods would
+    // publish empty slices.
+    if !ctx.synced.synced() {
+        debug!(pending = ctx.synced.pending(), "caches not synced yet");
+        return Ok(Action::requeue(Duration::from_millis(250)));
     }
     let ns = svc.namespace().unwrap_or_default();
     let name = svc.name_any();
