@@ -318,3 +318,44 @@ async fn service_being_deleted_gets_no_new_slices() -> Result<()> {
     .await?;
     Ok(())
 }
+
+/// Service ports come and go: a removed port's slices go, a new port's
+/// slices come, a renamed port's slices are renamed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn service_port_changes_follow() -> Result<()> {
+    let cp = ControlPlane::shared().await?;
+    let ns = TestNs::new(cp, "ports-change").await?;
+    ns.create_service(
+        service("web")
+            .annotation(GROUP_KEY, "g")
+            .port("http", 8080)
+            .port("admin", 9090),
+    )
+    .await?;
+    ns.create_pod(pod("a").annotation(GROUP_KEY, "g").ips(next_ips().v4()))
+        .await?;
+    let _pw = Portwise::start(&ns, &config("podReady")).await?;
+    wait_for(SETTLE, || async {
+        expect_eq(
+            endpoints_by_port(&ns, "web").await?,
+            by_port([(("http", V4), &["a"][..]), (("admin", V4), &["a"][..])]),
+        )
+    })
+    .await?;
+
+    let ports = serde_json::json!({ "spec": { "ports": [
+        { "name": "web", "port": 8080, "protocol": "TCP" },
+        { "name": "grpc", "port": 9091, "protocol": "TCP" },
+    ]}});
+    ns.patch_service("web", ports).await?;
+    wait_for(SETTLE, || async {
+        expect_eq(
+            endpoints_by_port(&ns, "web").await?,
+            by_port([(("web", V4), &["a"][..]), (("grpc", V4), &["a"][..])]),
+        )?;
+        expect_eq(slices_for(&ns, "web").await?.len(), 2)
+    })
+    .await?;
+    slice_invariants(&ns, "web", 100).await?;
+    Ok(())
+}

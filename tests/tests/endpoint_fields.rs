@@ -190,3 +190,36 @@ async fn traffic_distribution_hints() -> Result<()> {
     .await?;
     Ok(())
 }
+
+/// `disableNodeLookups`: no Node watch, so no zones and no hints, while
+/// nodeName still comes from the pod.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_lookups_can_be_disabled() -> Result<()> {
+    let cp = ControlPlane::shared().await?;
+    let ns = TestNs::new(cp, "no-nodes").await?;
+    let n1 = ns.ensure_node("n1", "zone-a").await?;
+    ns.create_service(
+        service("web")
+            .annotation(GROUP_KEY, "g")
+            .traffic_distribution("PreferSameZone")
+            .port("http", 8080),
+    )
+    .await?;
+    ns.create_pod(
+        pod("a")
+            .annotation(GROUP_KEY, "g")
+            .node(&n1)
+            .ips(next_ips().v4()),
+    )
+    .await?;
+    let _pw = Portwise::start(&ns, &config_with("podReady", "disableNodeLookups: true\n")).await?;
+    wait_for(SETTLE, || async {
+        let a = endpoint_of(&ns, "web", "http", V4, "a").await?;
+        expect_eq(
+            (a.node_name, a.zone, a.hint_zones, a.hint_nodes),
+            (Some(n1.clone()), None, None, None),
+        )
+    })
+    .await?;
+    Ok(())
+}

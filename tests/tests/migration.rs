@@ -39,6 +39,8 @@ async fn fixture(prefix: &str) -> Result<Fixture> {
             .port("http", 8080),
     )
     .await?;
+    // The native controller skips pods whose Node it cannot find.
+    let node = ns.ensure_node("n1", "zone-a").await?;
     let mut ips = Vec::new();
     for name in ["p1", "p2", "p3"] {
         let ip = next_ips();
@@ -47,6 +49,7 @@ async fn fixture(prefix: &str) -> Result<Fixture> {
             pod(name)
                 .label("app", "web")
                 .annotation(GROUP_KEY, "g")
+                .node(&node)
                 .ips(ip.v4()),
         )
         .await?;
