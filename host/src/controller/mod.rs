@@ -399,10 +399,13 @@ pub async fn run(
         .modify(cache::strip_managed_fields)
         .reflect(writer)
         .for_each(move |ev| {
-            if let Ok(watcher::Event::InitDone) = ev {
-                // node metadata is optional for correctness; count it
-                // as synced after its first list.
-                token.take();
+            // node metadata is optional for correctness; count it as
+            // synced after its first list. (Dropping a SyncToken does not
+            // complete it: it must be completed explicitly.)
+            if let Ok(watcher::Event::InitDone) = ev
+                && let Some(mut token) = token.take()
+            {
+                token.complete();
             }
             future::ready(())
         })
