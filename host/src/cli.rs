@@ -114,7 +114,7 @@ pub struct CheckArgs {
 pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let config = Config::load(&args.config)
         .with_context(|| format!("invalid configuration {}", args.config.display()))?;
-    let client = Client::try_default()
+    let client = connect()
         .await
         .context("no Kubernetes connection (set KUBECONFIG or run in a cluster)")?;
 
@@ -144,6 +144,10 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         )),
         None => None,
     };
+
+    if let Some(rt) = &wasm {
+        report_wasm(rt.clone(), metrics.clone(), client.clone());
+    }
 
     let identity = ops::leader::identity(args.identity.as_deref());
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
@@ -217,6 +221,110 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     }
 }
 
+/// Feeds the WebAssembly runtime's module loads and guest failures into the
+/// metrics, and turns module load failures into Events on portwise's own Pod
+/// (when POD_NAME/POD_NAMESPACE tell us which), so an operator sees why a
+/// new module version is not serving.
+fn report_wasm(rt: Arc<WasmRuntime>, metrics: ops::metrics::Metrics, client: Client) {
+    use crate::wasm::{CompileSource, FailureKind};
+    use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+    use ops::metrics::{GuestFailure, ModuleLoad};
+
+    let pod_ref = match (std::env::var("POD_NAME"), std::env::var("POD_NAMESPACE")) {
+        (Ok(name), Ok(ns)) => Some(k8s_openapi::api::core::v1::ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Pod".into()),
+            name: Some(name),
+            namespace: Some(ns),
+            ..Default::default()
+        }),
+        _ => None,
+    };
+    let recorder = Recorder::new(
+        client,
+        Reporter {
+            controller: "portwise".into(),
+            instance: None,
+        },
+    );
+    let mut events = rt.subscribe();
+    // Loads that happened while the runtime started, before we listened.
+    for info in rt.modules() {
+        let result = match info.compiled {
+            CompileSource::Cached => ModuleLoad::Cached,
+            CompileSource::Compiled => ModuleLoad::Compiled,
+        };
+        metrics.count_module_load(&info.module, result);
+    }
+    let m = metrics.clone();
+    tokio::spawn(async move {
+        while let Ok(ev) = events.recv().await {
+            let result = match (ev.ok, ev.compiled) {
+                (false, _) => ModuleLoad::Failed,
+                (true, Some(CompileSource::Cached)) => ModuleLoad::Cached,
+                (true, _) => ModuleLoad::Compiled,
+            };
+            m.count_module_load(&ev.module, result);
+            if ev.ok {
+                info!(module = %ev.module, "{}", ev.message);
+                continue;
+            }
+            tracing::warn!(module = %ev.module, "{}", ev.message);
+            if let Some(r) = &pod_ref {
+                let note = Event {
+                    type_: EventType::Warning,
+                    reason: "ModuleLoadFailed".into(),
+                    note: Some(ev.message.chars().take(1000).collect()),
+                    action: "LoadModule".into(),
+                    secondary: None,
+                };
+                if let Err(e) = recorder.publish(&note, r).await {
+                    tracing::debug!(error = %e, "could not publish module Event");
+                }
+            }
+        }
+    });
+    // Guest failures are atomics in the runtime; mirror their growth.
+    tokio::spawn(async move {
+        let mut seen: std::collections::HashMap<(String, FailureKind), u64> = Default::default();
+        loop {
+            for f in rt.failures() {
+                let before = seen
+                    .insert((f.module.clone(), f.kind), f.count)
+                    .unwrap_or(0);
+                let kind = match f.kind {
+                    FailureKind::Load | FailureKind::Config => GuestFailure::Load,
+                    FailureKind::Trap => GuestFailure::Trap,
+                    FailureKind::Deadline => GuestFailure::Deadline,
+                    FailureKind::Memory => GuestFailure::Memory,
+                    FailureKind::InvalidAnswer => GuestFailure::Invalid,
+                    FailureKind::DeniedProbe => GuestFailure::Denied,
+                };
+                for _ in before..f.count {
+                    metrics.count_guest_failure(&f.module, kind);
+                }
+            }
+            tokio::time::sleep(Duration::from_secs(2)).await;
+        }
+    });
+}
+
+/// The product's User-Agent: kube-rs sends none, and audit logs (and
+/// `./bench`) tell controllers apart by it, as they do for
+/// `kube-controller-manager/…/endpointslice-controller`.
+pub const USER_AGENT: &str = concat!("portwise/", env!("CARGO_PKG_VERSION"));
+
+/// A client from KUBECONFIG or the in-cluster service account, sending
+/// [`USER_AGENT`].
+async fn connect() -> anyhow::Result<Client> {
+    let mut config = kube::Config::infer().await?;
+    config.headers.push((
+        hyper::header::USER_AGENT,
+        hyper::header::HeaderValue::from_static(USER_AGENT),
+    ));
+    Ok(Client::try_from(config)?)
+}
+
 async fn wait_for_signal() {
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
@@ -238,11 +346,7 @@ fn read_object<T: serde::de::DeserializeOwned>(path: &Path) -> anyhow::Result<T>
 pub async fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
     let needs_cluster = args.pod_name.is_some() || args.service_name.is_some();
     let client = if needs_cluster {
-        Some(
-            Client::try_default()
-                .await
-                .context("no Kubernetes connection")?,
-        )
+        Some(connect().await.context("no Kubernetes connection")?)
     } else {
         None
     };

@@ -18,7 +18,7 @@ use std::{
 
 use futures::{Stream, StreamExt, stream};
 use kube::{
-    Resource, ResourceExt,
+    Resource,
     runtime::{reflector::ObjectRef, watcher},
 };
 
@@ -208,6 +208,7 @@ mod tests {
     use super::*;
     use futures::executor::block_on;
     use k8s_openapi::api::core::v1::Pod;
+    use kube::ResourceExt;
 
     fn pod(name: &str) -> Pod {
         let mut p = Pod::default();
