@@ -19,7 +19,7 @@ use std::{
 };
 
 use futures::{
-    FutureExt, StreamExt,
+    FutureExt, StreamExt, TryStreamExt,
     channel::mpsc::{UnboundedSender, unbounded},
     future::{self, BoxFuture},
     stream::{self, BoxStream},
@@ -312,15 +312,34 @@ pub async fn run(
 
     // Services
     let (svc_reader, svc_writer) = reflector::store::<Service>();
-    let services = watch_all::<Service>(&client, &opts.namespaces, list_cfg.clone(), &gate)
-        .modify(cache::strip_managed_fields)
-        .reflect(svc_writer)
-        .applied_objects();
+    // Services, indexed by group; deletions are reported so per-Service
+    // state (verdict cache, metrics series) is dropped with them.
+    let svc_groups = Arc::new(GroupIndex::default());
+    let (gone_tx, mut gone_rx) = tokio::sync::mpsc::unbounded_channel::<Arc<Service>>();
+    let services = {
+        let svc_groups = svc_groups.clone();
+        let key = config.service_key.clone();
+        watch_all::<Service>(&client, &opts.namespaces, list_cfg.clone(), &gate)
+            .modify(cache::strip_managed_fields)
+            .reflect(svc_writer)
+            .inspect_ok(move |ev| match ev {
+                watcher::Event::Apply(svc) | watcher::Event::InitApply(svc) => {
+                    let ns = svc.namespace().unwrap_or_default();
+                    svc_groups.set(&ns, &svc.name_any(), key_of(&svc.metadata, &key));
+                }
+                watcher::Event::Delete(svc) => {
+                    let ns = svc.namespace().unwrap_or_default();
+                    svc_groups.set(&ns, &svc.name_any(), None);
+                    let _ = gone_tx.send(Arc::new(svc.clone()));
+                }
+                _ => {}
+            })
+            .applied_objects()
+    };
 
     // Pods, indexed by group; a change triggers the group's Services.
     let (trigger_tx, trigger_rx) = unbounded::<ObjectRef<Service>>();
     let pod_groups = Arc::new(GroupIndex::default());
-    let svc_groups = Arc::new(GroupIndex::default());
     let (pod_reader, pod_writer) = reflector::store::<Pod>();
     let pod_stream = {
         let pod_groups = pod_groups.clone();
@@ -413,19 +432,6 @@ pub async fn run(
         (Some(reader), stream)
     };
 
-    // Service index by group, maintained from the Service stream before it
-    // reaches the controller.
-    let services = {
-        let svc_groups = svc_groups.clone();
-        let key = config.service_key.clone();
-        services.inspect(move |res| {
-            if let Ok(svc) = res {
-                let ns = svc.namespace().unwrap_or_default();
-                svc_groups.set(&ns, &svc.name_any(), key_of(&svc.metadata, &key));
-            }
-        })
-    };
-
     let reporter = Reporter {
         controller: config.managed_by.clone(),
         instance: opts.instance.clone(),
@@ -453,6 +459,21 @@ pub async fn run(
         selector_warned: Mutex::default(),
         external_warned: Mutex::default(),
     });
+
+    {
+        let ctx = ctx.clone();
+        tokio::spawn(async move {
+            while let Some(svc) = gone_rx.recv().await {
+                let ns = svc.namespace().unwrap_or_default();
+                let uid = svc.uid().unwrap_or_default();
+                ctx.judge.forget(&uid);
+                ctx.migration.forget(&uid);
+                ctx.metrics.forget_service(&ns, &svc.name_any());
+                ctx.selector_warned.lock().unwrap().remove(&uid);
+                ctx.external_warned.lock().unwrap().remove(&uid);
+            }
+        });
+    }
 
     // Becoming leader (again) re-checks everything: while following we
     // wrote nothing, and the previous leader may have left work undone.
@@ -590,6 +611,9 @@ async fn reconcile(svc: Arc<Service>, ctx: Arc<Context>) -> Result<Action, Error
 
     let has_selector = spec.selector.as_ref().is_some_and(|s| !s.is_empty());
     if has_selector {
+        // The native controllers serve it again: a later hand-over must
+        // look for their leftovers afresh.
+        ctx.migration.forget(&uid);
         if ctx.selector_warned.lock().unwrap().insert(uid.clone()) {
             ctx.event(
                 &svc,
