@@ -35,7 +35,8 @@ use tokio::process::Child;
 
 const SERVICE: &str = "my-service";
 const GROUP: &str = "my-group";
-/// The admin guest's mark: a pod carrying it backs the admin port.
+/// The admin-check guest's default `key`: a pod marked with it backs the
+/// admin port whatever its sockets say.
 const ADMIN_KEY: &str = "port-mapper.example.com/admin";
 const GUEST: &str = "admin-check.wasm";
 /// Service ports in the order the tables show them.
@@ -79,8 +80,8 @@ const MEMBERSHIP: [(&str, &str, &str); 3] = [
     ("https", "{tcpDial: {timeout: 1s}}", "built-in"),
     (
         "admin",
-        "{wasm: {module: admin-check.wasm, config: {key: port-mapper.example.com/admin, timeoutMs: 500}}}",
-        "WebAssembly guest (Rust): marked, else TCP dial",
+        "{wasm: {module: admin-check.wasm, config: {timeoutMs: 500}}}",
+        "WebAssembly guest (Rust): marked pods, else TCP dial",
     ),
 ];
 
@@ -152,7 +153,12 @@ fn main() -> ExitCode {
         if let Err(Outcome::Interrupted(sig)) = &outcome {
             println!("\n{INDENT}{sig}: stopping what the demo started");
         } else {
-            step(5, "stopping portwise, the listeners and the control plane");
+            let what = if own_cp {
+                "stopping portwise, the listeners and the control plane"
+            } else {
+                "stopping portwise and the listeners"
+            };
+            step(5, what);
         }
         let t = Instant::now();
         let stopped = rig.shutdown(own_cp).await;
@@ -161,27 +167,37 @@ fn main() -> ExitCode {
     drop(rt);
     let t = Instant::now();
     let cp_stopped = cp_guard.take().map(CpGuard::stop).transpose();
-    let stop_time = stopped.as_ref().ok().map(|d| *d + t.elapsed());
+    let (stop_time, stop_error) = match (stopped, cp_stopped) {
+        (Ok(d), Ok(_)) => (d + t.elapsed(), None),
+        (Err(e), _) | (_, Err(e)) => (Duration::ZERO, Some(e)),
+    };
+    let log = work.join("portwise.log");
 
-    match (outcome, stopped, cp_stopped) {
-        (Err(Outcome::Interrupted(_)), _, _) => {
+    match outcome {
+        Err(Outcome::Interrupted(_)) => {
+            if let Some(e) = stop_error {
+                eprintln!("{INDENT}while stopping: {e:#}");
+            }
             println!("{INDENT}stopped; logs kept in {}", work.display());
             ExitCode::from(130)
         }
-        (Err(Outcome::Failed(e)), _, _) => fail(&work, &e, Some(&work.join("portwise.log"))),
-        (Ok(()), Err(e), _) | (Ok(()), _, Err(e)) => {
-            fail(&work, &e, Some(&work.join("portwise.log")))
+        Err(Outcome::Failed(e)) => {
+            match stop_error {
+                None => done(&format!("stopped in {}", secs(stop_time))),
+                Some(stop) => done(&format!("failed: {stop:#}")),
+            }
+            fail(&work, &e, Some(&log))
         }
-        (Ok(()), Ok(_), Ok(_)) => {
-            done(&format!(
-                "stopped in {}",
-                secs(stop_time.unwrap_or_default())
-            ));
+        Ok(()) => {
+            if let Some(e) = stop_error {
+                done("failed");
+                return fail(&work, &e, Some(&log));
+            }
+            done(&format!("stopped in {}", secs(stop_time)));
             let total = secs(started.elapsed());
             if own_cp {
                 // Keep the logs, drop the cluster's state (etcd data, keys).
                 let _ = std::fs::remove_dir_all(work.join("cp"));
-                let log = work.join("portwise.log");
                 println!("\ndemo passed in {total} (portwise log: {})", log.display());
             } else {
                 // Under the test suite: nothing worth keeping after a pass.
@@ -286,7 +302,7 @@ async fn demo(rig: &mut Rig, work: &Path, own_cp: bool) -> Result<()> {
         let mut note = String::new();
         if plan.marked {
             p = p.annotation(ADMIN_KEY, "true");
-            note = format!("{ADMIN_KEY}=true");
+            note = format!("annotated {ADMIN_KEY}=true");
         }
         ns.create_pod(p).await?;
         lines.push(vec![
