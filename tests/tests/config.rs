@@ -14,7 +14,8 @@ const GOOD: &str = "managedBy: portwise\nserviceKey: {annotation: example.com/gr
 
 /// Runs `portwise run --config FILE` and requires a quick non-zero exit
 /// whose output contains every one of `needles`.
-async fn rejected(config: &str, needles: &[&str]) -> Result<()> {
+async fn rejected(config: impl AsRef<str>, needles: &[&str]) -> Result<()> {
+    let config = config.as_ref();
     let out = run_binary_to_exit(
         &["run", "--config", "{config}"],
         config,
@@ -44,7 +45,7 @@ macro_rules! bad_config {
     ($($name:ident: $config:expr => [$($needle:expr),+ $(,)?];)+) => {$(
         #[tokio::test]
         async fn $name() -> Result<()> {
-            rejected(&$config, &[$($needle),+]).await
+            rejected($config, &[$($needle),+]).await
         }
     )+};
 }
@@ -66,12 +67,12 @@ bad_config! {
     stable_zero_threshold: format!(
         "{GOOD}membership: {{stable: {{checker: podReady, successThreshold: 0, failureThreshold: 3}}}}\n"
     ) => ["membership.stable.successThreshold"];
-    service_key_both_kinds: "managedBy: portwise\nserviceKey: {label: a.example.com/g, annotation: b.example.com/g}\n".to_string()
+    service_key_both_kinds: "managedBy: portwise\nserviceKey: {label: a.example.com/g, annotation: b.example.com/g}\n"
         => ["serviceKey"];
-    service_key_missing: "managedBy: portwise\nmembership: podReady\n".to_string() => ["serviceKey"];
-    native_managed_by: "managedBy: endpointslice-controller.k8s.io\nserviceKey: {annotation: example.com/group}\n".to_string()
+    service_key_missing: "managedBy: portwise\nmembership: podReady\n" => ["serviceKey"];
+    native_managed_by: "managedBy: endpointslice-controller.k8s.io\nserviceKey: {annotation: example.com/group}\n"
         => ["managedBy"];
-    invalid_label_key: format!("managedBy: portwise\nserviceKey: {{annotation: 'not a key!'}}\n") => ["serviceKey.annotation"];
+    invalid_label_key: "managedBy: portwise\nserviceKey: {annotation: 'not a key!'}\n" => ["serviceKey.annotation"];
     wrong_type: format!("{GOOD}nativeCleanup: sometimes\n") => ["nativeCleanup"];
     port_names_without_key: format!("{GOOD}membership: {{portNames: {{}}}}\n") => ["membership.portNames"];
 }
