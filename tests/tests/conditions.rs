@@ -96,8 +96,12 @@ async fn terminating_pod() -> Result<()> {
     Ok(())
 }
 
-/// Two Services on one group: the one with `publishNotReadyAddresses`
-/// publishes every member as ready; the other reports readiness as is.
+/// Two Services on one group. Conditions follow membership, as
+/// semantics.md words them: a member is ready and serving; a terminating
+/// member is `ready: false, serving: true, terminating: true`; and
+/// `publishNotReadyAddresses` makes every member ready. The pod's own Ready
+/// condition matters only through the checker (here `portNames`, which
+/// ignores it), so an unready pod the checker includes is published ready.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn publish_not_ready_addresses() -> Result<()> {
     let cp = ControlPlane::shared().await?;
@@ -128,35 +132,38 @@ async fn publish_not_ready_addresses() -> Result<()> {
     ns.create_pod(g("unready").ready(false)).await?;
     ns.create_pod(g("leaving")).await?;
     ns.terminate_pod("leaving").await?;
-    // Membership ignores readiness, so conditions are what is under test.
+    ns.create_pod(g("leaving-unready").ready(false)).await?;
+    ns.terminate_pod("leaving-unready").await?;
     let _pw = Portwise::start(
         &ns,
         &config("{portNames: {annotation: port-mapper.example.com/ports}}"),
     )
     .await?;
 
+    let (t, f) = (Some(true), Some(false));
     wait_for(SETTLE, || async {
-        let pnra = endpoint_views(&ns, "pnra").await?;
-        let got: Vec<_> = pnra.iter().map(|e| (e.pod.as_str(), e.ready)).collect();
+        let got = |views: Vec<EndpointView>| {
+            views
+                .iter()
+                .map(|e| (e.pod.clone(), conditions(e)))
+                .collect::<Vec<_>>()
+        };
         expect_eq(
-            got,
+            got(endpoint_views(&ns, "plain").await?),
             vec![
-                ("leaving", Some(true)),
-                ("ready", Some(true)),
-                ("unready", Some(true)),
+                ("leaving".into(), (f, t, t)),
+                ("leaving-unready".into(), (f, t, t)),
+                ("ready".into(), (t, t, f)),
+                ("unready".into(), (t, t, f)),
             ],
         )?;
-        let plain = endpoint_views(&ns, "plain").await?;
-        let got: Vec<_> = plain
-            .iter()
-            .map(|e| (e.pod.as_str(), conditions(e)))
-            .collect();
         expect_eq(
-            got,
+            got(endpoint_views(&ns, "pnra").await?),
             vec![
-                ("leaving", (Some(false), Some(true), Some(true))),
-                ("ready", (Some(true), Some(true), Some(false))),
-                ("unready", (Some(false), Some(false), Some(false))),
+                ("leaving".into(), (t, t, t)),
+                ("leaving-unready".into(), (t, t, t)),
+                ("ready".into(), (t, t, f)),
+                ("unready".into(), (t, t, f)),
             ],
         )
     })
