@@ -196,7 +196,10 @@ impl Report {
             s,
             "| row | measure | portwise | native | ratio | goal | |\n|---|---|---|---|---|---|---|"
         );
-        for r in &self.rows {
+        // Rows in row order (1b, measured last, belongs after 1).
+        let mut rows: Vec<&[String; 7]> = self.rows.iter().collect();
+        rows.sort_by_key(|r| r[0].split(' ').next().unwrap_or("").to_string());
+        for r in rows {
             let _ = writeln!(s, "| {} |", r.join(" | "));
         }
         if self.behind.is_empty() {
@@ -525,7 +528,13 @@ async fn scrape(addr: SocketAddr, metric: &str) -> Result<f64> {
         let Some(rest) = line.strip_prefix(metric) else {
             continue;
         };
-        if !(rest.starts_with('{') || rest.starts_with(' ')) {
+        // `metric` may end inside a label set (`name{decision="include"`).
+        let boundary = if metric.contains('{') {
+            rest.starts_with(',') || rest.starts_with('}')
+        } else {
+            rest.starts_with('{') || rest.starts_with(' ')
+        };
+        if !boundary {
             continue;
         }
         if let Some(v) = rest.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()) {
@@ -1206,7 +1215,7 @@ impl Bench {
         );
         for (client, req) in [("portwise", &pw_req), ("native", &native_req)] {
             for line in req.detail(client).lines() {
-                let _ = writeln!(detail, "| {client} {}", line.trim_start_matches('|'));
+                let _ = writeln!(detail, "| {client} |{}", line.trim_start_matches('|'));
             }
         }
         r.section("Row 1: requests in detail", detail);
