@@ -25,6 +25,7 @@
 
 mod addresses;
 mod control_plane;
+pub mod faults;
 mod listeners;
 mod namespace;
 mod objects;
