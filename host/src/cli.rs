@@ -62,9 +62,12 @@ pub struct RunArgs {
     /// Cache for compiled WebAssembly modules.
     #[arg(long, env = "PORTWISE_CACHE_DIR")]
     pub cache_dir: Option<PathBuf>,
-    /// Upper bound on one membership check (on top of the probes' timeouts).
-    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
-    pub check_timeout: Duration,
+    /// Upper bound on one membership check; past it the check abstains.
+    /// Default: the configured checker's worst case (its probe timeouts in
+    /// sequence, guest call timeouts) plus 5 s, so a hung pod is excluded by
+    /// its probe's own timeout rather than kept by an abstain.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub check_timeout: Option<Duration>,
     /// Deadline of one call into a WebAssembly guest.
     #[arg(long, default_value = "100ms", value_parser = humantime::parse_duration)]
     pub guest_deadline: Duration,
@@ -146,7 +149,12 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     };
 
     if let Some(rt) = &wasm {
-        report_wasm(rt.clone(), metrics.clone(), client.clone());
+        report_wasm(
+            rt.clone(),
+            metrics.clone(),
+            client.clone(),
+            config.managed_by.clone(),
+        );
     }
 
     let identity = ops::leader::identity(args.identity.as_deref());
@@ -181,9 +189,12 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         None => metrics.set_leader(true),
     }
 
+    let check_timeout = args.check_timeout.unwrap_or_else(|| {
+        worst_case(&config.membership, Limits::default().call_timeout) + Duration::from_secs(5)
+    });
     let opts = RunOptions {
         namespaces: args.namespaces.clone(),
-        check_timeout: args.check_timeout,
+        check_timeout,
         metrics: metrics.clone(),
         leader: elector.as_ref().map(|e| e.subscribe()),
         ready: Some(readiness.clone()),
@@ -221,11 +232,39 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     }
 }
 
+/// The longest one evaluation of `expr` can take when every probe runs to
+/// its timeout (`all`/`any` evaluate in sequence).
+pub fn worst_case(expr: &CheckerExpr, guest_call: Duration) -> Duration {
+    match expr {
+        CheckerExpr::TcpDial(t) => t.timeout,
+        CheckerExpr::HttpGet(h) => h.timeout,
+        CheckerExpr::Wasm(_) => guest_call,
+        CheckerExpr::All(xs) | CheckerExpr::Any(xs) => {
+            xs.iter().map(|x| worst_case(x, guest_call)).sum()
+        }
+        CheckerExpr::Not(x) => worst_case(x, guest_call),
+        CheckerExpr::Stable(s) => worst_case(&s.checker, guest_call),
+        CheckerExpr::PerPort(p) => p
+            .ports
+            .values()
+            .chain(p.fallback.as_deref())
+            .map(|x| worst_case(x, guest_call))
+            .max()
+            .unwrap_or_default(),
+        _ => Duration::ZERO,
+    }
+}
+
 /// Feeds the WebAssembly runtime's module loads and guest failures into the
 /// metrics, and turns module load failures into Events on portwise's own Pod
 /// (when POD_NAME/POD_NAMESPACE tell us which), so an operator sees why a
 /// new module version is not serving.
-fn report_wasm(rt: Arc<WasmRuntime>, metrics: ops::metrics::Metrics, client: Client) {
+fn report_wasm(
+    rt: Arc<WasmRuntime>,
+    metrics: ops::metrics::Metrics,
+    client: Client,
+    managed_by: String,
+) {
     use crate::wasm::{CompileSource, FailureKind};
     use kube::runtime::events::{Event, EventType, Recorder, Reporter};
     use ops::metrics::{GuestFailure, ModuleLoad};
@@ -243,7 +282,7 @@ fn report_wasm(rt: Arc<WasmRuntime>, metrics: ops::metrics::Metrics, client: Cli
     let recorder = Recorder::new(
         client,
         Reporter {
-            controller: "portwise".into(),
+            controller: managed_by,
             instance: None,
         },
     );
@@ -258,7 +297,18 @@ fn report_wasm(rt: Arc<WasmRuntime>, metrics: ops::metrics::Metrics, client: Cli
     }
     let m = metrics.clone();
     tokio::spawn(async move {
-        while let Ok(ev) = events.recv().await {
+        loop {
+            let ev = match events.recv().await {
+                Ok(ev) => ev,
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
+                    tracing::warn!(
+                        missed = n,
+                        "module events came faster than they were reported"
+                    );
+                    continue;
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
+            };
             let result = match (ev.ok, ev.compiled) {
                 (false, _) => ModuleLoad::Failed,
                 (true, Some(CompileSource::Cached)) => ModuleLoad::Cached,
@@ -457,4 +507,30 @@ pub async fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn worst_case_adds_sequences_and_takes_the_longest_port() {
+        let expr: CheckerExpr = serde_saphyr::from_str(
+            "perPort: {ports: {http: {all: [podReady, {httpGet: {path: /, timeout: 2s}}, {tcpDial: {timeout: 3s}}]}}, \
+             fallback: {not: {wasm: {module: x.wasm}}}}",
+        )
+        .unwrap();
+        assert_eq!(
+            worst_case(&expr, Duration::from_secs(1)),
+            Duration::from_secs(5)
+        );
+        assert_eq!(
+            worst_case(&expr, Duration::from_secs(9)),
+            Duration::from_secs(9)
+        );
+        assert_eq!(
+            worst_case(&CheckerExpr::PodReady, Duration::from_secs(9)),
+            Duration::ZERO
+        );
+    }
 }

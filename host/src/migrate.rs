@@ -80,11 +80,23 @@ pub struct Migrator {
     endpoints_gone: Mutex<HashSet<String>>,
 }
 
-fn is_our_endpoints(ep: &Endpoints, managed_by: &str) -> bool {
+/// The value the native endpoints controller labels its Endpoints with.
+pub const NATIVE_ENDPOINTS_MANAGER: &str = "endpoint-controller";
+
+fn endpoints_manager(ep: &Endpoints) -> Option<&str> {
     ep.labels()
         .get(ENDPOINTS_MANAGED_BY_LABEL)
         .map(String::as_str)
-        == Some(managed_by)
+}
+
+fn is_our_endpoints(ep: &Endpoints, managed_by: &str) -> bool {
+    endpoints_manager(ep) == Some(managed_by)
+}
+
+/// Only the native controller's Endpoints is a leftover: a hand-maintained
+/// one (the classic way to feed a selector-less Service) is someone's data.
+fn is_native_endpoints(ep: &Endpoints) -> bool {
+    endpoints_manager(ep) == Some(NATIVE_ENDPOINTS_MANAGER)
 }
 
 impl Migrator {
@@ -113,7 +125,7 @@ impl Migrator {
         if !self.endpoints_gone.lock().unwrap().contains(&uid) {
             let api: Api<Endpoints> = Api::namespaced(self.client.clone(), &ns);
             match api.get_opt(&name).await? {
-                Some(ep) if !is_our_endpoints(&ep, &self.managed_by) => {
+                Some(ep) if is_native_endpoints(&ep) => {
                     delete_guarded(&api, &name, ep.uid()).await?;
                     metrics.count_native_cleanup_deletion(CleanupKind::Endpoints);
                     info!(namespace = %ns, service = %name, "deleted native Endpoints");
@@ -133,6 +145,20 @@ impl Migrator {
             cleaned.slices.push(slice_name);
         }
         Ok(cleaned)
+    }
+
+    /// Deletes the Endpoints object we published for `svc`, if any (the
+    /// Service left our management or legacy publishing was turned off).
+    pub async fn remove_our_endpoints(&self, svc: &Service) -> Result<bool, Error> {
+        let ns = svc.namespace().unwrap_or_default();
+        let api: Api<Endpoints> = Api::namespaced(self.client.clone(), &ns);
+        match api.get_opt(&svc.name_any()).await? {
+            Some(ep) if is_our_endpoints(&ep, &self.managed_by) => {
+                delete_guarded(&api, &svc.name_any(), ep.uid()).await?;
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
     }
 
     /// Forgets what we know about `svc`'s Endpoints (it regained a selector,

@@ -668,6 +668,11 @@ async fn reconcile(svc: Arc<Service>, ctx: Arc<Context>) -> Result<Action, Error
         .await;
     }
 
+    // Judging can take a while; if we lost the Lease meanwhile, another
+    // replica may already be writing.
+    if !ctx.is_leader() {
+        return Ok(Action::await_change());
+    }
     ctx.writer
         .execute(&ns, &plan.applies, &plan.deletes, &ctx.metrics)
         .await
@@ -749,6 +754,15 @@ fn judged_after_plan(plan: &plan::Plan) -> Vec<plan::Member> {
 /// Deletes every slice we own for `svc` (it left our management).
 async fn remove_all(ctx: &Context, svc: &Service) -> Result<(), Error> {
     let ns = svc.namespace().unwrap_or_default();
+    if ctx.config.publish_legacy_endpoints {
+        ctx.migration
+            .remove_our_endpoints(svc)
+            .await
+            .map_err(|source| Error::Migrate {
+                service: format!("{ns}/{}", svc.name_any()),
+                source,
+            })?;
+    }
     let owned: Vec<String> = ctx.owned_slices(svc).iter().map(|s| s.name_any()).collect();
     if owned.is_empty() {
         return Ok(());
