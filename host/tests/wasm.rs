@@ -449,14 +449,20 @@ async fn admin_check_trusts_the_mark_then_dials() {
         "accepts connections",
     );
 
-    // The config.md example passes keys admin-check does not know; `null`
-    // means defaults.
-    h.rt.checker_async("admin-check.wasm", &json!({"minReplicas": 2}), None)
-        .await
-        .unwrap();
+    // `null` means defaults; unknown keys are typos.
     h.rt.checker_async("admin-check.wasm", &Value::Null, None)
         .await
         .unwrap();
+    match h
+        .rt
+        .checker_async("admin-check.wasm", &json!({"minReplicas": 2}), None)
+        .await
+    {
+        Err(WasmError::ConfigRejected { message, .. }) => {
+            assert!(message.contains("unknown field"), "{message}")
+        }
+        other => panic!("{other:?}"),
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -870,29 +876,31 @@ async fn next_event(events: &mut broadcast::Receiver<ModuleEvent>, module: &str)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hot_swap_through_the_kubelet_layout_changes_the_verdict() {
     let cache = TempDir::new("cache");
-    let mut cm = ConfigMapDir::new(&[("check.wasm", &guest("admin-check.wasm"))]);
+    let mut cm = ConfigMapDir::new(&[("check.wasm", &guest("hostile/huge-reason.wasm"))]);
     let rt = dir_runtime(cm.dir.path(), &cache);
     assert_eq!(rt.modules().len(), 1);
     let mut events = rt.subscribe();
 
-    // Valid for both versions: admin-check ignores `roles`, ready-role needs it.
+    // Valid for both versions: huge-reason ignores its config, ready-role
+    // needs `roles`.
     let checker = rt
         .checker_async("check.wasm", &json!({"roles": ["replica"]}), None)
         .await
         .unwrap();
     let server = http_server().await;
-    let s = subject(
-        LOCAL,
-        server.port(),
-        &[("port-mapper.example.com/admin", "yes")],
-    );
-    assert_verdict(&checker.check(&s).await, Decision::Include, "marked");
+    let s = subject(LOCAL, server.port(), &[]);
+    assert_verdict(&checker.check(&s).await, Decision::Include, "xxxx");
 
     // New content: ready-role. The pod answers role primary, the config
     // wants replicas: the same checker object now excludes.
     cm.publish(&[("check.wasm", &guest("ready-role.wasm"))]);
     let e = next_event(&mut events, "check.wasm").await;
     assert!(e.ok, "{e:?}");
+    assert_eq!(e.compiled, Some(CompileSource::Compiled));
+    assert_eq!(
+        e.sha256.as_deref(),
+        Some(sha256_of(&guest("ready-role.wasm")).as_str())
+    );
     assert_verdict(
         &checker.check(&s).await,
         Decision::Exclude,

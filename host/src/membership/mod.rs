@@ -36,13 +36,22 @@ pub struct Verdict {
 
 impl Verdict {
     pub fn include() -> Self {
-        Self { decision: Decision::Include, reason: None }
+        Self {
+            decision: Decision::Include,
+            reason: None,
+        }
     }
     pub fn exclude() -> Self {
-        Self { decision: Decision::Exclude, reason: None }
+        Self {
+            decision: Decision::Exclude,
+            reason: None,
+        }
     }
     pub fn abstain() -> Self {
-        Self { decision: Decision::Abstain, reason: None }
+        Self {
+            decision: Decision::Abstain,
+            reason: None,
+        }
     }
     pub fn because(mut self, reason: impl Into<String>) -> Self {
         self.reason = Some(reason.into());

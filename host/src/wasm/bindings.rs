@@ -4,10 +4,10 @@
 //! The conversion is pure: it only reads the informer's snapshot of the
 //! Service and pod, so it is unit tested here without any WebAssembly.
 
-use std::net::IpAddr;
+use std::{collections::BTreeMap, net::IpAddr};
 
 use k8s_openapi::{
-    api::core::v1::{Pod, Service},
+    api::core::v1::{Pod, PodStatus, Service, ServicePort as K8sServicePort},
     apimachinery::pkg::util::intstr::IntOrString,
 };
 
@@ -21,6 +21,9 @@ wasmtime::component::bindgen!({
     // that the epoch deadline can interrupt and the caller can time out.
     imports: { default: async },
     exports: { default: async },
+    // Records handed to the guest borrow from the informer's objects rather
+    // than copying every label and annotation first (see `Computed`).
+    ownership: Borrowing { duplicate_if_necessary: false },
 });
 
 pub(crate) use portwise::membership::log::Level as WitLevel;
@@ -40,161 +43,215 @@ pub(crate) fn normalise_ip(ip: IpAddr) -> IpAddr {
     }
 }
 
-fn pairs(map: Option<&std::collections::BTreeMap<String, String>>) -> Vec<KeyValue> {
+fn pairs(map: Option<&BTreeMap<String, String>>) -> Vec<KeyValue<'_>> {
     map.into_iter()
         .flatten()
-        .map(|(key, value)| KeyValue {
-            key: key.clone(),
-            value: value.clone(),
-        })
+        .map(|(key, value)| KeyValue { key, value })
         .collect()
 }
 
-fn protocol(p: Option<&String>) -> String {
+fn protocol(p: Option<&String>) -> &str {
     match p.map(String::as_str) {
-        None | Some("") => "TCP".to_string(),
-        Some(p) => p.to_string(),
+        None | Some("") => "TCP",
+        Some(p) => p,
     }
 }
 
-/// The Service as the guest sees it.
-pub(crate) fn service(svc: &Service) -> WitService {
-    let meta = &svc.metadata;
-    let ports = svc
-        .spec
+fn pod_status(pod: &Pod) -> Option<&PodStatus> {
+    pod.status.as_ref()
+}
+
+fn service_ports(svc: &Service) -> impl Iterator<Item = (&K8sServicePort, u16)> {
+    svc.spec
         .as_ref()
         .and_then(|s| s.ports.as_ref())
         .into_iter()
         .flatten()
-        .filter_map(|p| {
-            let port = u16::try_from(p.port).ok()?;
-            let target_port = match &p.target_port {
+        .filter_map(|p| Some((p, u16::try_from(p.port).ok()?)))
+}
+
+/// The strings the host computes for a call (normalised addresses, target
+/// ports written out); everything else is borrowed from the [`Subject`].
+///
+/// The records handed to a guest borrow instead of copy: with 30 labels and
+/// 30 annotations, cloning them into owned records cost more than the whole
+/// rest of a call.
+pub(crate) struct Computed {
+    ips: Vec<String>,
+    target_ports: Vec<String>,
+    address: String,
+}
+
+impl Computed {
+    pub(crate) fn new(subject: &Subject) -> Self {
+        let status = pod_status(&subject.pod);
+        // `podIPs` when set, else the legacy single `podIP`; unparsable
+        // entries are dropped rather than handed over as if they were
+        // addresses.
+        let mut raw: Vec<&str> = status
+            .and_then(|s| s.pod_ips.as_ref())
+            .into_iter()
+            .flatten()
+            .map(|p| p.ip.as_str())
+            .collect();
+        if raw.is_empty()
+            && let Some(ip) = status.and_then(|s| s.pod_ip.as_deref())
+        {
+            raw.push(ip);
+        }
+        let mut ips: Vec<String> = Vec::with_capacity(raw.len());
+        for ip in raw.iter().filter_map(|s| s.trim().parse::<IpAddr>().ok()) {
+            let ip = normalise_ip(ip).to_string();
+            if !ips.contains(&ip) {
+                ips.push(ip);
+            }
+        }
+        let target_ports = service_ports(&subject.service)
+            .map(|(p, port)| match &p.target_port {
                 Some(IntOrString::Int(n)) => n.to_string(),
                 Some(IntOrString::String(s)) => s.clone(),
                 // The API server defaults targetPort to port.
                 None => port.to_string(),
-            };
-            Some(ServicePort {
-                name: p.name.clone().unwrap_or_default(),
+            })
+            .collect();
+        Computed {
+            ips,
+            target_ports,
+            address: normalise_ip(subject.address).to_string(),
+        }
+    }
+}
+
+/// The lists the borrowed records point into.
+pub(crate) struct Lists<'a> {
+    pod_labels: Vec<KeyValue<'a>>,
+    pod_annotations: Vec<KeyValue<'a>>,
+    conditions: Vec<PodCondition<'a>>,
+    ips: Vec<&'a str>,
+    container_ports: Vec<ContainerPort<'a>>,
+    service_labels: Vec<KeyValue<'a>>,
+    service_annotations: Vec<KeyValue<'a>>,
+    service_ports: Vec<ServicePort<'a>>,
+}
+
+impl<'a> Lists<'a> {
+    pub(crate) fn new(subject: &'a Subject, computed: &'a Computed) -> Self {
+        let pod = &*subject.pod;
+        let svc = &*subject.service;
+        let conditions = pod_status(pod)
+            .and_then(|s| s.conditions.as_ref())
+            .into_iter()
+            .flatten()
+            .map(|c| PodCondition {
+                type_: &c.type_,
+                status: &c.status,
+                reason: c.reason.as_deref(),
+            })
+            .collect();
+
+        let mut container_ports = Vec::new();
+        if let Some(spec) = &pod.spec {
+            let regular = spec.containers.iter().map(|c| (c, false));
+            let sidecars = spec
+                .init_containers
+                .iter()
+                .flatten()
+                .filter(|c| c.restart_policy.as_deref() == Some("Always"))
+                .map(|c| (c, true));
+            for (container, sidecar) in regular.chain(sidecars) {
+                for p in container.ports.iter().flatten() {
+                    let Ok(port) = u16::try_from(p.container_port) else {
+                        continue;
+                    };
+                    container_ports.push(ContainerPort {
+                        container: &container.name,
+                        name: p.name.as_deref().filter(|n| !n.is_empty()),
+                        port,
+                        protocol: protocol(p.protocol.as_ref()),
+                        sidecar,
+                    });
+                }
+            }
+        }
+
+        let service_ports = service_ports(svc)
+            .zip(&computed.target_ports)
+            .map(|((p, port), target_port)| ServicePort {
+                name: p.name.as_deref().unwrap_or_default(),
                 port,
                 protocol: protocol(p.protocol.as_ref()),
                 target_port,
             })
-        })
-        .collect();
+            .collect();
+
+        Lists {
+            pod_labels: pairs(pod.metadata.labels.as_ref()),
+            pod_annotations: pairs(pod.metadata.annotations.as_ref()),
+            conditions,
+            ips: computed.ips.iter().map(String::as_str).collect(),
+            container_ports,
+            service_labels: pairs(svc.metadata.labels.as_ref()),
+            service_annotations: pairs(svc.metadata.annotations.as_ref()),
+            service_ports,
+        }
+    }
+}
+
+/// The Service as the guest sees it.
+pub(crate) fn service<'a>(svc: &'a Service, lists: &'a Lists<'a>) -> WitService<'a> {
+    let meta = &svc.metadata;
     WitService {
-        name: meta.name.clone().unwrap_or_default(),
-        namespace: meta.namespace.clone().unwrap_or_default(),
-        uid: meta.uid.clone().unwrap_or_default(),
-        labels: pairs(meta.labels.as_ref()),
-        annotations: pairs(meta.annotations.as_ref()),
-        ports,
+        name: meta.name.as_deref().unwrap_or_default(),
+        namespace: meta.namespace.as_deref().unwrap_or_default(),
+        uid: meta.uid.as_deref().unwrap_or_default(),
+        labels: &lists.service_labels,
+        annotations: &lists.service_annotations,
+        ports: &lists.service_ports,
     }
 }
 
 /// The pod as the guest sees it.
-pub(crate) fn pod(pod: &Pod) -> WitPod {
+pub(crate) fn pod<'a>(pod: &'a Pod, lists: &'a Lists<'a>) -> WitPod<'a> {
     let meta = &pod.metadata;
-    let status = pod.status.as_ref();
-    let spec = pod.spec.as_ref();
-
-    let conditions = status
-        .and_then(|s| s.conditions.as_ref())
-        .into_iter()
-        .flatten()
-        .map(|c| PodCondition {
-            type_: c.type_.clone(),
-            status: c.status.clone(),
-            reason: c.reason.clone(),
-        })
-        .collect();
-
-    // `podIPs` when set, else the legacy single `podIP`; unparsable entries
-    // are dropped rather than handed to the guest as if they were addresses.
-    let mut raw_ips: Vec<&str> = status
-        .and_then(|s| s.pod_ips.as_ref())
-        .into_iter()
-        .flatten()
-        .map(|p| p.ip.as_str())
-        .collect();
-    if raw_ips.is_empty()
-        && let Some(ip) = status.and_then(|s| s.pod_ip.as_deref())
-    {
-        raw_ips.push(ip);
-    }
-    let mut ips: Vec<String> = Vec::with_capacity(raw_ips.len());
-    for ip in raw_ips
-        .iter()
-        .filter_map(|s| s.trim().parse::<IpAddr>().ok())
-    {
-        let ip = normalise_ip(ip).to_string();
-        if !ips.contains(&ip) {
-            ips.push(ip);
-        }
-    }
-
-    let mut container_ports = Vec::new();
-    if let Some(spec) = spec {
-        let regular = spec.containers.iter().map(|c| (c, false));
-        let sidecars = spec
-            .init_containers
-            .iter()
-            .flatten()
-            .filter(|c| c.restart_policy.as_deref() == Some("Always"))
-            .map(|c| (c, true));
-        for (container, sidecar) in regular.chain(sidecars) {
-            for p in container.ports.iter().flatten() {
-                let Ok(port) = u16::try_from(p.container_port) else {
-                    continue;
-                };
-                container_ports.push(ContainerPort {
-                    container: container.name.clone(),
-                    name: p.name.clone().filter(|n| !n.is_empty()),
-                    port,
-                    protocol: protocol(p.protocol.as_ref()),
-                    sidecar,
-                });
-            }
-        }
-    }
-
     WitPod {
-        name: meta.name.clone().unwrap_or_default(),
-        namespace: meta.namespace.clone().unwrap_or_default(),
-        uid: meta.uid.clone().unwrap_or_default(),
-        labels: pairs(meta.labels.as_ref()),
-        annotations: pairs(meta.annotations.as_ref()),
-        phase: status
-            .and_then(|s| s.phase.clone())
+        name: meta.name.as_deref().unwrap_or_default(),
+        namespace: meta.namespace.as_deref().unwrap_or_default(),
+        uid: meta.uid.as_deref().unwrap_or_default(),
+        labels: &lists.pod_labels,
+        annotations: &lists.pod_annotations,
+        phase: pod_status(pod)
+            .and_then(|s| s.phase.as_deref())
             .filter(|p| !p.is_empty())
-            .unwrap_or_else(|| "Unknown".to_string()),
-        conditions,
+            .unwrap_or("Unknown"),
+        conditions: &lists.conditions,
         terminating: meta.deletion_timestamp.is_some(),
-        node_name: spec
-            .and_then(|s| s.node_name.clone())
+        node_name: pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.as_deref())
             .filter(|n| !n.is_empty()),
-        ips,
-        container_ports,
+        ips: &lists.ips,
+        container_ports: &lists.container_ports,
     }
 }
 
 /// What is being judged: the resolved port, the family and the address.
-pub(crate) fn target(subject: &Subject) -> WitTarget {
+pub(crate) fn target<'a>(subject: &'a Subject, computed: &'a Computed) -> WitTarget<'a> {
     let port = &subject.port;
     WitTarget {
-        port_name: port.name.clone(),
+        port_name: &port.name,
         service_port: u16::try_from(port.port).unwrap_or(0),
         target_port: port.target,
         protocol: if port.protocol.is_empty() {
-            "TCP".to_string()
+            "TCP"
         } else {
-            port.protocol.clone()
+            &port.protocol
         },
         family: match subject.family {
             Family::V4 => AddressFamily::Ipv4,
             Family::V6 => AddressFamily::Ipv6,
         },
-        address: normalise_ip(subject.address).to_string(),
+        address: &computed.address,
     }
 }
 
@@ -210,6 +267,33 @@ mod tests {
 
     use super::*;
     use crate::membership::ResolvedPort;
+
+    /// Runs `f` on the records a guest would get for `pod` and `svc`.
+    fn records<R>(p: Pod, svc: Service, f: impl FnOnce(WitService, WitPod, WitTarget) -> R) -> R {
+        let subject = Subject {
+            service: Arc::new(svc),
+            pod: Arc::new(p),
+            port: ResolvedPort {
+                name: "http".into(),
+                port: 80,
+                protocol: String::new(),
+                target: 8080,
+            },
+            family: Family::V4,
+            address: "::ffff:10.244.0.9".parse().unwrap(),
+        };
+        let computed = Computed::new(&subject);
+        let lists = Lists::new(&subject, &computed);
+        f(
+            service(&subject.service, &lists),
+            pod(&subject.pod, &lists),
+            target(&subject, &computed),
+        )
+    }
+
+    fn with_pod<R>(p: Pod, f: impl FnOnce(WitPod) -> R) -> R {
+        records(p, Service::default(), |_, p, _| f(p))
+    }
 
     fn labels(pairs: &[(&str, &str)]) -> Option<BTreeMap<String, String>> {
         Some(
@@ -302,71 +386,61 @@ mod tests {
 
     #[test]
     fn pod_fields_are_carried_over() {
-        let p = pod(&sample_pod());
-        assert_eq!(
-            (p.name.as_str(), p.namespace.as_str(), p.uid.as_str()),
-            ("web-0", "shop", "u-1")
-        );
-        // BTreeMap order: sorted by key.
-        assert_eq!(
-            p.labels
-                .iter()
-                .map(|kv| kv.key.as_str())
-                .collect::<Vec<_>>(),
-            ["a", "b"]
-        );
-        assert_eq!(p.annotations[0].value, "x");
-        assert_eq!(p.phase, "Running");
-        assert_eq!(p.conditions[0].type_, "Ready");
-        assert!(p.terminating);
-        assert_eq!(p.node_name.as_deref(), Some("node-a"));
+        with_pod(sample_pod(), |p| {
+            assert_eq!((p.name, p.namespace, p.uid), ("web-0", "shop", "u-1"));
+            // BTreeMap order: sorted by key.
+            assert_eq!(
+                p.labels.iter().map(|kv| kv.key).collect::<Vec<_>>(),
+                ["a", "b"]
+            );
+            assert_eq!(p.annotations[0].value, "x");
+            assert_eq!(p.phase, "Running");
+            assert_eq!(p.conditions[0].type_, "Ready");
+            assert!(p.terminating);
+            assert_eq!(p.node_name, Some("node-a"));
+        });
     }
 
     #[test]
     fn pod_ips_are_normalised_deduplicated_and_filtered() {
-        let p = pod(&sample_pod());
-        assert_eq!(p.ips, ["10.244.0.5", "fd00:10:244::5"]);
+        with_pod(sample_pod(), |p| {
+            assert_eq!(p.ips, ["10.244.0.5", "fd00:10:244::5"])
+        });
     }
 
     #[test]
     fn legacy_pod_ip_is_used_when_pod_ips_is_empty() {
         let mut raw = sample_pod();
         raw.status.as_mut().unwrap().pod_ips = None;
-        assert_eq!(pod(&raw).ips, ["10.244.0.5"]);
+        with_pod(raw, |p| assert_eq!(p.ips, ["10.244.0.5"]));
     }
 
     #[test]
     fn container_ports_include_sidecars_only() {
-        let p = pod(&sample_pod());
-        let ports: Vec<_> = p
-            .container_ports
-            .iter()
-            .map(|c| {
-                (
-                    c.container.as_str(),
-                    c.name.as_deref(),
-                    c.port,
-                    c.protocol.as_str(),
-                    c.sidecar,
-                )
-            })
-            .collect();
-        assert_eq!(
-            ports,
-            [
-                ("app", Some("http"), 8080, "TCP", false),
-                ("app", None, 9000, "UDP", false),
-                ("proxy", Some("mesh"), 15001, "TCP", true),
-            ]
-        );
+        with_pod(sample_pod(), |p| {
+            let ports: Vec<_> = p
+                .container_ports
+                .iter()
+                .map(|c| (c.container, c.name, c.port, c.protocol, c.sidecar))
+                .collect();
+            assert_eq!(
+                ports,
+                [
+                    ("app", Some("http"), 8080, "TCP", false),
+                    ("app", None, 9000, "UDP", false),
+                    ("proxy", Some("mesh"), 15001, "TCP", true),
+                ]
+            );
+        });
     }
 
     #[test]
     fn a_bare_pod_has_defaults() {
-        let p = pod(&Pod::default());
-        assert_eq!(p.phase, "Unknown");
-        assert!(!p.terminating);
-        assert!(p.ips.is_empty() && p.container_ports.is_empty() && p.node_name.is_none());
+        with_pod(Pod::default(), |p| {
+            assert_eq!(p.phase, "Unknown");
+            assert!(!p.terminating);
+            assert!(p.ips.is_empty() && p.container_ports.is_empty() && p.node_name.is_none());
+        });
     }
 
     #[test]
@@ -404,55 +478,96 @@ mod tests {
             }),
             status: None,
         };
-        let s = service(&svc);
-        assert_eq!(
-            (s.name.as_str(), s.namespace.as_str(), s.uid.as_str()),
-            ("shop", "prod", "s-1")
-        );
-        assert_eq!(s.labels[0].key, "app");
-        let ports: Vec<_> = s
-            .ports
-            .iter()
-            .map(|p| {
-                (
-                    p.name.as_str(),
-                    p.port,
-                    p.protocol.as_str(),
-                    p.target_port.as_str(),
-                )
-            })
-            .collect();
-        assert_eq!(
-            ports,
-            [
-                ("http", 80, "TCP", "web"),
-                ("admin", 9090, "TCP", "9091"),
-                ("", 53, "UDP", "53")
-            ]
-        );
+        records(Pod::default(), svc, |s, _, _| {
+            assert_eq!((s.name, s.namespace, s.uid), ("shop", "prod", "s-1"));
+            assert_eq!(s.labels[0].key, "app");
+            let ports: Vec<_> = s
+                .ports
+                .iter()
+                .map(|p| (p.name, p.port, p.protocol, p.target_port))
+                .collect();
+            assert_eq!(
+                ports,
+                [
+                    ("http", 80, "TCP", "web"),
+                    ("admin", 9090, "TCP", "9091"),
+                    ("", 53, "UDP", "53")
+                ]
+            );
+        });
     }
 
     #[test]
     fn target_normalises_the_address() {
-        let subject = Subject {
+        records(Pod::default(), Service::default(), |_, _, t| {
+            assert_eq!(t.address, "10.244.0.9");
+            assert_eq!(
+                (t.port_name, t.service_port, t.target_port),
+                ("http", 80, 8080)
+            );
+            assert_eq!(t.protocol, "TCP");
+            assert!(matches!(t.family, AddressFamily::Ipv4));
+        });
+    }
+}
+
+#[cfg(test)]
+mod speed {
+    use std::{collections::BTreeMap, sync::Arc, time::Instant};
+
+    use k8s_openapi::{
+        api::core::v1::{Pod, Service},
+        apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    };
+
+    use super::*;
+    use crate::membership::ResolvedPort;
+
+    #[test]
+    #[ignore]
+    fn conversion_speed() {
+        let kv = |p: &str| -> BTreeMap<String, String> {
+            (0..30)
+                .map(|i| {
+                    (
+                        format!("{p}.example.com/key-{i:02}"),
+                        format!("value-{i:02}-{}", "v".repeat(20)),
+                    )
+                })
+                .collect()
+        };
+        let pod = Pod {
+            metadata: ObjectMeta {
+                name: Some("web-0".into()),
+                labels: Some(kv("l")),
+                annotations: Some(kv("a")),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let s = Subject {
             service: Arc::new(Service::default()),
-            pod: Arc::new(Pod::default()),
+            pod: Arc::new(pod),
             port: ResolvedPort {
                 name: "http".into(),
                 port: 80,
-                protocol: String::new(),
-                target: 8080,
+                protocol: "TCP".into(),
+                target: 80,
             },
             family: Family::V4,
-            address: "::ffff:10.244.0.9".parse().unwrap(),
+            address: "10.0.0.1".parse().unwrap(),
         };
-        let t = target(&subject);
-        assert_eq!(t.address, "10.244.0.9");
-        assert_eq!(
-            (t.port_name.as_str(), t.service_port, t.target_port),
-            ("http", 80, 8080)
-        );
-        assert_eq!(t.protocol, "TCP");
-        assert!(matches!(t.family, AddressFamily::Ipv4));
+        let n = 20000;
+        let t = Instant::now();
+        for _ in 0..n {
+            let computed = Computed::new(&s);
+            let lists = Lists::new(&s, &computed);
+            std::hint::black_box((
+                super::service(&s.service, &lists),
+                super::pod(&s.pod, &lists),
+                super::target(&s, &computed),
+            ));
+        }
+        eprintln!("conversion: {:?} per call", t.elapsed() / n);
     }
 }

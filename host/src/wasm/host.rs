@@ -18,6 +18,10 @@ use std::{
 };
 
 use bytes::Bytes;
+use k8s_openapi::{
+    api::core::v1::{Pod, Service},
+    apimachinery::pkg::apis::meta::v1::ObjectMeta,
+};
 use wasmtime::{ResourceLimiter, component::ResourceTable};
 use wasmtime_wasi::{
     WasiCtx, WasiCtxView, WasiView,
@@ -37,16 +41,43 @@ const MAX_LOG_LINE: usize = 1024;
 /// Log lines a guest can emit per call; the rest are counted and dropped.
 const MAX_LOG_LINES_PER_CALL: u32 = 32;
 
-/// Who is calling and about what: attached to the guest's log lines.
+/// Who is calling and about what: attached to the guest's log lines. Holds
+/// references rather than formatted names, since most calls log nothing.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct CallLabels {
     pub module: Arc<str>,
-    /// `namespace/name` of the Service (empty during validate-config).
-    pub service: String,
-    /// `namespace/name` of the pod.
-    pub pod: String,
-    /// Service port name or number.
+    /// Absent during validate-config.
+    pub service: Option<Arc<Service>>,
+    pub pod: Option<Arc<Pod>>,
+    /// Service port name, or number when unnamed.
     pub port: String,
+}
+
+impl CallLabels {
+    pub(crate) fn service(&self) -> Named<'_> {
+        Named(self.service.as_deref().map(|s| &s.metadata))
+    }
+
+    pub(crate) fn pod(&self) -> Named<'_> {
+        Named(self.pod.as_deref().map(|p| &p.metadata))
+    }
+}
+
+/// `namespace/name` of an object, formatted only when logged.
+pub(crate) struct Named<'a>(Option<&'a ObjectMeta>);
+
+impl std::fmt::Display for Named<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Some(m) => write!(
+                f,
+                "{}/{}",
+                m.namespace.as_deref().unwrap_or_default(),
+                m.name.as_deref().unwrap_or_default()
+            ),
+            None => Ok(()),
+        }
+    }
 }
 
 /// Per-call state, reset before every call on a (possibly reused) instance.
@@ -146,7 +177,7 @@ impl HostState {
             for line in text.lines().filter(|l| !l.trim().is_empty()) {
                 tracing::info!(
                     target: "portwise::wasm::guest",
-                    module = %l.module, service = %l.service, pod = %l.pod, port = %l.port, stream,
+                    module = %l.module, service = %l.service(), pod = %l.pod(), port = %l.port, stream,
                     "{line}"
                 );
                 if stream == "stderr" {
@@ -210,7 +241,7 @@ impl HostState {
         let l = &self.call.labels;
         tracing::warn!(
             target: "portwise::wasm::guest",
-            module = %l.module, service = %l.service, pod = %l.pod, port = %l.port,
+            module = %l.module, service = %l.service(), pod = %l.pod(), port = %l.port,
             "probe denied: {why}"
         );
         WitProbeError::Denied(why)
@@ -305,7 +336,7 @@ impl log::Host for HostState {
             ($lvl:ident) => {
                 tracing::$lvl!(
                     target: "portwise::wasm::guest",
-                    module = %l.module, service = %l.service, pod = %l.pod, port = %l.port,
+                    module = %l.module, service = %l.service(), pod = %l.pod(), port = %l.port,
                     "{message}"
                 )
             };

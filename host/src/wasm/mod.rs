@@ -115,7 +115,10 @@ impl Default for WasmConfig {
 }
 
 /// A module load succeeded (and is now serving) or failed (and the previous
-/// version, if any, keeps serving).
+/// version, if any, keeps serving), or a serving module's file went away.
+///
+/// Loads during [`WasmRuntime::new`] happen before anyone can subscribe:
+/// read [`WasmRuntime::modules`] and [`WasmRuntime::load_errors`] for those.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ModuleEvent {
     /// The module's file name.
@@ -123,6 +126,9 @@ pub struct ModuleEvent {
     pub ok: bool,
     /// The content the event is about (absent when the file went away).
     pub sha256: Option<String>,
+    /// How a successful load got its code (absent for failures).
+    pub compiled: Option<CompileSource>,
+    /// Human-readable; suitable for a Kubernetes Event.
     pub message: String,
 }
 

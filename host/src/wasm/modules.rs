@@ -13,7 +13,6 @@
 use std::{
     collections::{HashMap, HashSet},
     fs,
-    net::IpAddr,
     path::{Path, PathBuf},
     sync::{Arc, Mutex, RwLock, Weak},
     time::{Duration, Instant, SystemTime},
@@ -36,6 +35,9 @@ use super::{
     truncate,
 };
 use crate::membership::{Decision, Subject, Verdict};
+
+/// Compute time an instantiation may take (start functions), at least.
+const INSTANTIATE_BUDGET: Duration = Duration::from_secs(1);
 
 /// Why a call produced no verdict of the guest's own making.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -80,6 +82,8 @@ struct Ready {
 /// One loaded content of one module.
 pub(crate) struct ModuleVersion {
     pub name: String,
+    /// `name`, shared with every call's log labels.
+    label: Arc<str>,
     pub sha256: String,
     pub source: PathBuf,
     pub size: usize,
@@ -169,10 +173,13 @@ impl ModuleVersion {
             }
         });
         let labels = CallLabels {
-            module: self.name.as_str().into(),
+            module: self.label.clone(),
             ..Default::default()
         };
         store.data_mut().begin_call(None, labels);
+        // Start functions of language runtimes may initialise a while.
+        store.data_mut().call.compute_deadline =
+            Instant::now() + rt.limits.deadline.max(INSTANTIATE_BUDGET);
         store.set_epoch_deadline(1);
         let outcome = tokio::time::timeout(
             rt.limits.call_timeout,
@@ -230,7 +237,7 @@ impl ModuleVersion {
     ) -> Result<Result<(), String>, Failure> {
         let mut ready = self.take(rt).await?;
         let labels = CallLabels {
-            module: self.name.as_str().into(),
+            module: self.label.clone(),
             ..Default::default()
         };
         ready.store.data_mut().begin_call(None, labels);
@@ -243,19 +250,30 @@ impl ModuleVersion {
         self.settle(ready, outcome, &rt.limits)
     }
 
-    #[allow(clippy::too_many_arguments)]
     async fn call_check(
         &self,
         rt: &Runtime,
         config: &str,
-        service: &WitService,
-        pod: &WitPod,
-        target: &WitTarget,
-        address: IpAddr,
-        labels: CallLabels,
+        subject: &Subject,
+        service: WitService<'_>,
+        pod: WitPod<'_>,
+        target: WitTarget<'_>,
     ) -> Result<WitVerdict, Failure> {
+        let labels = CallLabels {
+            module: self.label.clone(),
+            service: Some(subject.service.clone()),
+            pod: Some(subject.pod.clone()),
+            port: if subject.port.name.is_empty() {
+                subject.port.port.to_string()
+            } else {
+                subject.port.name.clone()
+            },
+        };
         let mut ready = self.take(rt).await?;
-        ready.store.data_mut().begin_call(Some(address), labels);
+        ready
+            .store
+            .data_mut()
+            .begin_call(Some(subject.address), labels);
         ready.store.set_epoch_deadline(1);
         let call = ready.guest.portwise_membership_checker().call_check(
             &mut ready.store,
@@ -451,7 +469,14 @@ impl Runtime {
             .collect()
     }
 
-    fn report(&self, module: &str, ok: bool, sha256: Option<&str>, message: String) {
+    fn report(
+        &self,
+        module: &str,
+        ok: bool,
+        sha256: Option<&str>,
+        compiled: Option<CompileSource>,
+        message: String,
+    ) {
         if ok {
             tracing::info!(module, sha256, "{message}");
         } else {
@@ -462,6 +487,7 @@ impl Runtime {
             module: module.to_string(),
             ok,
             sha256: sha256.map(str::to_string),
+            compiled,
             message,
         });
     }
@@ -497,6 +523,7 @@ impl Runtime {
         })?;
         Ok(ModuleVersion {
             name: name.to_string(),
+            label: name.into(),
             sha256: sha256.to_string(),
             source: source.to_path_buf(),
             size: bytes.len(),
@@ -532,7 +559,7 @@ impl Runtime {
                 &sha256[..12]
             );
             scan.errors.insert(name.to_string(), message.clone());
-            self.report(name, false, Some(&sha256), message.clone());
+            self.report(name, false, Some(&sha256), None, message.clone());
             Err(message)
         };
         // Compiling blocks; keep it off the async runtime's core threads.
@@ -567,7 +594,8 @@ impl Runtime {
             }
         }
         let info = version.info();
-        let how = match version.compiled {
+        let compiled = version.compiled;
+        let how = match compiled {
             CompileSource::Compiled => "compiled",
             CompileSource::Cached => "loaded from the compiled-code cache",
         };
@@ -581,7 +609,7 @@ impl Runtime {
             .unwrap_or_else(|e| e.into_inner())
             .insert(name.to_string(), Arc::new(version));
         scan.errors.remove(name);
-        self.report(name, true, Some(&sha256), message);
+        self.report(name, true, Some(&sha256), Some(compiled), message);
         Ok(info)
     }
 
@@ -675,6 +703,7 @@ impl Runtime {
                     &name,
                     false,
                     None,
+                    None,
                     format!(
                         "module {name} is gone from {}; still serving the last loaded version",
                         dir.display()
@@ -727,36 +756,21 @@ impl Runtime {
             .validate(self, &spec.config)
             .await
             .map_err(|m| Failure::new(FailureKind::Config, m))?;
-        let service = bindings::service(&subject.service);
-        let pod = bindings::pod(&subject.pod);
-        let target = bindings::target(subject);
-        let labels = CallLabels {
-            module: spec.module.as_str().into(),
-            service: format!("{}/{}", service.namespace, service.name),
-            pod: format!("{}/{}", pod.namespace, pod.name),
-            port: if subject.port.name.is_empty() {
-                subject.port.port.to_string()
-            } else {
-                subject.port.name.clone()
-            },
-        };
+        let computed = bindings::Computed::new(subject);
+        let lists = bindings::Lists::new(subject, &computed);
+        let service = bindings::service(&subject.service, &lists);
+        let pod = bindings::pod(&subject.pod, &lists);
+        let target = bindings::target(subject, &computed);
+        let (pod_name, port_name, address) = (pod.name, target.port_name, target.address);
         let answer = version
-            .call_check(
-                self,
-                &spec.config,
-                &service,
-                &pod,
-                &target,
-                subject.address,
-                labels,
-            )
+            .call_check(self, &spec.config, subject, service, pod, target)
             .await?;
         let verdict = verdict(answer, self.limits.max_reason_bytes);
         tracing::debug!(
             module = %spec.module,
-            pod = %pod.name,
-            port = %target.port_name,
-            address = %target.address,
+            pod = pod_name,
+            port = port_name,
+            address,
             decision = ?verdict.decision,
             reason = verdict.reason.as_deref().unwrap_or(""),
             "guest verdict"

@@ -4,7 +4,8 @@
 //! The mark is a label or annotation (`key`, default
 //! `port-mapper.example.com/admin`) with any value but `false`. Without the
 //! mark the checker dials the target port: a connection includes, a refusal
-//! excludes, a timeout abstains. Unknown configuration keys are ignored.
+//! excludes, a timeout abstains. Unknown configuration keys are rejected, so
+//! a typo fails at load time.
 //!
 //! ```yaml
 //! wasm:
@@ -18,7 +19,7 @@ use portwise_guest::{Checker, Input, ProbeError, Verdict, parse_config};
 use serde::Deserialize;
 
 #[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct Config {
     #[serde(default = "default_key")]
     key: String,
