@@ -1,0 +1,235 @@
+//! `/metrics` tells the truth: `portwise_endpoints_published` and
+//! `portwise_slices_managed` of the real binary agree with the slices the
+//! apiserver holds, for a dual-stack Service split over several slices,
+//! before and after changes, and the Service's series go when it does.
+//! `/healthz` and `/readyz` answer 200 once caches are synced.
+
+use std::collections::BTreeMap;
+
+use anyhow::{Result, ensure};
+use portwise_tests::*;
+
+use crate::support::*;
+
+/// (port, family) → endpoints, from the live slices.
+type Figures = BTreeMap<(String, String), f64>;
+
+/// What the apiserver holds for `svc`: endpoints per (port, family), and
+/// how many slices.
+async fn live(ns: &TestNs, svc: &str) -> Result<(Figures, f64)> {
+    let slices = slices_for(ns, svc).await?;
+    let mut figures = Figures::new();
+    for s in &slices {
+        let port = s
+            .ports
+            .iter()
+            .flatten()
+            .next()
+            .and_then(|p| p.name.clone())
+            .unwrap_or_default();
+        *figures.entry((port, s.address_type.clone())).or_default() +=
+            s.endpoints.as_ref().map_or(0, Vec::len) as f64;
+    }
+    Ok((figures, slices.len() as f64))
+}
+
+/// name port/family: endpoints, per slice (for failure messages).
+fn describe(slices: &[k8s_openapi::api::discovery::v1::EndpointSlice]) -> String {
+    slices
+        .iter()
+        .map(|s| {
+            let port = s.ports.iter().flatten().next().and_then(|p| p.name.clone());
+            format!(
+                "{} {}/{}: {}",
+                s.metadata.name.as_deref().unwrap_or_default(),
+                port.unwrap_or_default(),
+                s.address_type,
+                s.endpoints.as_ref().map_or(0, Vec::len)
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// What portwise reports for `svc`.
+fn reported(m: &Metrics, ns: &str, svc: &str) -> Result<(Figures, Option<f64>)> {
+    let labels = [("namespace", ns), ("service", svc)];
+    let mut figures = Figures::new();
+    for s in m.select("portwise_endpoints_published", &labels) {
+        let key = (s.labels["port"].clone(), s.labels["family"].clone());
+        ensure!(
+            figures.insert(key.clone(), s.value).is_none(),
+            "{key:?} reported twice"
+        );
+    }
+    Ok((figures, m.value("portwise_slices_managed", &labels)?))
+}
+
+fn figures(rows: &[(&str, &str, f64)]) -> Figures {
+    rows.iter()
+        .map(|(p, f, n)| ((p.to_string(), f.to_string()), *n))
+        .collect()
+}
+
+/// Waits until the live slices hold `expected` in `slices` slices and the
+/// metrics say exactly that.
+async fn agree(pw: &Proc, ns: &TestNs, expected: &Figures, slices: f64) -> Result<()> {
+    wait_for(SETTLE, || async {
+        let (live, live_slices) = live(ns, "web").await?;
+        let (said, said_slices) = reported(&pw.scrape().await?, ns.name(), "web")?;
+        let live_nonzero: Figures = live
+            .iter()
+            .filter(|(_, n)| **n > 0.0)
+            .map(|(k, v)| (k.clone(), *v))
+            .collect();
+        expect_eq(&live_nonzero, expected)?;
+        ensure!(
+            live_slices == slices,
+            "{live_slices} slices, expected {slices}: {}",
+            describe(&slices_for(ns, "web").await?)
+        );
+        // Every port and family has a series, also at 0.
+        let said_nonzero: Figures = said
+            .iter()
+            .filter(|(_, n)| **n > 0.0)
+            .map(|(k, v)| (k.clone(), *v))
+            .collect();
+        expect_eq(&said_nonzero, &live_nonzero)?;
+        for port in ["http", "https"] {
+            for family in [V4, V6] {
+                ensure!(
+                    said.contains_key(&(port.to_string(), family.to_string())),
+                    "no portwise_endpoints_published series for {port}/{family}: {said:?}"
+                );
+            }
+        }
+        expect_eq(said.len(), 4)?;
+        expect_eq(said_slices, Some(live_slices))?;
+        Ok(())
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_agree_with_the_live_slices() -> Result<()> {
+    let cp = ControlPlane::shared().await?;
+    let ns = TestNs::new(cp, "ship-metrics").await?;
+    ns.create_service(
+        service("web")
+            .annotation(GROUP_KEY, "g")
+            .dual_stack()
+            .port("http", 8080)
+            .port("https", 8443),
+    )
+    .await?;
+    let pods = [
+        ("p0", "http"),
+        ("p1", "http,https"),
+        ("p2", "http,https"),
+        ("p3", "https"),
+        ("p4", "http"),
+    ]
+    .into_iter()
+    .map(|(name, ports)| {
+        pod(name)
+            .annotation(GROUP_KEY, "g")
+            .annotation(PORTS_KEY, ports)
+            .container_port("http", 8080, "TCP")
+            .container_port("https", 8443, "TCP")
+            .ips(next_ips().dual())
+    })
+    .collect();
+    ns.create_pods(pods).await?;
+
+    let mut pw = Proc::start(
+        "portwise-metrics",
+        cp.kubeconfig(),
+        &config_with(SEED_MEMBERSHIP, "maxEndpointsPerSlice: 2\n"),
+        &["--namespace", ns.name()],
+    )?;
+    let ready_after = pw.wait_ready().await?;
+    let (code, body) = pw.get("/healthz").await?;
+    expect_eq((code, body.trim()), (200, "ok"))?;
+    println!("/readyz 200 after {:.2}s", ready_after.as_secs_f64());
+
+    // http: p0 p1 p2 p4 (4 → 2 slices per family), https: p1 p2 p3 (3 → 2).
+    agree(
+        &pw,
+        &ns,
+        &figures(&[
+            ("http", V4, 4.0),
+            ("http", V6, 4.0),
+            ("https", V4, 3.0),
+            ("https", V6, 3.0),
+        ]),
+        8.0,
+    )
+    .await?;
+
+    // p3 serves http too (5 → 3 slices), p1 turns unready (leaves both
+    // ports), p4 goes away.
+    ns.annotate_pod("p3", PORTS_KEY, Some("http,https")).await?;
+    ns.set_ready("p1", false).await?;
+    ns.delete_pod("p4").await?;
+    // http: p0 p2 p3 (3 → 2 slices), https: p2 p3 (2 → 1 slice).
+    agree(
+        &pw,
+        &ns,
+        &figures(&[
+            ("http", V4, 3.0),
+            ("http", V6, 3.0),
+            ("https", V4, 2.0),
+            ("https", V6, 2.0),
+        ]),
+        6.0,
+    )
+    .await?;
+
+    // Nobody serves https any more: its series stay, at 0.
+    ns.annotate_pod("p2", PORTS_KEY, Some("http")).await?;
+    ns.annotate_pod("p3", PORTS_KEY, Some("http")).await?;
+    wait_for(SETTLE, || async {
+        let (said, _) = reported(&pw.scrape().await?, ns.name(), "web")?;
+        for family in [V4, V6] {
+            expect_eq(
+                said.get(&("https".to_string(), family.to_string())),
+                Some(&0.0),
+            )?;
+            expect_eq(
+                said.get(&("http".to_string(), family.to_string())),
+                Some(&3.0),
+            )?;
+        }
+        let (live, live_slices) = live(&ns, "web").await?;
+        expect_eq(
+            live.get(&("https".to_string(), V4.to_string()))
+                .copied()
+                .unwrap_or(0.0),
+            0.0,
+        )?;
+        let (_, said_slices) = reported(&pw.scrape().await?, ns.name(), "web")?;
+        expect_eq(said_slices, Some(live_slices))?;
+        Ok(())
+    })
+    .await?;
+
+    // The Service goes: so do its series.
+    ns.delete_service("web").await?;
+    wait_for(SETTLE, || async {
+        let m = pw.scrape().await?;
+        let left: Vec<_> =
+            m.0.iter()
+                .filter(|s| s.labels.get("service").map(String::as_str) == Some("web"))
+                .collect();
+        ensure!(
+            left.is_empty(),
+            "series left for a deleted Service: {left:?}"
+        );
+        Ok(())
+    })
+    .await?;
+    expect_eq(pw.scrape().await?.value("portwise_leader", &[])?, Some(1.0))?;
+    pw.check_running()?;
+    pw.stop().await?;
+    Ok(())
+}
