@@ -40,6 +40,9 @@ pub const MAX_PROBE_TIMEOUT: Duration = Duration::from_secs(60);
 /// The shortest `resyncPeriod`: below this, resync is a hot loop.
 pub const MIN_RESYNC_PERIOD: Duration = Duration::from_millis(100);
 
+/// The deepest YAML nesting a configuration file may have.
+pub const MAX_NESTING: usize = 32;
+
 /// Upper bound of `maxEndpointsPerSlice` (the EndpointSlice API's own limit).
 pub const MAX_ENDPOINTS_PER_SLICE: usize = 1000;
 
@@ -584,7 +587,14 @@ impl Issue {
 /// YAML → [`Config`] with path tracking, no semantic checks.
 fn parse(text: &str) -> Result<Config, ConfigError> {
     let mut track = serde_path_to_error::Track::new();
-    let options = serde_saphyr::options! { with_snippet: false };
+    // Real files nest about a dozen levels. The parser's default depth
+    // budget (64) is more than a 2 MiB thread stack (a test thread, a
+    // tokio worker) can deserialize into nested checker expressions in a
+    // debug build, about 32 KiB per level: refuse at MAX_NESTING instead
+    // of overflowing the stack (docs/reliability.md).
+    let mut budget = serde_saphyr::Budget::default();
+    budget.max_depth = MAX_NESTING;
+    let options = serde_saphyr::options! { with_snippet: false, budget: Some(budget) };
     let result = serde_saphyr::with_deserializer_from_str_with_options(text, options, |de| {
         Config::deserialize(serde_path_to_error::Deserializer::new(de, &mut track))
     });
