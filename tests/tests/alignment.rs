@@ -95,7 +95,23 @@ async fn selector_service_warned_once_and_served() -> Result<()> {
     .await?;
     // Several resyncs (2s) later, still one warning.
     tokio::time::sleep(Duration::from_secs(8)).await;
-    expect_eq(warnings(&events_for(&ns, "web", None).await?), 1)?;
+    let events = events_for(&ns, "web", None).await?;
+    let summary: Vec<_> = events
+        .iter()
+        .map(|e| {
+            (
+                &e.type_,
+                &e.reason,
+                &e.message,
+                e.count,
+                e.series.as_ref().and_then(|s| s.count),
+            )
+        })
+        .collect();
+    ensure!(
+        warnings(&events) == 1,
+        "expected one warning, got {summary:#?}"
+    );
     Ok(())
 }
 
@@ -357,5 +373,35 @@ async fn service_port_changes_follow() -> Result<()> {
     })
     .await?;
     slice_invariants(&ns, "web", 100).await?;
+    Ok(())
+}
+
+/// `portwise run --namespace NS` (the binary's flag) watches only NS.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn binary_watches_only_its_namespace() -> Result<()> {
+    let cp = ControlPlane::shared().await?;
+    let watched = TestNs::new(cp, "watched").await?;
+    let other = TestNs::new(cp, "unwatched").await?;
+    for ns in [&watched, &other] {
+        ns.create_service(service("web").annotation(GROUP_KEY, "g").port("http", 8080))
+            .await?;
+        ns.create_pod(pod("a").annotation(GROUP_KEY, "g").ips(next_ips().v4()))
+            .await?;
+    }
+    let mut pw = Portwise::spawn_binary(&watched, &config("podReady")).await?;
+    wait_for(SETTLE, || async {
+        expect_eq(
+            endpoints_by_port(&watched, "web").await?,
+            by_port([(("http", V4), &["a"][..])]),
+        )
+    })
+    .await?;
+    stays_for(Duration::from_secs(4), || async {
+        let s = slices_managed_by(&other, "web", Some(MANAGED_BY)).await?;
+        ensure!(s.is_empty(), "unwatched namespace got slices: {s:?}");
+        Ok(())
+    })
+    .await?;
+    pw.stop().await?;
     Ok(())
 }

@@ -164,3 +164,59 @@ async fn legacy_endpoints_capped_at_1000() -> Result<()> {
     expect_eq(total, 1005)?;
     Ok(())
 }
+
+/// An Endpoints object another manager owns is neither adopted nor deleted
+/// (nor is it the native controllers' leftover to clean up).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn foreign_endpoints_left_alone() -> Result<()> {
+    let cp = ControlPlane::shared().await?;
+    let ns = TestNs::new(cp, "legacy-foreign").await?;
+    ns.create_service(
+        service("my-service")
+            .annotation(GROUP_KEY, "g")
+            .port("http", 8080),
+    )
+    .await?;
+    let foreign: Endpoints = serde_json::from_value(serde_json::json!({
+        "metadata": { "name": "my-service", "labels": {
+            "endpoints.kubernetes.io/managed-by": "someone-else.example.com",
+            SKIP_MIRROR: "true",
+        }},
+        "subsets": [{
+            "addresses": [{ "ip": next_ips().v4.to_string() }],
+            "ports": [{ "name": "http", "port": 8080, "protocol": "TCP" }],
+        }],
+    }))?;
+    let created = ns
+        .api::<Endpoints>()
+        .create(&kube::api::PostParams::default(), &foreign)
+        .await?;
+    ns.create_pod(pod("a").annotation(GROUP_KEY, "g").ips(next_ips().v4()))
+        .await?;
+    let cfg = config_with(
+        "podReady",
+        "publishLegacyEndpoints: true\nnativeCleanup: true\n",
+    );
+    let _pw = Portwise::start(&ns, &cfg).await?;
+
+    wait_for(SETTLE, || async {
+        expect_eq(
+            endpoints_by_port(&ns, "my-service").await?,
+            by_port([(("http", V4), &["a"][..])]),
+        )
+    })
+    .await?;
+    stays_for(Duration::from_secs(8), || async {
+        let now = ns
+            .api::<Endpoints>()
+            .get_opt("my-service")
+            .await?
+            .context("foreign Endpoints deleted")?;
+        expect_eq(
+            now.metadata.resource_version,
+            created.metadata.resource_version.clone(),
+        )
+    })
+    .await?;
+    Ok(())
+}
