@@ -130,7 +130,10 @@ async fn two_processes_one_writer_failover_and_handover() -> Result<()> {
             (1.0, 0.0),
         )?;
         let holder = lease_holder(&leases, "portwise").await?;
-        ensure!(is_identity(holder.as_deref(), &leader.proc.name), "holder {holder:?}");
+        ensure!(
+            is_identity(holder.as_deref(), &leader.proc.name),
+            "holder {holder:?}"
+        );
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     let quiet_writes = quiet.slice_writes(ns.name())?;
@@ -212,14 +215,20 @@ async fn two_processes_one_writer_failover_and_handover() -> Result<()> {
     tokio::time::sleep(RETRY * 3).await;
     expect_eq(standby.leader_gauge().await?, 0.0)?;
     let holder = lease_holder(&leases, "portwise").await?;
-    ensure!(is_identity(holder.as_deref(), &leader.proc.name), "holder {holder:?}");
+    ensure!(
+        is_identity(holder.as_deref(), &leader.proc.name),
+        "holder {holder:?}"
+    );
 
     // SIGTERM the leader: exit 0 and release; the standby leads at its next
     // poll, long before a term would have run out.
     let stopping = Instant::now();
     let exit = leader.proc.stop().await?;
     let handover = loop {
-        if is_identity(lease_holder(&leases, "portwise").await?.as_deref(), &standby.proc.name) {
+        if is_identity(
+            lease_holder(&leases, "portwise").await?.as_deref(),
+            &standby.proc.name,
+        ) {
             break stopping.elapsed();
         }
         if stopping.elapsed() > LEASE + SLACK * 2 {

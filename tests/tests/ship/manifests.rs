@@ -132,7 +132,14 @@ spec:
         .tempdir()?;
     // kustomize takes only relative paths (from the overlay) to other roots.
     let up = "../".repeat(dir.path().components().count() - 1);
-    let root = format!("{up}{}", repo().join("deploy/kustomize").display().to_string().trim_start_matches('/'));
+    let root = format!(
+        "{up}{}",
+        repo()
+            .join("deploy/kustomize")
+            .display()
+            .to_string()
+            .trim_start_matches('/')
+    );
     std::fs::write(
         dir.path().join("kustomization.yaml"),
         format!(

@@ -221,7 +221,10 @@ async fn runs_as_its_service_account_and_can_do_nothing_more() -> Result<()> {
     let note = event.message.unwrap_or_default();
     ensure!(note.contains("my-service-native"), "Event note: {note}");
     let holder = lease_holder(&leases, "portwise").await?;
-    ensure!(is_identity(holder.as_deref(), "ship-sa"), "Lease holder {holder:?}");
+    ensure!(
+        is_identity(holder.as_deref(), "ship-sa"),
+        "Lease holder {holder:?}"
+    );
 
     // A change after the start is followed too.
     ns.set_ready("b", false).await?;
