@@ -511,6 +511,8 @@ mod tests {
     }
 }
 
+/// What the conversion costs: `cargo test --release -p portwise --lib
+/// wasm::bindings::speed -- --ignored --nocapture`.
 #[cfg(test)]
 mod speed {
     use std::{collections::BTreeMap, sync::Arc, time::Instant};
