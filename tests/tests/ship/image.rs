@@ -241,8 +241,13 @@ async fn image_publishes_the_seed_example_and_stops_on_sigterm() -> Result<()> {
     );
 
     // Its operations port (host network): ready, and the figures agree.
-    let (code, _) = http_get(ops, "/readyz").await?;
-    expect_eq(code, 200)?;
+    // Readiness is polled from the sync gate (every 100 ms), so it may trail
+    // the first publish a little.
+    wait_for(Duration::from_secs(5), || async {
+        expect_eq(http_get(ops, "/readyz").await?.0, 200)
+    })
+    .await?;
+    expect_eq(http_get(ops, "/healthz").await?.0, 200)?;
     let m = Metrics::parse(&http_get(ops, "/metrics").await?.1);
     let svc = [("namespace", ns.name()), ("service", "my-service")];
     expect_eq(m.value("portwise_slices_managed", &svc)?, Some(2.0))?;
