@@ -104,7 +104,8 @@ fn parse_sloppy_v4(s: &str) -> Option<Ipv4Addr> {
 }
 
 /// The pod's address in `family`: the first match in `status.podIPs`, else
-/// `status.podIP` (older objects only carry that).
+/// `status.podIP` (older objects only carry that). Addresses no endpoint may
+/// have (see [`is_endpoint_address`]) are skipped.
 pub fn pod_address(pod: &Pod, family: Family) -> Option<IpAddr> {
     let status = pod.status.as_ref()?;
     status
@@ -114,7 +115,37 @@ pub fn pod_address(pod: &Pod, family: Family) -> Option<IpAddr> {
         .map(|p| p.ip.as_str())
         .chain(status.pod_ip.as_deref())
         .filter_map(parse_ip)
+        .filter(|ip| is_endpoint_address(*ip))
         .find(|ip| family_of(*ip) == family)
+}
+
+/// Whether EndpointSlice (and Endpoints) validation accepts `ip` as an
+/// endpoint address, as apimachinery's `ValidateEndpointIP` does: not
+/// unspecified, loopback, link-local unicast (169.254.0.0/16, fe80::/10)
+/// or link-local multicast (224.0.0.0/24, ff02::/16).
+///
+/// The apiserver accepts such addresses in a pod's status (a broken CNI, or
+/// anyone allowed to write pod status). Published, one of them makes the
+/// write of its whole slice fail, so one pod would keep every other pod of
+/// the Service out; probed, it would point portwise's probes at its own
+/// pod (127.0.0.1) or at a cloud's metadata service (169.254.169.254).
+/// Such a pod has no address in that family (docs/reliability.md).
+pub fn is_endpoint_address(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => {
+            !(v4.is_unspecified()
+                || v4.is_loopback()
+                || v4.is_link_local()
+                || v4.octets()[..3] == [224, 0, 0])
+        }
+        IpAddr::V6(v6) => {
+            let first = v6.segments()[0];
+            !(v6.is_unspecified()
+                || v6.is_loopback()
+                || first & 0xffc0 == 0xfe80
+                || first & 0xff0f == 0xff02)
+        }
+    }
 }
 
 /// A pod can back a Service unless it has terminated for good.
@@ -377,6 +408,49 @@ mod tests {
         let none = pod_with(vec![], vec![], &[]);
         assert_eq!(pod_address(&none, Family::V4), None);
         assert_eq!(pod_address(&Pod::default(), Family::V4), None);
+    }
+
+    #[test]
+    fn addresses_endpoints_may_not_have_are_skipped() {
+        for bad in [
+            "0.0.0.0",
+            "127.0.0.1",
+            "127.9.9.9",
+            "169.254.169.254",
+            "224.0.0.251",
+            "::",
+            "::1",
+            "fe80::1",
+            "febf::1",
+            "ff02::1",
+            "ff12::2",
+            "::ffff:127.0.0.1",
+            "::ffff:169.254.169.254",
+        ] {
+            let p = pod_with(vec![], vec![], &[bad]);
+            for family in [Family::V4, Family::V6] {
+                assert_eq!(pod_address(&p, family), None, "{bad}");
+            }
+        }
+        for good in [
+            "10.244.0.5",
+            "192.168.1.1",
+            "224.0.1.1",
+            "fd00:10:244::5",
+            "2001:db8::1",
+            "fec0::1",
+            "ff05::2",
+        ] {
+            let ip: IpAddr = good.parse().unwrap();
+            assert!(is_endpoint_address(ip), "{good}");
+        }
+        // A bad first address does not hide a good one of the other family.
+        let dual = pod_with(vec![], vec![], &["169.254.0.1", "fd00:10:244::7"]);
+        assert_eq!(pod_address(&dual, Family::V4), None);
+        assert_eq!(
+            pod_address(&dual, Family::V6),
+            Some("fd00:10:244::7".parse().unwrap())
+        );
     }
 
     #[test]

@@ -252,3 +252,54 @@ async fn misbehaving_targets_end_on_time_and_do_not_hold_up_others() -> Result<(
     );
     Ok(())
 }
+
+/// Hostile addresses: the apiserver lets a pod's status claim 127.0.0.1 or
+/// 169.254.169.254, which EndpointSlice validation refuses. Such a pod must
+/// neither be probed (127.0.0.1 is portwise's own pod, 169.254.169.254 a
+/// cloud's metadata service) nor published (one refused address fails the
+/// whole slice's write: before the fix in align.rs the good pods of the
+/// Service were never published, and portwise retried every 5s forever).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods_claiming_loopback_or_link_local_addresses_are_left_out() -> Result<()> {
+    let cp = ControlPlane::shared().await?;
+    let ns = TestNs::new(cp, "hostile-ips").await?;
+    // A port nothing else in the namespace uses, so that any request the
+    // loopback listener sees is a probe of the "loop" pod.
+    let port = free_port()?;
+    ns.create_service(service("web").annotation(GROUP_KEY, "g").port_to(
+        "http",
+        80,
+        serde_json::json!(port),
+    ))
+    .await?;
+    let good = next_ips();
+    let good_http = HttpListener::start(good.v4, port).await?;
+    let own = HttpListener::start(std::net::Ipv4Addr::LOCALHOST, port).await?;
+    ns.create_pod(pod("good").annotation(GROUP_KEY, "g").ips(good.v4()))
+        .await?;
+    ns.create_pod(pod("loop").annotation(GROUP_KEY, "g").ips(["127.0.0.1"]))
+        .await?;
+    ns.create_pod(
+        pod("metadata")
+            .annotation(GROUP_KEY, "g")
+            .ips(["169.254.169.254"]),
+    )
+    .await?;
+    let _pw = Portwise::start(&ns, &config("{httpGet: {path: /healthz, timeout: 1s}}")).await?;
+    wait_for(SETTLE, || async {
+        expect_eq(
+            endpoints_by_port(&ns, "web").await?,
+            by_port([(("http", V4), &["good"][..])]),
+        )
+    })
+    .await?;
+    // Several resyncs later, still only the good pod was probed.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    ensure!(good_http.request_count() > 1, "the good pod was not probed");
+    ensure!(
+        own.request_count() == 0,
+        "portwise probed 127.0.0.1 for pod \"loop\" ({} requests)",
+        own.request_count()
+    );
+    Ok(())
+}
