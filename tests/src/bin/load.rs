@@ -1,0 +1,466 @@
+//! `tests/load`: the long load run of the reliability suite (issue 7,
+//! item 4; docs/reliability.md). Not part of `./test`.
+//!
+//! 10,000 pods over 1,000 Services (two ports each), readiness flapping at
+//! 100 changes per second for 5 minutes, against the release `portwise`
+//! binary on a local control plane. At the end the slices must equal what
+//! the pods say, exactly; the run reports portwise's peak RSS and CPU, the
+//! lag from a pod's status patch to the slices showing it (p50/p99), and
+//! the slice writes it cost.
+//!
+//! Lag: every readiness flip is timestamped when the apiserver acknowledges
+//! the status patch; a watch on portwise's slices marks it published when
+//! every port of the pod's Service shows the pod in (or out) as flipped. A
+//! pod is not flipped again before its last flip was published, so every
+//! flip is measured on its own.
+//!
+//! Knobs (environment): LOAD_PODS (10000), LOAD_SERVICES (1000), LOAD_RATE
+//! (changes/s, 100), LOAD_SECS (300), LOAD_CONCURRENCY (requests in flight
+//! for setup and flapping, 48), LOAD_OUT (also write the report there).
+//! Exit status 1 when the final state does not match.
+
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap},
+    process::ExitCode,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result, bail};
+use futures::{StreamExt, TryStreamExt, stream};
+use k8s_openapi::api::{core::v1::Pod, discovery::v1::EndpointSlice};
+use kube::{
+    Api,
+    api::ListParams,
+    runtime::{WatchStreamExt, watcher},
+};
+use portwise_tests::{
+    ControlPlane, GROUP_KEY, MANAGED_BY_LABEL, SERVICE_NAME_LABEL, TestNs,
+    faults::{Audit, PortwiseProc},
+    next_ips, pod, service,
+};
+use tokio::sync::Semaphore;
+
+const PORTS: [&str; 2] = ["http", "admin"];
+
+fn knob(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn svc_name(s: usize) -> String {
+    format!("s{s:04}")
+}
+
+fn pod_name(s: usize, p: usize) -> String {
+    format!("s{s:04}-p{p:02}")
+}
+
+/// The Service a pod belongs to (`s0042-p03` -> `s0042`).
+fn svc_of(pod: &str) -> &str {
+    pod.split_once('-').map_or(pod, |(s, _)| s)
+}
+
+#[derive(Default)]
+struct State {
+    /// The readiness each pod was last patched to.
+    desired: HashMap<String, bool>,
+    /// Flips not yet seen in the slices: pod -> (acknowledged at, ready).
+    pending: HashMap<String, (Option<Instant>, bool)>,
+    /// Pods with a patch in flight (not flipped again until it returns).
+    in_flight: BTreeSet<String>,
+    /// Slice name -> (Service, port, member pods).
+    slices: HashMap<String, (String, String, BTreeSet<String>)>,
+    lags: Vec<Duration>,
+    sent: u64,
+    failed: u64,
+}
+
+impl State {
+    fn published(&self, svc: &str, port: &str, pod: &str) -> bool {
+        self.slices
+            .values()
+            .any(|(s, p, members)| s == svc && p == port && members.contains(pod))
+    }
+
+    /// After a slice of `svc` changed: flips of its pods now visible on
+    /// every port are done.
+    fn settle(&mut self, svc: &str, now: Instant) {
+        let candidates: Vec<String> = self
+            .pending
+            .keys()
+            .filter(|p| svc_of(p) == svc)
+            .cloned()
+            .collect();
+        for pod in candidates {
+            let (acked, ready) = self.pending[&pod];
+            if PORTS
+                .iter()
+                .all(|port| self.published(svc, port, &pod) == ready)
+            {
+                self.pending.remove(&pod);
+                self.lags
+                    .push(acked.map_or(Duration::ZERO, |t| now.saturating_duration_since(t)));
+            }
+        }
+    }
+}
+
+fn slice_key(s: &EndpointSlice) -> Option<(String, String, String, BTreeSet<String>)> {
+    let name = s.metadata.name.clone()?;
+    let svc = s.metadata.labels.as_ref()?.get(SERVICE_NAME_LABEL)?.clone();
+    let port = s.ports.as_ref()?.first()?.name.clone()?;
+    let members = s
+        .endpoints
+        .iter()
+        .flatten()
+        .filter_map(|e| e.target_ref.as_ref()?.name.clone())
+        .collect();
+    Some((name, svc, port, members))
+}
+
+fn percentile(sorted: &[Duration], q: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * q).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+/// (Service, port) -> Ready pods, from the pods themselves.
+async fn truth(ns: &TestNs) -> Result<BTreeMap<(String, String), BTreeSet<String>>> {
+    let pods = ns.api::<Pod>().list(&ListParams::default()).await?.items;
+    let mut out: BTreeMap<(String, String), BTreeSet<String>> = BTreeMap::new();
+    for p in pods {
+        let name = p.metadata.name.clone().unwrap_or_default();
+        let svc = svc_of(&name).to_string();
+        let ready = p
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+        for port in PORTS {
+            let set = out.entry((svc.clone(), port.to_string())).or_default();
+            if ready {
+                set.insert(name.clone());
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// (Service, port) -> published pods, from a fresh list of the slices;
+/// also fails on a pod published twice for one (Service, port).
+async fn published(ns: &TestNs) -> Result<BTreeMap<(String, String), BTreeSet<String>>> {
+    let lp = ListParams::default().labels(&format!("{MANAGED_BY_LABEL}=portwise"));
+    let slices = ns.api::<EndpointSlice>().list(&lp).await?.items;
+    let mut out: BTreeMap<(String, String), BTreeSet<String>> = BTreeMap::new();
+    for s in &slices {
+        let Some((name, svc, port, members)) = slice_key(s) else {
+            continue;
+        };
+        let set = out.entry((svc, port)).or_default();
+        for m in members {
+            if !set.insert(m.clone()) {
+                bail!("{m} published twice (slice {name})");
+            }
+        }
+    }
+    Ok(out)
+}
+
+async fn mismatch(ns: &TestNs) -> Result<Option<String>> {
+    let (want, got) = (truth(ns).await?, published(ns).await?);
+    if want == got {
+        return Ok(None);
+    }
+    let wrong: Vec<String> = want
+        .iter()
+        .filter(|(k, v)| got.get(*k) != Some(*v))
+        .take(5)
+        .map(|(k, v)| format!("{k:?}: want {v:?}, got {:?}", got.get(k)))
+        .collect();
+    Ok(Some(format!(
+        "{} of {} (Service, port) pairs differ, e.g. {wrong:#?}",
+        want.iter().filter(|(k, v)| got.get(*k) != Some(*v)).count(),
+        want.len()
+    )))
+}
+
+async fn wait_converged(ns: &TestNs, within: Duration) -> Result<Duration> {
+    let start = Instant::now();
+    loop {
+        match mismatch(ns).await? {
+            None => return Ok(start.elapsed()),
+            Some(why) if start.elapsed() > within => {
+                bail!("not converged after {within:?}: {why}")
+            }
+            Some(_) => tokio::time::sleep(Duration::from_millis(500)).await,
+        }
+    }
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    match run().await {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("load: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run() -> Result<bool> {
+    let pods_n = knob("LOAD_PODS", 10_000) as usize;
+    let svcs_n = knob("LOAD_SERVICES", 1_000) as usize;
+    let rate = knob("LOAD_RATE", 100);
+    let secs = knob("LOAD_SECS", 300);
+    let conc = knob("LOAD_CONCURRENCY", 48) as usize;
+    let per_svc = pods_n.div_ceil(svcs_n);
+    let say = |s: String| eprintln!("load: {s}");
+
+    let cp = ControlPlane::shared().await?;
+    let ns = Arc::new(TestNs::new(cp, "load").await?);
+    say(format!(
+        "{pods_n} pods over {svcs_n} Services ({} ports each) in {}",
+        PORTS.len(),
+        ns.name()
+    ));
+
+    let setup = Instant::now();
+    stream::iter(0..svcs_n)
+        .map(|s| {
+            let ns = ns.clone();
+            async move {
+                let mut b = service(&svc_name(s)).annotation(GROUP_KEY, &svc_name(s));
+                for (i, port) in PORTS.iter().enumerate() {
+                    b = b.port(port, 8080 + i as i32);
+                }
+                ns.create_service(b).await
+            }
+        })
+        .buffer_unordered(conc)
+        .try_collect::<Vec<_>>()
+        .await?;
+    let names: Vec<String> = (0..pods_n)
+        .map(|i| pod_name(i / per_svc, i % per_svc))
+        .collect();
+    let created = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    stream::iter(names.clone())
+        .map(|name| {
+            let (ns, created) = (ns.clone(), created.clone());
+            async move {
+                let svc = svc_of(&name).to_string();
+                ns.create_pod(pod(&name).annotation(GROUP_KEY, &svc).ips(next_ips().v4()))
+                    .await?;
+                let n = created.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+                if n % 1000 == 0 {
+                    eprintln!("load: {n} pods");
+                }
+                anyhow::Ok(())
+            }
+        })
+        .buffer_unordered(conc)
+        .try_collect::<Vec<_>>()
+        .await?;
+    let setup_took = setup.elapsed();
+    say(format!("setup: {setup_took:?}"));
+
+    let state = Arc::new(Mutex::new(State::default()));
+    {
+        let mut st = state.lock().unwrap();
+        for n in &names {
+            st.desired.insert(n.clone(), true);
+        }
+    }
+    // The slice watch that timestamps publication.
+    let watch = {
+        let state = state.clone();
+        let api: Api<EndpointSlice> = ns.api();
+        let cfg = watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}=portwise"));
+        tokio::spawn(async move {
+            let mut events = watcher(api, cfg).default_backoff().boxed();
+            while let Some(ev) = events.next().await {
+                let now = Instant::now();
+                let mut st = state.lock().unwrap();
+                match ev {
+                    Ok(watcher::Event::Apply(s) | watcher::Event::InitApply(s)) => {
+                        if let Some((name, svc, port, members)) = slice_key(&s) {
+                            st.slices.insert(name, (svc.clone(), port, members));
+                            st.settle(&svc, now);
+                        }
+                    }
+                    Ok(watcher::Event::Delete(s)) => {
+                        if let Some((name, svc, ..)) = slice_key(&s) {
+                            st.slices.remove(&name);
+                            st.settle(&svc, now);
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        })
+    };
+
+    let config = format!(
+        "managedBy: portwise\nserviceKey: {{annotation: {GROUP_KEY}}}\nmembership: podReady\n"
+    );
+    let mut pw = PortwiseProc::start(cp.kubeconfig(), &[ns.name()], &config).await?;
+    let pid = pw.pid().context("portwise pid")?;
+    let started = Instant::now();
+    let cold = wait_converged(&ns, Duration::from_secs(600)).await?;
+    let (rss_cold, _) = pw.memory_kib()?;
+    let cpu_cold = pw.cpu_time()?;
+    say(format!(
+        "cold sync: every slice right {cold:?} after start; RSS {} MiB, CPU {cpu_cold:?}",
+        rss_cold / 1024
+    ));
+
+    // Flapping.
+    let audit = Audit::mark(cp);
+    let cpu_before = pw.cpu_time()?;
+    let sem = Arc::new(Semaphore::new(conc));
+    let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate as f64));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+    let flap_start = Instant::now();
+    let deadline = flap_start + Duration::from_secs(secs);
+    let mut samples: Vec<(Duration, u64, Duration)> = Vec::new();
+    let mut last_sample = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    let mut rng = fastrand::Rng::with_seed(7);
+    while Instant::now() < deadline {
+        tick.tick().await;
+        // A pod whose last flip is still on its way is left alone, so that
+        // every flip is measured on its own.
+        let pick = loop {
+            let n = &names[rng.usize(..names.len())];
+            let st = state.lock().unwrap();
+            if !st.in_flight.contains(n) && !st.pending.contains_key(n) {
+                break n.clone();
+            }
+        };
+        let ready = {
+            let mut st = state.lock().unwrap();
+            let ready = !st.desired[&pick];
+            st.desired.insert(pick.clone(), ready);
+            st.in_flight.insert(pick.clone());
+            st.pending.insert(pick.clone(), (None, ready));
+            st.sent += 1;
+            ready
+        };
+        let permit = sem.clone().acquire_owned().await?;
+        let (task_ns, task_state) = (ns.clone(), state.clone());
+        tasks.spawn(async move {
+            let res = task_ns.set_ready(&pick, ready).await;
+            let now = Instant::now();
+            let mut st = task_state.lock().unwrap();
+            st.in_flight.remove(&pick);
+            match res {
+                Ok(_) => {
+                    if let Some(p) = st.pending.get_mut(&pick)
+                        && p.1 == ready
+                        && p.0.is_none()
+                    {
+                        p.0 = Some(now);
+                    }
+                }
+                Err(_) => {
+                    // Unknown whether it landed: stop tracking this flip.
+                    st.failed += 1;
+                    st.pending.remove(&pick);
+                }
+            }
+            drop(permit);
+        });
+        while tasks.try_join_next().is_some() {}
+        if last_sample.elapsed() >= Duration::from_secs(1) {
+            last_sample = Instant::now();
+            if let (Ok((rss, _)), Ok(cpu)) = (pw.memory_kib(), pw.cpu_time()) {
+                samples.push((flap_start.elapsed(), rss, cpu));
+            }
+            let t = flap_start.elapsed().as_secs();
+            if t % 30 == 0 {
+                let st = state.lock().unwrap();
+                eprintln!(
+                    "load: {t}s: {} flips sent, {} published, {} pending",
+                    st.sent,
+                    st.lags.len(),
+                    st.pending.len()
+                );
+            }
+        }
+    }
+    while tasks.join_next().await.is_some() {}
+    let flap_took = flap_start.elapsed();
+    let drain = wait_converged(&ns, Duration::from_secs(300)).await;
+    let cpu_after = pw.cpu_time()?;
+    let (_, rss_peak) = pw.memory_kib()?;
+    // Let the watch catch up with the final state before reading lags.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    watch.abort();
+    pw.check_running()?;
+    let portwise_writes = audit
+        .events()?
+        .iter()
+        .filter(|e| {
+            e.resource == "endpointslices" && e.is_write() && e.user_agent.starts_with("portwise")
+        })
+        .count();
+
+    let st = state.lock().unwrap();
+    let mut lags = st.lags.clone();
+    lags.sort();
+    let achieved = st.sent as f64 / flap_took.as_secs_f64();
+    let cpu_flap = cpu_after.saturating_sub(cpu_before);
+    let busiest = samples
+        .windows(2)
+        .map(|w| {
+            (w[1].2.saturating_sub(w[0].2)).as_secs_f64()
+                / (w[1].0.saturating_sub(w[0].0)).as_secs_f64().max(1e-3)
+        })
+        .fold(0.0f64, f64::max);
+    let matched = drain.is_ok();
+    let report = format!(
+        "| | |\n|---|---|\n\
+         | pods / Services / ports per Service | {pods_n} / {svcs_n} / {ports} |\n\
+         | setup (create Services and pods, set status) | {setup:.0?} |\n\
+         | cold sync (portwise start → every slice right) | {cold:.1?} |\n\
+         | flapping | {sent} readiness flips in {flap:.0?} ({achieved:.1}/s; asked {rate}/s), {failed} patches failed |\n\
+         | final state equals the pods' state | {verdict} |\n\
+         | converged after the last flip | {drain_s} |\n\
+         | lag flip → slices, p50 / p90 / p99 / max | {p50:.0?} / {p90:.0?} / {p99:.0?} / {max:.0?} ({measured} flips measured) |\n\
+         | portwise peak RSS (VmHWM) | {hwm} MiB (after cold sync: {rss_cold} MiB) |\n\
+         | portwise CPU while flapping | {cpu:.1?} in {flap:.0?} = {cores:.2} cores on average; busiest second {busiest:.2} cores |\n\
+         | portwise slice writes while flapping | {portwise_writes} ({per_flip:.2} per flip) |\n",
+        ports = PORTS.len(),
+        setup = setup_took,
+        sent = st.sent,
+        flap = flap_took,
+        failed = st.failed,
+        verdict = if matched { "yes" } else { "**NO**" },
+        drain_s = match &drain {
+            Ok(d) => format!("{d:.1?}"),
+            Err(e) => format!("{e:#}"),
+        },
+        p50 = percentile(&lags, 0.50),
+        p90 = percentile(&lags, 0.90),
+        p99 = percentile(&lags, 0.99),
+        max = lags.last().copied().unwrap_or_default(),
+        measured = lags.len(),
+        hwm = rss_peak / 1024,
+        rss_cold = rss_cold / 1024,
+        cpu = cpu_flap,
+        cores = cpu_flap.as_secs_f64() / flap_took.as_secs_f64(),
+        per_flip = portwise_writes as f64 / st.sent.max(1) as f64,
+    );
+    println!("{report}");
+    if let Ok(out) = std::env::var("LOAD_OUT") {
+        std::fs::write(&out, &report).with_context(|| format!("writing {out}"))?;
+    }
+    say(format!("portwise pid {pid}, ran {:?}", started.elapsed()));
+    Ok(matched)
+}
