@@ -16,7 +16,8 @@
 //! real HTTP GET on loopback. Unknown guests get a `null` configuration.
 //!
 //! `BENCH_CALLS` (default 2000) sets the reused-instance sample size; the
-//! fresh-instance sample is a tenth of it.
+//! fresh-instance sample is a tenth of it. `BENCH_CACHE_DIR` points the
+//! compiled-code cache elsewhere (an empty directory shows compile times).
 
 use std::{
     collections::BTreeMap,
@@ -185,10 +186,18 @@ async fn measure(checker: &dyn Checker, subject: &Subject, calls: usize) -> Stat
     }
 }
 
+/// `BENCH_CACHE_DIR` (e.g. an empty directory, to measure compile times),
+/// else the runtime's default.
+fn cache_dir() -> PathBuf {
+    std::env::var_os("BENCH_CACHE_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(default_cache_dir)
+}
+
 fn runtime(dir: &std::path::Path, idle_instances: usize) -> WasmRuntime {
     WasmRuntime::new(WasmConfig {
         modules_dir: Some(dir.to_path_buf()),
-        cache_dir: Some(default_cache_dir()),
+        cache_dir: Some(cache_dir()),
         watch: false,
         limits: Limits {
             idle_instances,
