@@ -111,7 +111,13 @@ async fn runs_as_its_service_account_and_can_do_nothing_more() -> Result<()> {
         vec!["create", "leases.coordination.k8s.io", "-n", n],
         vec!["create", "configmaps", "-n", "portwise-system"],
         vec!["update", "nodes"],
-        vec!["create", "serviceaccounts/token", "-n", "portwise-system"],
+        vec![
+            "create",
+            "serviceaccounts",
+            "--subresource=token",
+            "-n",
+            "portwise-system",
+        ],
     ] {
         expect_eq(
             (args.join(" "), can_i(cp, &args).await?),
