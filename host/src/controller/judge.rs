@@ -39,6 +39,9 @@ struct CheckKey {
     address: IpAddr,
 }
 
+/// One Service's verdicts and when each was reached.
+type Verdicts = HashMap<CheckKey, (Verdict, Instant)>;
+
 /// Judges subjects with the configured checker.
 pub struct Judge {
     checker: Arc<dyn Checker>,
@@ -48,7 +51,7 @@ pub struct Judge {
     freshness: Duration,
     metrics: Metrics,
     /// Per Service UID: the verdicts of its last reconcile.
-    cache: Mutex<HashMap<String, HashMap<CheckKey, (Verdict, Instant)>>>,
+    cache: Mutex<HashMap<String, Verdicts>>,
 }
 
 impl Judge {
