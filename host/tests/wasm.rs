@@ -495,6 +495,44 @@ async fn many_concurrent_checks_share_a_small_pool() {
     assert_eq!(calls, 64);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_wait_for_an_instance_slot_instead_of_failing() {
+    // Two slots, eight calls that each hold an instance for 200 ms while
+    // their probe times out: they queue, none fails to instantiate.
+    let h = Harness::new(Limits {
+        max_instances: 2,
+        ..test_limits()
+    });
+    let server = http_server().await;
+    let checker = h
+        .checker(
+            "ready-role.wasm",
+            json!({"roles": ["primary"], "path": "/slow", "timeoutMs": 200}),
+        )
+        .await;
+    let s = Arc::new(subject(LOCAL, server.port(), &[]));
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..8)
+        .map(|_| {
+            let (c, s) = (checker.clone(), s.clone());
+            tokio::spawn(async move { c.check(&s).await })
+        })
+        .collect();
+    for t in tasks {
+        assert_verdict(&t.await.unwrap(), Decision::Abstain, "GET /slow timed out");
+    }
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(800),
+        "8 calls through 2 slots took only {took:?}"
+    );
+    for kind in FailureKind::ALL {
+        assert_eq!(h.failures("ready-role.wasm", kind), 0, "{kind}");
+    }
+    // Another module still gets a slot afterwards (idle ones are evicted).
+    still_serving(&h).await;
+}
+
 // ---------------------------------------------------------------------------
 // Hostile guests: each contained, with the host still answering afterwards
 

@@ -26,11 +26,11 @@ wasmtime::component::bindgen!({
     ownership: Borrowing { duplicate_if_necessary: false },
 });
 
-pub(crate) use portwise::membership::log::Level as WitLevel;
-pub(crate) use portwise::membership::probes::{
+pub(crate) use self::portwise::membership::log::Level as WitLevel;
+pub(crate) use self::portwise::membership::probes::{
     HttpRequest, HttpResponse as WitHttpResponse, ProbeError as WitProbeError,
 };
-pub(crate) use portwise::membership::types::{
+pub(crate) use self::portwise::membership::types::{
     AddressFamily, ContainerPort, Decision as WitDecision, KeyValue, Pod as WitPod, PodCondition,
     Service as WitService, ServicePort, Target as WitTarget, Verdict as WitVerdict,
 };

@@ -14,12 +14,15 @@ use std::{
     collections::{HashMap, HashSet},
     fs,
     path::{Path, PathBuf},
-    sync::{Arc, Mutex, RwLock, Weak},
+    sync::{
+        Arc, Mutex, RwLock, Weak,
+        atomic::{AtomicUsize, Ordering},
+    },
     time::{Duration, Instant, SystemTime},
 };
 
 use sha2::{Digest, Sha256};
-use tokio::sync::broadcast;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, broadcast};
 use wasmtime::{Engine, Store, Trap, UpdateDeadline, component::Linker};
 
 use super::{
@@ -77,6 +80,8 @@ pub(crate) struct CheckerSpec {
 struct Ready {
     store: Store<HostState>,
     guest: MembershipChecker,
+    /// One of [`Runtime::slots`], held as long as the instance lives.
+    _slot: OwnedSemaphorePermit,
 }
 
 /// One loaded content of one module.
@@ -136,9 +141,13 @@ impl ModuleVersion {
         }
     }
 
-    fn put_back(&self, ready: Ready, limits: &Limits) {
+    fn put_back(&self, ready: Ready, rt: &Runtime) {
+        // A call waiting for a slot gets this one rather than the pool.
+        if rt.waiting.load(Ordering::Acquire) > 0 {
+            return;
+        }
         let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
-        if idle.len() < limits.idle_instances {
+        if idle.len() < rt.limits.idle_instances {
             idle.push(ready);
         }
     }
@@ -147,11 +156,18 @@ impl ModuleVersion {
         let ready = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
         match ready {
             Some(ready) => Ok(ready),
-            None => self.instantiate(rt).await,
+            None => {
+                let slot = rt.slot().await?;
+                self.instantiate(rt, slot).await
+            }
         }
     }
 
-    async fn instantiate(&self, rt: &Runtime) -> Result<Ready, Failure> {
+    async fn instantiate(
+        &self,
+        rt: &Runtime,
+        slot: OwnedSemaphorePermit,
+    ) -> Result<Ready, Failure> {
         let mut store = Store::new(
             &rt.engine,
             HostState::new(rt.limits.clone(), self.counters.clone()),
@@ -188,7 +204,11 @@ impl ModuleVersion {
         .await;
         store.data().flush_output();
         match outcome {
-            Ok(Ok(guest)) => Ok(Ready { store, guest }),
+            Ok(Ok(guest)) => Ok(Ready {
+                store,
+                guest,
+                _slot: slot,
+            }),
             Ok(Err(e)) => {
                 let failure = classify(&e, store.data(), &rt.limits);
                 let kind = if failure.kind == FailureKind::Memory {
@@ -247,7 +267,7 @@ impl ModuleVersion {
             .portwise_membership_checker()
             .call_validate_config(&mut ready.store, config);
         let outcome = tokio::time::timeout(rt.limits.call_timeout, call).await;
-        self.settle(ready, outcome, &rt.limits)
+        self.settle(ready, outcome, rt)
     }
 
     async fn call_check(
@@ -283,7 +303,7 @@ impl ModuleVersion {
             target,
         );
         let outcome = tokio::time::timeout(rt.limits.call_timeout, call).await;
-        self.settle(ready, outcome, &rt.limits)
+        self.settle(ready, outcome, rt)
     }
 
     /// Logs the guest's output, returns a healthy instance to the pool and
@@ -292,12 +312,13 @@ impl ModuleVersion {
         &self,
         ready: Ready,
         outcome: Result<wasmtime::Result<R>, tokio::time::error::Elapsed>,
-        limits: &Limits,
+        rt: &Runtime,
     ) -> Result<R, Failure> {
+        let limits = &rt.limits;
         let stderr_tail = ready.store.data().flush_output();
         match outcome {
             Ok(Ok(value)) => {
-                self.put_back(ready, limits);
+                self.put_back(ready, rt);
                 Ok(value)
             }
             Ok(Err(e)) => {
@@ -393,6 +414,13 @@ pub(crate) struct Runtime {
     modules: RwLock<HashMap<String, Arc<ModuleVersion>>>,
     scan: tokio::sync::Mutex<ScanState>,
     users: Mutex<Vec<Weak<CheckerSpec>>>,
+    /// Live instances (busy or idle), at most the pooling allocator's
+    /// component instance slots: when they run out, calls wait for one
+    /// instead of failing to instantiate.
+    slots: Arc<Semaphore>,
+    /// Calls waiting for a slot; while there are any, finished instances
+    /// are dropped instead of pooled.
+    waiting: AtomicUsize,
 }
 
 impl Runtime {
@@ -408,6 +436,7 @@ impl Runtime {
             &mut linker,
             |s| s,
         )?;
+        let slots = Arc::new(Semaphore::new(limits.max_instances.max(1) as usize));
         Ok(Runtime {
             engine,
             linker,
@@ -419,6 +448,8 @@ impl Runtime {
             modules: RwLock::new(HashMap::new()),
             scan: tokio::sync::Mutex::new(ScanState::default()),
             users: Mutex::new(Vec::new()),
+            slots,
+            waiting: AtomicUsize::new(0),
         })
     }
 
@@ -428,6 +459,51 @@ impl Runtime {
             .unwrap_or_else(|e| e.into_inner())
             .get(module)
             .cloned()
+    }
+
+    /// A slot for a new instance. When none is free, idle instances of all
+    /// modules are dropped first; then the call waits (within its timeout)
+    /// for a busy instance to finish.
+    async fn slot(&self) -> Result<OwnedSemaphorePermit, Failure> {
+        if let Ok(slot) = self.slots.clone().try_acquire_owned() {
+            return Ok(slot);
+        }
+        for version in self
+            .modules
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+        {
+            version
+                .idle
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clear();
+        }
+        if let Ok(slot) = self.slots.clone().try_acquire_owned() {
+            return Ok(slot);
+        }
+        struct Waiting<'a>(&'a AtomicUsize);
+        impl Drop for Waiting<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+        self.waiting.fetch_add(1, Ordering::AcqRel);
+        let _waiting = Waiting(&self.waiting);
+        match tokio::time::timeout(self.limits.call_timeout, self.slots.clone().acquire_owned())
+            .await
+        {
+            Ok(Ok(slot)) => Ok(slot),
+            Ok(Err(_)) => unreachable!("the slot semaphore is never closed"),
+            Err(_) => Err(Failure::new(
+                FailureKind::Deadline,
+                format!(
+                    "all {} instance slots stayed busy for {:?}",
+                    self.limits.max_instances, self.limits.call_timeout
+                ),
+            )),
+        }
     }
 
     pub(crate) fn infos(&self) -> Vec<ModuleInfo> {
