@@ -97,7 +97,7 @@ impl Knobs {
             pods_per_service: env_usize("BENCH_PODS", 10),
             big_pods: env_usize("BENCH_BIG_PODS", 1000),
             steady: Duration::from_secs(env_usize("BENCH_STEADY_SECS", 60) as u64),
-            probe_pods: env_usize("BENCH_PROBE_PODS", 1000),
+            probe_pods: env_usize("BENCH_PROBE_PODS", 3000),
             probe_window: Duration::from_secs(env_usize("BENCH_PROBE_SECS", 20) as u64),
             setup_concurrency: env_usize("BENCH_SETUP_CONCURRENCY", 48),
             rows,
@@ -617,6 +617,13 @@ fn classify(agent: &str) -> Option<(&'static str, String)> {
 }
 
 impl Audit {
+    /// Requests since `from`, read 2 s from now: a request's
+    /// ResponseComplete event can reach the file just after its response
+    /// (and the watch event it caused) reached us.
+    async fn settled_between(&self, from: u64) -> Result<Requests> {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        self.between(from, self.offset())
+    }
     fn offset(&self) -> u64 {
         std::fs::metadata(&self.path).map(|m| m.len()).unwrap_or(0)
     }
@@ -1130,7 +1137,7 @@ impl Bench {
             .await?;
         let native_time = done - native.started;
         let native_use = native.usage();
-        let native_req = audit.between(a0, audit.offset())?;
+        let native_req = audit.settled_between(a0).await?;
         verify_by_list(&native_ns, NATIVE_MANAGER, &native_expected).await?;
         eprintln!("bench:   native converged in {}", secs(native_time));
         tokio::time::sleep(Duration::from_secs(5)).await;
@@ -1151,7 +1158,7 @@ impl Bench {
             .await?;
         let pw_time = done - portwise.started;
         let pw_use = portwise.usage();
-        let pw_req = audit.between(a0, audit.offset())?;
+        let pw_req = audit.settled_between(a0).await?;
         verify_by_list(&portwise_ns, PORTWISE_MANAGER, &portwise_expected).await?;
         eprintln!("bench:   portwise converged in {}", secs(pw_time));
 
@@ -1234,6 +1241,9 @@ impl Bench {
     /// show how much of its time is the default `--kube-api-qps=20`.
     async fn row1b(&mut self, pair: &mut Pair) -> Result<()> {
         eprintln!("bench: row 1b: native with --kube-api-qps=1000 --kube-api-burst=1000");
+        // Both controllers again, on the same state (now with row 3's big
+        // Service too): the native one without its client rate limit, then
+        // portwise without `--namespace`, so both cache all pods.
         pair.native.stop().await;
         tokio::time::sleep(Duration::from_millis(100)).await;
         let api: Api<EndpointSlice> = pair.native_ns.api();
@@ -1258,21 +1268,98 @@ impl Bench {
             .await?;
         let time = done - native.started;
         let u = native.usage();
-        let req = audit.between(a0, audit.offset())?;
+        let req = audit.settled_between(a0).await?;
         verify_by_list(&pair.native_ns, NATIVE_MANAGER, &expected).await?;
         pair.native = native;
-        self.report.row(
-            "1b native without its client rate limit",
-            "time / slice writes / CPU / peak RSS (native only; `--kube-api-qps=1000 --kube-api-burst=1000`)",
-            String::new(),
-            format!(
-                "{} / {} / {:.1} s / {:.0} MiB",
-                secs(time),
-                req.slice_writes("native"),
-                u.cpu,
-                u.hwm_mib
-            ),
+        let nat = (time, req.slice_writes("native"), u);
+        eprintln!(
+            "bench:   native (no rate limit) converged in {}",
+            secs(time)
+        );
+
+        // portwise's counterpart: all namespaces, so it caches the same
+        // 2 × (Services, pods) the native informers hold.
+        eprintln!("bench: row 1b: portwise watching all namespaces");
+        pair.portwise.stop().await;
+        let api: Api<EndpointSlice> = pair.portwise_ns.api();
+        api.delete_collection(
+            &Default::default(),
+            &kube::api::ListParams::default()
+                .labels(&format!("{MANAGED_BY_LABEL}={PORTWISE_MANAGER}")),
+        )
+        .await?;
+        let expected = pair.portwise_tracker.state.lock().unwrap().expected.clone();
+        let t = Instant::now();
+        while pair.portwise_tracker.progress.borrow().0 > 0
+            && t.elapsed() < Duration::from_secs(120)
+        {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let a0 = audit.offset();
+        let mut portwise = spawn_portwise(
+            self.cp,
+            &self.work,
+            "row1b",
+            &portwise_config("", "podReady"),
+            &[],
+            &[],
+        )?;
+        let done = pair
+            .portwise_tracker
+            .converged(Duration::from_secs(1200), Some(&mut portwise))
+            .await?;
+        let time = done - portwise.started;
+        let u = portwise.usage();
+        let req = audit.settled_between(a0).await?;
+        verify_by_list(&pair.portwise_ns, PORTWISE_MANAGER, &expected).await?;
+        pair.portwise = portwise;
+        eprintln!(
+            "bench:   portwise (all namespaces) converged in {}",
+            secs(time)
+        );
+        let pw = (time, req.slice_writes("portwise"), u);
+
+        let label = format!(
+            "1b convergence, both unthrottled and cluster-wide ({} Services)",
+            expected.len()
+        );
+        let r = &mut self.report;
+        let t_ratio = ratio(pw.0.as_secs_f64(), nat.0.as_secs_f64());
+        r.row(
+            &label,
+            "time until every slice is right",
+            secs(pw.0),
+            secs(nat.0),
+            t_ratio,
+            "≤ 1.0×",
+            t_ratio.map(|x| x <= 1.0),
+        );
+        let w_ratio = ratio(pw.1 as f64, nat.1 as f64);
+        r.row(
+            &label,
+            "EndpointSlice writes",
+            pw.1.to_string(),
+            nat.1.to_string(),
+            w_ratio,
+            "≤ 1.0×",
+            w_ratio.map(|x| x <= 1.0),
+        );
+        r.row(
+            &label,
+            "CPU seconds of the controller process",
+            format!("{:.1}", pw.2.cpu),
+            format!("{:.1}", nat.2.cpu),
+            ratio(pw.2.cpu, nat.2.cpu),
+            "",
             None,
+        );
+        r.row(
+            &label,
+            "peak RSS (VmHWM)",
+            format!("{:.0} MiB", pw.2.hwm_mib),
+            format!("{:.0} MiB", nat.2.hwm_mib),
+            ratio(pw.2.hwm_mib, nat.2.hwm_mib),
             "",
             None,
         );
@@ -1487,8 +1574,9 @@ impl Bench {
 
         let window = self.knobs.probe_window;
         let mut lines = String::from(
-            "| probe | maxConcurrentChecks | checks/s | of which include | portwise CPU (cores) | \
-             podReady flip in another Service, seen after |\n|---|---|---|---|---|---|\n",
+            "| probe | maxConcurrentChecks | checks/s | demand (subjects ÷ resyncPeriod) | of which include | \
+             portwise CPU (cores) | listeners' CPU (cores) | podReady flip in another Service, seen \
+             after |\n|---|---|---|---|---|---|---|---|\n",
         );
         let mut best: BTreeMap<&str, f64> = BTreeMap::new();
         for (kind, key, expr) in [
@@ -1529,6 +1617,7 @@ impl Bench {
                 let c0 = scrape(addr, "portwise_checks_total").await?;
                 let i0 = scrape(addr, "portwise_checks_total{decision=\"include\"").await?;
                 let u0 = pw.usage();
+                let me0 = usage(std::process::id()).unwrap_or_default();
                 let t0 = Instant::now();
                 // Half-way, flip a pod of the podReady-only Service and time
                 // until its slice shows it: checks must not hold it up.
@@ -1568,6 +1657,7 @@ impl Bench {
                 let i1 = scrape(addr, "portwise_checks_total{decision=\"include\"").await?;
                 let el = t0.elapsed().as_secs_f64();
                 let u1 = pw.usage();
+                let me1 = usage(std::process::id()).unwrap_or_default();
                 pw.check_alive()?;
                 pw.stop().await;
                 let rate = (c1 - c0) / el;
@@ -1576,9 +1666,11 @@ impl Bench {
                 *e = e.max(rate);
                 let _ = writeln!(
                     lines,
-                    "| {kind} | {conc} | {rate:.0} | {:.1}% | {:.2} | {} |",
+                    "| {kind} | {conc} | {rate:.0} | {:.0} | {:.1}% | {:.2} | {:.2} | {} |",
+                    (services * per + per) as f64 / 0.1,
                     incl * 100.0,
                     (u1.cpu - u0.cpu) / el,
+                    (me1.cpu - me0.cpu) / el,
                     seen.map(|d| format!("{:.0} ms", d.as_secs_f64() * 1000.0))
                         .unwrap_or_else(|| "not within 30 s".into())
                 );
@@ -1604,8 +1696,10 @@ impl Bench {
             format!(
                 "{services} Services × {per} pods per probe kind, over {total_listeners} pods, each with a real HTTP \
                  listener on :8080 and a TCP listener on :8443 at its pod address (in the bench's \
-                 own process, on the same 2 cores). `resyncPeriod: 100ms`, so demand exceeds what \
-                 can be served and the rate is portwise's capacity. Rate = growth of \
+                 own process, on the same 2 cores; the bench's own CPU is almost all theirs while it \
+                 waits). `resyncPeriod: 100ms` sets the demand: every subject is due again 100 ms \
+                 after its Service's last reconcile; a rate well below the demand is portwise's \
+                 capacity on this machine, one close to it is bound by the demand. Rate = growth of \
                  `portwise_checks_total` over {}. One extra podReady-only Service (10 pods) shares \
                  the controller: half-way through, one of its pods turns NotReady and the time until \
                  its slice shows it is the last column.\n\n{lines}",
@@ -2038,14 +2132,18 @@ fn protocol_text(b: &Bench) -> String {
             .into(),
     );
     p.push(
-        "- Not identical, by design of each: the native controller-manager is one process hosting \
-         more than the endpointslice controller (its informer factory, health server, garbage \
-         of its framework), and its informers are cluster-wide, so it caches the pods of *both* \
-         namespaces (2× the pods portwise caches); portwise watches its one namespace as \
-         instructed. The native controller runs with its upstream defaults (client rate limit \
-         `--kube-api-qps=20 --kube-api-burst=30`, `--concurrent-service-endpoint-syncs=5`); row 1b \
-         repeats it without the rate limit. portwise runs with its defaults (no client rate \
-         limit, `--reconcile-concurrency=8`, `resyncPeriod: 30s`)."
+        "- Not identical in row 1, by design of each: the native controller-manager is one \
+         process hosting more than the endpointslice controller (controller framework, health \
+         server, informers for secrets and service accounts), and its informers are \
+         cluster-wide, so it caches the pods of *both* namespaces (2× the pods portwise caches \
+         with `--namespace`). The native controller runs with its upstream defaults (client \
+         rate limit `--kube-api-qps=20 --kube-api-burst=30`, \
+         `--concurrent-service-endpoint-syncs=5`), portwise with its own (no client rate limit, \
+         `--reconcile-concurrency=8`, `resyncPeriod: 30s`). **Row 1b removes both \
+         differences**: after rows 2–4 each controller is stopped, its slices deleted, and it \
+         is started cold again, the native one with `--kube-api-qps=1000 --kube-api-burst=1000` \
+         and portwise without `--namespace`, so both cache the same cluster-wide state (both \
+         namespaces, row 3's 1000-pod Service included)."
             .into(),
     );
     p.join("\n")
