@@ -432,7 +432,7 @@ async fn run() -> Result<bool> {
          | flapping | {sent} readiness flips in {flap:.0?} ({achieved:.1}/s; asked {rate}/s), {failed} patches failed |\n\
          | final state equals the pods' state | {verdict} |\n\
          | converged after the last flip | {drain_s} |\n\
-         | lag flip → slices, p50 / p90 / p99 / max | {p50:.0?} / {p90:.0?} / {p99:.0?} / {max:.0?} ({measured} flips measured) |\n\
+         | lag flip → slices, p50 / p90 / p99 / max | {p50} / {p90} / {p99} / {max} ms ({measured} flips measured) |\n\
          | portwise peak RSS (VmHWM) | {hwm} MiB (after cold sync: {rss_cold} MiB) |\n\
          | portwise CPU while flapping | {cpu:.1?} in {flap:.0?} = {cores:.2} cores on average; busiest second {busiest:.2} cores |\n\
          | portwise slice writes while flapping | {portwise_writes} ({per_flip:.2} per flip) |\n",
@@ -446,10 +446,10 @@ async fn run() -> Result<bool> {
             Ok(d) => format!("{d:.1?}"),
             Err(e) => format!("{e:#}"),
         },
-        p50 = percentile(&lags, 0.50),
-        p90 = percentile(&lags, 0.90),
-        p99 = percentile(&lags, 0.99),
-        max = lags.last().copied().unwrap_or_default(),
+        p50 = percentile(&lags, 0.50).as_millis(),
+        p90 = percentile(&lags, 0.90).as_millis(),
+        p99 = percentile(&lags, 0.99).as_millis(),
+        max = lags.last().copied().unwrap_or_default().as_millis(),
         measured = lags.len(),
         hwm = rss_peak / 1024,
         rss_cold = rss_cold / 1024,
