@@ -347,8 +347,12 @@ fn check_case(pool: &[u8], answers: &[Answer]) -> Result<u64, TestCaseError> {
             modules_dir: None,
             cache_dir: Some(dir.join("cache")),
             watch: false,
+            // Generous time: this is about answers, not deadlines, and the
+            // suite runs on two busy cores (a 100ms deadline can fire there).
             limits: Limits {
                 max_instances: 8,
+                deadline: std::time::Duration::from_secs(5),
+                call_timeout: std::time::Duration::from_secs(20),
                 ..Limits::default()
             },
         })
