@@ -62,7 +62,12 @@ async fn runtime_with(module: &str) -> WasmRuntime {
         modules_dir: None,
         cache_dir: Some(default_cache_dir()),
         watch: false,
-        ..WasmConfig::default()
+        // These tests check answers, not timing: a loaded CI machine running
+        // a debug build must not turn a slow call into a deadline abstain.
+        limits: portwise::wasm::Limits {
+            deadline: std::time::Duration::from_secs(2),
+            ..Default::default()
+        },
     })
     .expect("runtime starts");
     rt.load_file(&path)
