@@ -124,7 +124,9 @@ async fn apiserver_restart() -> Result<()> {
             ns.set_ready(&format!("p{i:03}"), i % 3 == 0).await?;
         }
         ns.delete_pod("p020").await?;
-        let after = converged(&ns, 20, SETTLE).await?;
+        // Generous: the watches' backoff grew while nothing answered (up to
+        // 30s, docs/reliability.md, open item 2), and the machine is busy.
+        let after = converged(&ns, 20, SETTLE * 2).await?;
         pw.check_running()?;
 
         // Backoff, not a hot loop, while nothing answered: kube-runtime's

@@ -16,7 +16,9 @@
 //!
 //! Knobs (environment): LOAD_PODS (10000), LOAD_SERVICES (1000), LOAD_RATE
 //! (changes/s, 100), LOAD_SECS (300), LOAD_CONCURRENCY (requests in flight
-//! for setup and flapping, 48), LOAD_OUT (also write the report there).
+//! for setup and flapping, 48), LOAD_PORTWISE_ARGS (extra `portwise run`
+//! flags, e.g. `--reconcile-concurrency 32`), LOAD_OUT (also write the
+//! report there).
 //! Exit status 1 when the final state does not match.
 
 use std::{
@@ -36,7 +38,7 @@ use kube::{
 };
 use portwise_tests::{
     ControlPlane, GROUP_KEY, MANAGED_BY_LABEL, SERVICE_NAME_LABEL, TestNs,
-    faults::{Audit, PortwiseProc},
+    faults::{Audit, PortwiseProc, proc_cpu_time},
     next_ips, pod, service,
 };
 use tokio::sync::Semaphore;
@@ -119,6 +121,14 @@ fn slice_key(s: &EndpointSlice) -> Option<(String, String, String, BTreeSet<Stri
         .filter_map(|e| e.target_ref.as_ref()?.name.clone())
         .collect();
     Some((name, svc, port, members))
+}
+
+/// The 1-minute load average.
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|l| l.split_whitespace().next().map(str::to_string))
+        .unwrap_or_else(|| "?".into())
 }
 
 fn percentile(sorted: &[Duration], q: f64) -> Duration {
@@ -309,7 +319,9 @@ async fn run() -> Result<bool> {
     let config = format!(
         "managedBy: portwise\nserviceKey: {{annotation: {GROUP_KEY}}}\nmembership: podReady\n"
     );
-    let mut pw = PortwiseProc::start(cp.kubeconfig(), &[ns.name()], &config).await?;
+    let extra = std::env::var("LOAD_PORTWISE_ARGS").unwrap_or_default();
+    let extra: Vec<&str> = extra.split_whitespace().collect();
+    let mut pw = PortwiseProc::start_with(cp.kubeconfig(), &[ns.name()], &config, &extra).await?;
     let pid = pw.pid().context("portwise pid")?;
     let started = Instant::now();
     let cold = wait_converged(&ns, Duration::from_secs(600)).await?;
@@ -323,6 +335,12 @@ async fn run() -> Result<bool> {
     // Flapping.
     let audit = Audit::mark(cp);
     let cpu_before = pw.cpu_time()?;
+    // The apiserver (etcd is embedded in it), for context.
+    let apiserver_pid: Option<u32> = std::fs::read_to_string(cp.dir().join("apiserver.pid"))
+        .ok()
+        .and_then(|p| p.trim().parse().ok());
+    let api_cpu_before = apiserver_pid.and_then(|p| proc_cpu_time(p).ok());
+    let load_before = loadavg();
     let sem = Arc::new(Semaphore::new(conc));
     let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate as f64));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
@@ -398,6 +416,11 @@ async fn run() -> Result<bool> {
     let flap_took = flap_start.elapsed();
     let drain = wait_converged(&ns, Duration::from_secs(300)).await;
     let cpu_after = pw.cpu_time()?;
+    let api_cpu = match (apiserver_pid, api_cpu_before) {
+        (Some(p), Some(before)) => proc_cpu_time(p).ok().map(|a| a.saturating_sub(before)),
+        _ => None,
+    };
+    let load_after = loadavg();
     let (_, rss_peak) = pw.memory_kib()?;
     // Let the watch catch up with the final state before reading lags.
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -435,7 +458,10 @@ async fn run() -> Result<bool> {
          | lag flip → slices, p50 / p90 / p99 / max | {p50} / {p90} / {p99} / {max} ms ({measured} flips measured) |\n\
          | portwise peak RSS (VmHWM) | {hwm} MiB (after cold sync: {rss_cold} MiB) |\n\
          | portwise CPU while flapping | {cpu:.1?} in {flap:.0?} = {cores:.2} cores on average; busiest second {busiest:.2} cores |\n\
-         | portwise slice writes while flapping | {portwise_writes} ({per_flip:.2} per flip) |\n",
+         | portwise slice writes while flapping | {portwise_writes} ({per_flip:.2} per flip) |\n\
+         | apiserver + etcd CPU while flapping | {api} |\n\
+         | machine load average (1 min) at start / end of flapping | {load_before} / {load_after} |\n\
+         | extra portwise flags | {flags} |\n",
         ports = PORTS.len(),
         setup = setup_took,
         sent = st.sent,
@@ -456,6 +482,15 @@ async fn run() -> Result<bool> {
         cpu = cpu_flap,
         cores = cpu_flap.as_secs_f64() / flap_took.as_secs_f64(),
         per_flip = portwise_writes as f64 / st.sent.max(1) as f64,
+        api = api_cpu.map_or("not measured".to_string(), |c| format!(
+            "{c:.1?} = {:.2} cores on average",
+            c.as_secs_f64() / flap_took.as_secs_f64()
+        )),
+        flags = if extra.is_empty() {
+            "none".to_string()
+        } else {
+            extra.join(" ")
+        },
     );
     println!("{report}");
     if let Ok(out) = std::env::var("LOAD_OUT") {
