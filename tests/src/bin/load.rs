@@ -69,15 +69,20 @@ fn svc_of(pod: &str) -> &str {
 struct State {
     /// The readiness each pod was last patched to.
     desired: HashMap<String, bool>,
-    /// Flips not yet seen in the slices: pod -> (acknowledged at, ready).
-    pending: HashMap<String, (Option<Instant>, bool)>,
+    /// Flips not yet seen in the slices: pod -> (acknowledged at, ready,
+    /// sent at).
+    pending: HashMap<String, (Option<Instant>, bool, Instant)>,
     /// Pods with a patch in flight (not flipped again until it returns).
     in_flight: BTreeSet<String>,
     /// Slice name -> (Service, port, member pods).
     slices: HashMap<String, (String, String, BTreeSet<String>)>,
-    lags: Vec<Duration>,
+    /// (flip sent at, pod, lag) of every flip seen in the slices.
+    lags: Vec<(Instant, String, Duration)>,
     sent: u64,
     failed: u64,
+    /// The driver's own slice watch: relists and errors.
+    relists: u64,
+    watch_errors: u64,
 }
 
 impl State {
@@ -97,14 +102,14 @@ impl State {
             .cloned()
             .collect();
         for pod in candidates {
-            let (acked, ready) = self.pending[&pod];
+            let (acked, ready, sent) = self.pending[&pod];
             if PORTS
                 .iter()
                 .all(|port| self.published(svc, port, &pod) == ready)
             {
                 self.pending.remove(&pod);
-                self.lags
-                    .push(acked.map_or(Duration::ZERO, |t| now.saturating_duration_since(t)));
+                let lag = acked.map_or(Duration::ZERO, |t| now.saturating_duration_since(t));
+                self.lags.push((sent, pod, lag));
             }
         }
     }
@@ -294,11 +299,31 @@ async fn run() -> Result<bool> {
         let cfg = watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}=portwise"));
         tokio::spawn(async move {
             let mut events = watcher(api, cfg).default_backoff().boxed();
+            // A relist (after a 410) is applied as a whole at its end, so
+            // that a half-read list never settles a flip.
+            let mut relist: Option<HashMap<String, (String, String, BTreeSet<String>)>> = None;
             while let Some(ev) = events.next().await {
                 let now = Instant::now();
                 let mut st = state.lock().unwrap();
                 match ev {
-                    Ok(watcher::Event::Apply(s) | watcher::Event::InitApply(s)) => {
+                    Ok(watcher::Event::Init) => relist = Some(HashMap::new()),
+                    Ok(watcher::Event::InitApply(s)) => {
+                        if let Some((name, svc, port, members)) = slice_key(&s) {
+                            relist
+                                .get_or_insert_with(HashMap::new)
+                                .insert(name, (svc, port, members));
+                        }
+                    }
+                    Ok(watcher::Event::InitDone) => {
+                        st.slices = relist.take().unwrap_or_default();
+                        st.relists += 1;
+                        let svcs: BTreeSet<String> =
+                            st.slices.values().map(|(s, ..)| s.clone()).collect();
+                        for svc in svcs {
+                            st.settle(&svc, now);
+                        }
+                    }
+                    Ok(watcher::Event::Apply(s)) => {
                         if let Some((name, svc, port, members)) = slice_key(&s) {
                             st.slices.insert(name, (svc.clone(), port, members));
                             st.settle(&svc, now);
@@ -310,7 +335,7 @@ async fn run() -> Result<bool> {
                             st.settle(&svc, now);
                         }
                     }
-                    _ => {}
+                    Err(_) => st.watch_errors += 1,
                 }
             }
         })
@@ -366,7 +391,8 @@ async fn run() -> Result<bool> {
             let ready = !st.desired[&pick];
             st.desired.insert(pick.clone(), ready);
             st.in_flight.insert(pick.clone());
-            st.pending.insert(pick.clone(), (None, ready));
+            st.pending
+                .insert(pick.clone(), (None, ready, Instant::now()));
             st.sent += 1;
             ready
         };
@@ -409,6 +435,41 @@ async fn run() -> Result<bool> {
                     st.lags.len(),
                     st.pending.len()
                 );
+                // Are the oldest pending flips missing from the apiserver, or
+                // only from this driver's watch?
+                let mut oldest: Vec<(Instant, String, bool)> = st
+                    .pending
+                    .iter()
+                    .map(|(p, (_, ready, sent))| (*sent, p.clone(), *ready))
+                    .collect();
+                oldest.sort();
+                oldest.truncate(10);
+                drop(st);
+                let ns = ns.clone();
+                tokio::spawn(async move {
+                    let (mut stored, mut missing, mut ages) = (0, 0, Vec::new());
+                    for (sent, pod, ready) in oldest {
+                        let svc = svc_of(&pod).to_string();
+                        let lp = ListParams::default().labels(&format!(
+                            "{SERVICE_NAME_LABEL}={svc},{MANAGED_BY_LABEL}=portwise"
+                        ));
+                        let Ok(list) = ns.api::<EndpointSlice>().list(&lp).await else {
+                            continue;
+                        };
+                        let shown = PORTS.iter().all(|port| {
+                            list.items.iter().any(|sl| {
+                                slice_key(sl)
+                                    .is_some_and(|(_, _, p, m)| p == *port && m.contains(&pod))
+                            }) == ready
+                        });
+                        ages.push(sent.elapsed().as_secs());
+                        if shown { stored += 1 } else { missing += 1 }
+                    }
+                    eprintln!(
+                        "load: {t}s: of the oldest pending flips (ages {ages:?} s), {stored} are \
+                         already in the apiserver's slices, {missing} not yet"
+                    );
+                });
             }
         }
     }
@@ -435,8 +496,33 @@ async fn run() -> Result<bool> {
         .count();
 
     let st = state.lock().unwrap();
-    let mut lags = st.lags.clone();
+    let mut lags: Vec<Duration> = st.lags.iter().map(|(_, _, l)| *l).collect();
     lags.sort();
+    // Lag by minute of the run, and the slow tail by Service.
+    let mut by_minute: BTreeMap<u64, Vec<Duration>> = BTreeMap::new();
+    for (sent, _, lag) in &st.lags {
+        by_minute
+            .entry(sent.saturating_duration_since(flap_start).as_secs() / 60)
+            .or_default()
+            .push(*lag);
+    }
+    let minutes: Vec<String> = by_minute
+        .iter_mut()
+        .map(|(m, v)| {
+            v.sort();
+            format!(
+                "min {m}: p50 {} / p99 {} ms",
+                percentile(v, 0.5).as_millis(),
+                percentile(v, 0.99).as_millis()
+            )
+        })
+        .collect();
+    let slow: Vec<&(Instant, String, Duration)> = st
+        .lags
+        .iter()
+        .filter(|(_, _, l)| *l > Duration::from_secs(30))
+        .collect();
+    let slow_services: BTreeSet<&str> = slow.iter().map(|(_, p, _)| svc_of(p)).collect();
     let achieved = st.sent as f64 / flap_took.as_secs_f64();
     let cpu_flap = cpu_after.saturating_sub(cpu_before);
     let busiest = samples
@@ -461,6 +547,9 @@ async fn run() -> Result<bool> {
          | portwise slice writes while flapping | {portwise_writes} ({per_flip:.2} per flip) |\n\
          | apiserver + etcd CPU while flapping | {api} |\n\
          | machine load average (1 min) at start / end of flapping | {load_before} / {load_after} |\n\
+         | lag by minute of the run | {minutes} |\n\
+         | flips slower than 30s | {slow} flips in {slow_services} Services |\n\
+         | the driver's slice watch | {relists} lists, {watch_errors} errors |\n\
          | extra portwise flags | {flags} |\n",
         ports = PORTS.len(),
         setup = setup_took,
@@ -486,6 +575,11 @@ async fn run() -> Result<bool> {
             "{c:.1?} = {:.2} cores on average",
             c.as_secs_f64() / flap_took.as_secs_f64()
         )),
+        minutes = minutes.join("; "),
+        relists = st.relists,
+        watch_errors = st.watch_errors,
+        slow = slow.len(),
+        slow_services = slow_services.len(),
         flags = if extra.is_empty() {
             "none".to_string()
         } else {
