@@ -272,11 +272,14 @@ async fn serve_http(mut stream: TcpStream, st: Arc<HttpState>) {
     }
     resp.push_str("\r\n");
     resp.push_str(&body);
-    let _ = stream.write_all(resp.as_bytes()).await;
-    let _ = stream.shutdown().await;
+    // Leave before answering: the client may take its next request the
+    // moment the answer arrives, and counting this one until after the write
+    // would show two requests in flight where the client only ever had one.
     if let Some(c) = &tracker {
         c.leave();
     }
+    let _ = stream.write_all(resp.as_bytes()).await;
+    let _ = stream.shutdown().await;
 }
 
 fn reason(status: u16) -> &'static str {

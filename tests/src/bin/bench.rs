@@ -72,6 +72,9 @@ struct Knobs {
     rows: BTreeSet<u32>,
     out: Option<PathBuf>,
     native_fast: bool,
+    /// Extra top-level config lines for row 1's portwise (experiments,
+    /// e.g. `nativeCleanup: false`); empty for the published run.
+    portwise_extra: String,
 }
 
 fn env_usize(name: &str, default: usize) -> usize {
@@ -103,6 +106,16 @@ impl Knobs {
             rows,
             out,
             native_fast: std::env::var("BENCH_NATIVE_FAST").as_deref() != Ok("0"),
+            portwise_extra: std::env::var("BENCH_PORTWISE_EXTRA")
+                .map(|s| {
+                    let s = s.replace("\\n", "\n");
+                    if s.is_empty() || s.ends_with('\n') {
+                        s
+                    } else {
+                        s + "\n"
+                    }
+                })
+                .unwrap_or_default(),
         }
     }
     fn row(&self, n: u32) -> bool {
@@ -1022,7 +1035,7 @@ async fn create_groups(
                     .ips([ip]);
                 ns.create_pod(p).await?;
                 let n = done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
-                if n % 2000 == 0 {
+                if n.is_multiple_of(2000) {
                     eprintln!(
                         "bench:   {} {n}/{total} pods ({:.0}/s)",
                         ns.name(),
@@ -1149,7 +1162,7 @@ impl Bench {
             self.cp,
             &self.work,
             "row1",
-            &portwise_config("", "podReady"),
+            &portwise_config(&self.knobs.portwise_extra, "podReady"),
             &[portwise_ns.name()],
             &[],
         )?;
@@ -1579,6 +1592,8 @@ impl Bench {
              after |\n|---|---|---|---|---|---|---|---|\n",
         );
         let mut best: BTreeMap<&str, f64> = BTreeMap::new();
+        // Worst time for another Service's pod change to show (None: never).
+        let mut worst_flip: Option<Option<Duration>> = None;
         for (kind, key, expr) in [
             (
                 "httpGet",
@@ -1661,6 +1676,11 @@ impl Bench {
                 pw.check_alive()?;
                 pw.stop().await;
                 let rate = (c1 - c0) / el;
+                worst_flip = Some(match (worst_flip, seen) {
+                    (None, s) => s,
+                    (Some(None), _) | (_, None) => None,
+                    (Some(Some(a)), Some(b)) => Some(a.max(b)),
+                });
                 let incl = if c1 > c0 { (i1 - i0) / (c1 - c0) } else { 0.0 };
                 let e = best.entry(kind).or_default();
                 *e = e.max(rate);
@@ -1689,6 +1709,18 @@ impl Bench {
                 None,
                 "≥ 5000/s",
                 Some(*rate >= 5000.0),
+            );
+        }
+        if let Some(w) = worst_flip {
+            self.report.row(
+                "5 probes (sustained, real listeners in the netns)",
+                "a pod change in another (podReady) Service while probes saturate: slice updated after (worst run)",
+                w.map(|d| format!("{:.0} ms", d.as_secs_f64() * 1000.0))
+                    .unwrap_or_else(|| "not within 30 s".into()),
+                "n/a".into(),
+                None,
+                "no delay (< 1 s)",
+                Some(w.is_some_and(|d| d < Duration::from_secs(1))),
             );
         }
         self.report.section(
@@ -2113,6 +2145,13 @@ fn protocol_text(b: &Bench) -> String {
         ),
     ];
     p.extend(b.protocol.iter().cloned());
+    if !k.portwise_extra.is_empty() {
+        p.push(format!(
+            "- **Experiment:** row 1's portwise config has the extra lines `{}` \
+             (BENCH_PORTWISE_EXTRA).",
+            k.portwise_extra.trim().replace('\n', "; ")
+        ));
+    }
     p.push(
         "- **Fairness: both controllers make a cold sync of the same settled state.** Nothing \
          runs while the objects are created. Then kube-controller-manager starts (same argv, \

@@ -65,6 +65,9 @@ fn svc_of(pod: &str) -> &str {
     pod.split_once('-').map_or(pod, |(s, _)| s)
 }
 
+/// Slice name -> (Service, port, member pods).
+type SliceMembers = HashMap<String, (String, String, BTreeSet<String>)>;
+
 #[derive(Default)]
 struct State {
     /// The readiness each pod was last patched to.
@@ -75,7 +78,7 @@ struct State {
     /// Pods with a patch in flight (not flipped again until it returns).
     in_flight: BTreeSet<String>,
     /// Slice name -> (Service, port, member pods).
-    slices: HashMap<String, (String, String, BTreeSet<String>)>,
+    slices: SliceMembers,
     /// (flip sent at, pod, lag) of every flip seen in the slices.
     lags: Vec<(Instant, String, Duration)>,
     sent: u64,
@@ -301,7 +304,7 @@ async fn run() -> Result<bool> {
             let mut events = watcher(api, cfg).default_backoff().boxed();
             // A relist (after a 410) is applied as a whole at its end, so
             // that a half-read list never settles a flip.
-            let mut relist: Option<HashMap<String, (String, String, BTreeSet<String>)>> = None;
+            let mut relist: Option<SliceMembers> = None;
             while let Some(ev) = events.next().await {
                 let now = Instant::now();
                 let mut st = state.lock().unwrap();
@@ -427,7 +430,7 @@ async fn run() -> Result<bool> {
                 samples.push((flap_start.elapsed(), rss, cpu));
             }
             let t = flap_start.elapsed().as_secs();
-            if t % 30 == 0 {
+            if t.is_multiple_of(30) {
                 let st = state.lock().unwrap();
                 eprintln!(
                     "load: {t}s: {} flips sent, {} published, {} pending",

@@ -111,8 +111,33 @@ spec:
     );
 
     // The example overlay: the module lands in binaryData (a .wasm is not
-    // UTF-8), and the merged objects still apply.
-    let overlay = kustomize(cp, "deploy/examples/wasm-overlay").await?;
+    // UTF-8), and the merged objects still apply. The module is a build
+    // product (gitignored in the overlay), so the overlay is copied next to
+    // the freshly built guest, as a user would after `guests/build rust`.
+    let example = tempfile::Builder::new()
+        .prefix("portwise-wasm-overlay-")
+        .tempdir()?;
+    let source = repo().join("deploy/examples/wasm-overlay");
+    let kustomization = std::fs::read_to_string(source.join("kustomization.yaml"))?;
+    ensure!(
+        kustomization.contains("- ../../kustomize"),
+        "the example overlay no longer refers to ../../kustomize:\n{kustomization}"
+    );
+    std::fs::write(
+        example.path().join("kustomization.yaml"),
+        kustomization.replace(
+            "- ../../kustomize",
+            &format!("- {}", root_from(example.path())),
+        ),
+    )?;
+    std::fs::copy(
+        source.join("config.yaml"),
+        example.path().join("config.yaml"),
+    )?;
+    let guest = guests_dir().join("admin-check.wasm");
+    std::fs::copy(&guest, example.path().join("admin-check.wasm"))
+        .map_err(|e| anyhow::anyhow!("{}: {e} (run guests/build rust first)", guest.display()))?;
+    let overlay = kustomize(cp, &example.path().to_string_lossy()).await?;
     let modules = documents(&overlay)
         .into_iter()
         .find(|(k, d)| k == "ConfigMap" && d.contains("name: portwise-modules"))
@@ -130,16 +155,7 @@ spec:
     let dir = tempfile::Builder::new()
         .prefix("portwise-legacy-overlay-")
         .tempdir()?;
-    // kustomize takes only relative paths (from the overlay) to other roots.
-    let up = "../".repeat(dir.path().components().count() - 1);
-    let root = format!(
-        "{up}{}",
-        repo()
-            .join("deploy/kustomize")
-            .display()
-            .to_string()
-            .trim_start_matches('/')
-    );
+    let root = root_from(dir.path());
     std::fs::write(
         dir.path().join("kustomization.yaml"),
         format!(
@@ -155,4 +171,28 @@ spec:
     expect_eq(extra, 2)?;
     dry_run(cp, &legacy).await?;
     Ok(())
+}
+
+/// The kustomize base as a path relative to `overlay`: kustomize takes only
+/// relative paths (from the overlay) to other roots.
+fn root_from(overlay: &std::path::Path) -> String {
+    let up = "../".repeat(overlay.components().count() - 1);
+    format!(
+        "{up}{}",
+        repo()
+            .join("deploy/kustomize")
+            .display()
+            .to_string()
+            .trim_start_matches('/')
+    )
+}
+
+/// Where `guests/build` puts the example guests.
+fn guests_dir() -> std::path::PathBuf {
+    std::env::var_os("PORTWISE_GUESTS_DIR")
+        .map(Into::into)
+        .unwrap_or_else(|| {
+            std::path::PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
+                .join(".cache/portwise/guests")
+        })
 }
