@@ -372,7 +372,33 @@ async fn connect() -> anyhow::Result<Client> {
         hyper::header::USER_AGENT,
         hyper::header::HeaderValue::from_static(USER_AGENT),
     ));
-    Ok(Client::try_from(config)?)
+    // kube's default retry (`RetryPolicy::server_retry`) doubles from 5 ms
+    // up to 1000 s over 15 attempts: after a long 429/503 episode a single
+    // request could sleep a minute past the apiserver's recovery (20 s of
+    // 429s cost 71 s of stale slices, docs/reliability.md 1.3). Retries
+    // here stay within seconds and honour the server's `Retry-After`; what
+    // is still failing after them goes back to the controller, whose
+    // error policy requeues the Service.
+    config.default_retry = false;
+    let client = kube::client::ClientBuilder::try_from(config)?
+        // The retry layer clones its service per attempt; the stack kube
+        // builds is boxed (not `Clone`), so a buffer goes in between.
+        .with_layer(&tower::buffer::BufferLayer::new(1024))
+        .with_layer(&tower::retry::RetryLayer::new(api_retry_policy()))
+        .build();
+    Ok(client)
+}
+
+/// Retries of 429, 503 and 504: 5 at most, 100 ms doubling to 5 s (or the
+/// server's `Retry-After`), so one request gives up within about 10 s.
+fn api_retry_policy() -> kube::client::retry::RetryPolicy {
+    kube::client::retry::RetryPolicy::new(
+        Duration::from_millis(100),
+        Duration::from_secs(5),
+        5,
+        true,
+    )
+    .expect("constant retry parameters are valid")
 }
 
 async fn wait_for_signal() {

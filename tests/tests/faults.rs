@@ -268,6 +268,10 @@ async fn watch_expiry_relists() -> Result<()> {
 /// reads that wait 3s for a resourceVersion from the future, and a tight
 /// loop of writes. portwise starts into that. Over the window it must make
 /// few requests (it backs off), and once the load stops it converges.
+/// How long after an overload ends portwise may take to converge, whatever
+/// the episode's length.
+const RECOVERY_BOUND: Duration = Duration::from_secs(30);
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn overload_backs_off() -> Result<()> {
     let iso = Isolation {
@@ -330,13 +334,14 @@ async fn overload_backs_off() -> Result<()> {
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
 
-        // 10s by default; PORTWISE_FAULT_OVERLOAD_SECS for longer episodes
-        // (docs/reliability.md has the figures for 20s).
+        // 20s by default (PORTWISE_FAULT_OVERLOAD_SECS sets it): long enough
+        // that an unbounded client retry backoff (kube's default grows past
+        // a minute) shows as a recovery far slower than the bound below.
         let window = Duration::from_secs(
             std::env::var("PORTWISE_FAULT_OVERLOAD_SECS")
                 .ok()
                 .and_then(|v| v.parse().ok())
-                .unwrap_or(10),
+                .unwrap_or(20),
         );
         let audit = Audit::mark(cp);
         let mut pw = PortwiseProc::start(&kc, &[ns.name()], &cfg(100)).await?;
@@ -379,7 +384,11 @@ async fn overload_backs_off() -> Result<()> {
             rate < 10.0,
             "{rate:.1} requests/s from portwise under 429s: it does not back off"
         );
-        let took = converged(&ns, 100, SETTLE.max(window * 4)).await?;
+        // Retries are bounded to seconds (cli.rs `api_retry_policy`, cache.rs
+        // `WatchBackoff`), so recovery does not grow with the episode: a few
+        // seconds measured (docs/reliability.md 1.3), 71s for 20s of 429s
+        // with kube's default retry.
+        let took = converged(&ns, 100, RECOVERY_BOUND).await?;
         println!("converged {took:?} after the load stopped");
         Ok(())
     })

@@ -14,13 +14,63 @@ use std::{
         Arc, RwLock,
         atomic::{AtomicUsize, Ordering},
     },
+    time::Duration,
 };
+
+use backon::BackoffBuilder as _;
 
 use futures::{Stream, StreamExt, stream};
 use kube::{
     Resource,
-    runtime::{reflector::ObjectRef, watcher},
+    runtime::{reflector::ObjectRef, utils::Backoff, watcher},
 };
+
+/// How a watch waits between failed attempts: 250 ms doubling to 3 s, plus
+/// up to as much again of jitter (so never more than 6 s), never giving up;
+/// reset by the next event that arrives.
+///
+/// kube-runtime's `default_backoff()` grows to 30 s. After an apiserver
+/// outage of a minute, a watch could then notice the apiserver's return up
+/// to 30 s late, and every pod change of that half minute with it
+/// (docs/reliability.md 1.1). Four watches retrying every few seconds cost
+/// an apiserver nothing.
+pub struct WatchBackoff {
+    builder: backon::ExponentialBuilder,
+    current: backon::ExponentialBackoff,
+}
+
+impl WatchBackoff {
+    pub const FIRST: Duration = Duration::from_millis(250);
+    pub const MAX: Duration = Duration::from_secs(3);
+}
+
+impl Default for WatchBackoff {
+    fn default() -> Self {
+        let builder = backon::ExponentialBuilder::default()
+            .with_min_delay(Self::FIRST)
+            .with_max_delay(Self::MAX)
+            .with_factor(2.0)
+            .with_jitter()
+            .without_max_times();
+        Self {
+            current: builder.build(),
+            builder,
+        }
+    }
+}
+
+impl Iterator for WatchBackoff {
+    type Item = Duration;
+    fn next(&mut self) -> Option<Duration> {
+        self.current.next()
+    }
+}
+
+impl Backoff for WatchBackoff {
+    fn reset(&mut self) {
+        self.current = self.builder.build();
+    }
+}
 
 /// Counts watches that have not finished their first list yet. The
 /// controller is ready (`/readyz`) once it reaches zero.
@@ -209,6 +259,29 @@ mod tests {
     use futures::executor::block_on;
     use k8s_openapi::api::core::v1::Pod;
     use kube::ResourceExt;
+
+    #[test]
+    fn watch_backoff_stays_within_seconds_and_resets() {
+        let mut b = WatchBackoff::default();
+        let delays: Vec<Duration> = (&mut b).take(50).collect();
+        assert_eq!(delays.len(), 50, "the watch backoff gave up");
+        for d in &delays {
+            assert!(
+                *d >= WatchBackoff::FIRST && *d <= 2 * WatchBackoff::MAX,
+                "delay {d:?} outside [{:?}, {:?}]",
+                WatchBackoff::FIRST,
+                2 * WatchBackoff::MAX
+            );
+        }
+        // It does grow: by the tenth failure it is at its cap.
+        assert!(delays[9] >= WatchBackoff::MAX, "{:?}", delays[9]);
+        b.reset();
+        let first = b.next().unwrap();
+        assert!(
+            first < 2 * WatchBackoff::FIRST + Duration::from_millis(1),
+            "{first:?}"
+        );
+    }
 
     fn pod(name: &str) -> Pod {
         let mut p = Pod::default();

@@ -54,7 +54,7 @@ use crate::{
     ops::{http::Readiness, metrics::Metrics},
     plan,
 };
-use cache::{GroupIndex, SyncGate, flatten_relists};
+use cache::{GroupIndex, SyncGate, WatchBackoff, flatten_relists};
 pub use judge::Judge;
 
 /// Label every EndpointSlice carries: which Service it serves.
@@ -288,7 +288,11 @@ where
             .collect()
     };
     let streams = apis.into_iter().map(|api| {
-        flatten_relists(watcher(api, cfg.clone()).default_backoff(), gate.register()).boxed()
+        flatten_relists(
+            watcher(api, cfg.clone()).backoff(WatchBackoff::default()),
+            gate.register(),
+        )
+        .boxed()
     });
     // kube's controller holds reconciles until its store has seen one
     // `InitDone`. Our merged stream never relists as a whole, so mark the
@@ -423,7 +427,7 @@ pub async fn run(
             Api::<PartialObjectMeta<Node>>::all(client.clone()),
             list_cfg.clone(),
         )
-        .default_backoff()
+        .backoff(WatchBackoff::default())
         .modify(cache::strip_managed_fields)
         .reflect(writer)
         .for_each(move |ev| {
