@@ -14,6 +14,9 @@
 //!
 //! The unit tests in host/src/probe.rs cover the same behaviours against
 //! one probe at a time; this is the end-to-end version under concurrency.
+//!
+//! Also here: pods whose addresses would get a slice refused (3.2), and a
+//! refused slice holding back only its own (port, family) (3.3).
 
 use std::{
     collections::BTreeSet,
@@ -302,4 +305,141 @@ async fn pods_claiming_loopback_or_link_local_addresses_are_left_out() -> Result
         own.request_count()
     );
     Ok(())
+}
+
+/// A slice the apiserver refuses (docs/reliability.md 3.3). A
+/// ValidatingAdmissionPolicy, scoped to the test namespace, refuses any
+/// IPv4 slice of port `admin` that lists pod "b". When b appears, the
+/// refused set must stay as it was (it cannot be written) while the other
+/// three (port, family) sets of the Service still get b. Before the fix the
+/// first failed apply ended the Service's writes, and `web-admin` sorts
+/// first, so no set got b.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_slice_leaves_the_other_ports_and_families_current() -> Result<()> {
+    use k8s_openapi::api::{
+        admissionregistration::v1::{ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding},
+        discovery::v1::EndpointSlice,
+    };
+    use kube::{
+        Api,
+        api::{DeleteParams, PostParams},
+    };
+
+    let cp = ControlPlane::shared().await?;
+    let ns = TestNs::new(cp, "refused-slice").await?;
+    ns.create_service(
+        service("web")
+            .annotation(GROUP_KEY, "g")
+            .dual_stack()
+            .port("http", 8080)
+            .port("admin", 9090),
+    )
+    .await?;
+    let (a, b) = (next_ips(), next_ips());
+    ns.create_pod(pod("a").annotation(GROUP_KEY, "g").ips(a.dual()))
+        .await?;
+    let _pw = Portwise::start(&ns, &config("podReady")).await?;
+    let all = |admin_v4: &'static [&'static str], rest: &'static [&'static str]| {
+        by_port([
+            (("http", V4), rest),
+            (("http", V6), rest),
+            (("admin", V4), admin_v4),
+            (("admin", V6), rest),
+        ])
+    };
+    wait_for(SETTLE, || async {
+        expect_eq(endpoints_by_port(&ns, "web").await?, all(&["a"], &["a"]))
+    })
+    .await?;
+
+    let name = format!("portwise-test-{}", ns.name());
+    let policies = Api::<ValidatingAdmissionPolicy>::all(ns.client());
+    let bindings = Api::<ValidatingAdmissionPolicyBinding>::all(ns.client());
+    policies
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(serde_json::json!({
+                "metadata": {"name": name},
+                "spec": {
+                    "failurePolicy": "Fail",
+                    "matchConstraints": {"resourceRules": [{
+                        "apiGroups": ["discovery.k8s.io"],
+                        "apiVersions": ["v1"],
+                        "operations": ["CREATE", "UPDATE"],
+                        "resources": ["endpointslices"],
+                    }]},
+                    "validations": [{
+                        "expression": "!(object.addressType == 'IPv4' \
+                            && has(object.ports) && object.ports.exists(p, has(p.name) && p.name == 'admin') \
+                            && has(object.endpoints) && object.endpoints.exists(e, \
+                                has(e.targetRef) && has(e.targetRef.name) && e.targetRef.name == 'b'))",
+                        "message": "portwise-tests refuses pod b in an IPv4 slice of port admin",
+                    }],
+                },
+            }))?,
+        )
+        .await?;
+    bindings
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(serde_json::json!({
+                "metadata": {"name": name},
+                "spec": {
+                    "policyName": name,
+                    "validationActions": ["Deny"],
+                    "matchResources": {"namespaceSelector": {"matchLabels": {
+                        "kubernetes.io/metadata.name": ns.name(),
+                    }}},
+                },
+            }))?,
+        )
+        .await?;
+    // Policies take effect asynchronously: wait until a dry run is refused.
+    let probe: EndpointSlice = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "policy-probe"},
+        "addressType": "IPv4",
+        "ports": [{"name": "admin", "port": 9090}],
+        "endpoints": [{"addresses": [b.v4.to_string()], "targetRef": {"kind": "Pod", "name": "b"}}],
+    }))?;
+    let dry_run = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    let refusal = wait_for(SETTLE, || async {
+        match ns.api::<EndpointSlice>().create(&dry_run, &probe).await {
+            Err(kube::Error::Api(s)) => Ok(s),
+            other => anyhow::bail!("the policy is not in force yet: {other:?}"),
+        }
+    })
+    .await?;
+
+    let outcome = async {
+        ns.create_pod(pod("b").annotation(GROUP_KEY, "g").ips(b.dual()))
+            .await?;
+        wait_for(SETTLE, || async {
+            expect_eq(
+                endpoints_by_port(&ns, "web").await?,
+                all(&["a"], &["a", "b"]),
+            )
+        })
+        .await?;
+        // Once the policy goes, the held set catches up.
+        bindings.delete(&name, &DeleteParams::default()).await?;
+        wait_for(SETTLE, || async {
+            expect_eq(
+                endpoints_by_port(&ns, "web").await?,
+                all(&["a", "b"], &["a", "b"]),
+            )
+        })
+        .await?;
+        slice_invariants(&ns, "web", 100).await
+    }
+    .await;
+    let _ = bindings.delete(&name, &DeleteParams::default()).await;
+    let _ = policies.delete(&name, &DeleteParams::default()).await;
+    println!(
+        "the apiserver refused with {} {}: {}",
+        refusal.code, refusal.reason, refusal.message
+    );
+    outcome
 }
