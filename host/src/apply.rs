@@ -13,6 +13,8 @@
 //! and deletes of its own (port, family): writing them could drop endpoints
 //! whose new slice was just refused. Writes of other (port, family) pairs go
 //! ahead, so one refused slice (a 422, say) leaves only its own set stale.
+//! The planner puts the slices that gain endpoints first, so the writes made
+//! before a refusal never drop an endpoint either.
 //! The target port is not part of the key: a targetPort change rewrites the
 //! slices of a (port, family) in place, from one target to the other.
 //!

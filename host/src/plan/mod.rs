@@ -26,6 +26,9 @@
 //! - **Abstain** keeps exactly what the live slices show, so a restart does
 //!   not forget what was published.
 //! - **Writes only on difference** ([`diff`]): a steady state plans nothing.
+//! - **Gainers are written first** ([`Plan::applies`]): an endpoint moving
+//!   between slices (say, after `maxEndpointsPerSlice` was lowered) is in its
+//!   new slice before its old one drops it, whichever write fails.
 
 pub mod diff;
 pub mod legacy;
@@ -102,7 +105,12 @@ pub struct PlanInput<'a> {
 #[derive(Clone, Debug, Default)]
 pub struct Plan {
     /// Complete desired slices for server-side apply; only those that differ
-    /// from their live state. Sorted by name.
+    /// from their live state. Slices that gain an endpoint (publish one their
+    /// live state does not show; every new slice with endpoints) come first,
+    /// the rest after; by name within each part. Written in this order, an
+    /// endpoint moving between slices of its (port, family) is in its new
+    /// slice before its old slice drops it, so a failed apply (which holds
+    /// back the rest of its set, see `apply.rs`) never unpublishes it.
     pub applies: Vec<EndpointSlice>,
     /// Names of owned slices that are no longer wanted. Sorted.
     pub deletes: Vec<String>,
@@ -495,6 +503,8 @@ pub fn plan(input: &PlanInput) -> Plan {
     // Desired objects, and which of them differ.
     let mut out = Plan::default();
     let mut wanted: BTreeSet<String> = BTreeSet::new();
+    // (gains an endpoint, slice)
+    let mut applies: Vec<(bool, EndpointSlice)> = Vec::new();
     for p in &plans {
         let g = &p.group;
         let count = out
@@ -534,12 +544,16 @@ pub fn plan(input: &PlanInput) -> Plan {
                 .as_ref()
                 .is_none_or(|l| diff::slice_differs(&slice, l, manager))
             {
-                out.applies.push(slice);
+                applies.push((gains(c.live.as_deref(), target, &c.keys), slice));
             }
         }
     }
-    out.applies
-        .sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    // Gainers first, then by name (see `Plan::applies`).
+    applies.sort_by(|(ga, a), (gb, b)| {
+        gb.cmp(ga)
+            .then_with(|| a.metadata.name.cmp(&b.metadata.name))
+    });
+    out.applies = applies.into_iter().map(|(_, s)| s).collect();
     out.deletes = mine
         .keys()
         .filter(|n| !wanted.contains(*n))
@@ -549,6 +563,30 @@ pub fn plan(input: &PlanInput) -> Plan {
     out.collisions = namer.collisions;
     out.members = members;
     out
+}
+
+/// Whether a slice planned to hold `keys` at port `target` publishes an
+/// endpoint that its live state `live` does not show. Endpoints are compared
+/// as the planner identifies them (address and pod), together with the port:
+/// a new slice gains whatever it holds, a live slice whose port changes
+/// gains all of its endpoints.
+fn gains(live: Option<&EndpointSlice>, target: Option<u16>, keys: &[EpKey]) -> bool {
+    let Some(live) = live else {
+        return !keys.is_empty();
+    };
+    if keys.is_empty() {
+        return false;
+    }
+    if slice_target(live) != target {
+        return true;
+    }
+    let shown: HashSet<EpKey> = live
+        .endpoints
+        .iter()
+        .flatten()
+        .filter_map(live_key)
+        .collect();
+    keys.iter().any(|k| !shown.contains(k))
 }
 
 /// Settles abstentions: an abstaining member stays iff the live slices we

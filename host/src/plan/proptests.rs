@@ -2,7 +2,8 @@
 //! (issue 7, item 5).
 
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::{BTreeMap, BTreeSet, HashMap},
+    net::IpAddr,
     sync::Arc,
 };
 
@@ -246,6 +247,27 @@ fn live_state(case: &Case, svc: &Service, pods: &[Arc<Pod>]) -> World {
     w
 }
 
+/// Every endpoint in our slices: (port name, address type, port number,
+/// address, pod).
+type Published = BTreeSet<(String, String, Option<i32>, IpAddr, String)>;
+
+fn endpoints(world: &World, svc: &Service) -> Published {
+    let mut out = Published::new();
+    for s in world.owned(svc) {
+        let port = &s.ports.as_ref().unwrap()[0];
+        for e in s.endpoints.iter().flatten() {
+            out.insert((
+                port.name.clone().unwrap_or_default(),
+                s.address_type.clone(),
+                port.port,
+                align::parse_ip(&e.addresses[0]).unwrap(),
+                e.target_ref.as_ref().unwrap().name.clone().unwrap(),
+            ));
+        }
+    }
+    out
+}
+
 fn run(w: &World, svc: &Service, judged: &[Judged], max: usize) -> Plan {
     w.plan_with(svc, judged, max, Some(&zones))
 }
@@ -294,6 +316,29 @@ proptest! {
         after.apply(&plan);
         for s in after.owned(&svc) {
             prop_assert!(s.endpoints.iter().flatten().count() <= case.max);
+        }
+
+        // Nothing published is lost on the way: written in order, an
+        // endpoint published before and after the plan is published after
+        // every prefix of the applies. (The writer stops a (port, family)
+        // at its first failed apply, so any failure leaves such a prefix
+        // of each set; deletes come last and drop nothing still wanted.)
+        let kept: Published = endpoints(&before, &svc)
+            .intersection(&endpoints(&after, &svc))
+            .cloned()
+            .collect();
+        let mut partial = before.clone();
+        for s in &plan.applies {
+            partial.apply(&Plan { applies: vec![s.clone()], ..Plan::default() });
+            let now = endpoints(&partial, &svc);
+            let missing: Vec<_> = kept.difference(&now).collect();
+            prop_assert!(
+                missing.is_empty(),
+                "after applying {:?} (order {:?}): {:?} missing",
+                s.metadata.name,
+                plan.applies.iter().map(|s| s.metadata.name.clone()).collect::<Vec<_>>(),
+                missing
+            );
         }
 
         // Each member exactly once per (port, family); nothing else.

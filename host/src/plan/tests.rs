@@ -912,11 +912,69 @@ fn removed_port_is_deleted_and_max_shrink_rechunks() {
     for s in &plan.applies {
         assert!(addresses(s).len() <= 8);
     }
-    assert_eq!(names(&plan), vec!["web-http", "web-http--2", "web-http--3"]);
+    assert_eq!(
+        names(&plan),
+        vec!["web-http--2", "web-http--3", "web-http"],
+        "the slices gaining the overflow first"
+    );
     w.apply(&plan);
     steady(&w, &only_http, &judged, 8);
     let total: usize = w.owned(&only_http).iter().map(|s| addresses(s).len()).sum();
     assert_eq!(total, 20);
+}
+
+/// `maxEndpointsPerSlice` lowered from 100 to 40 over 250 endpoints: the
+/// overflow moves from the live slices to new ones. Whichever apply fails
+/// (the writer then holds back the rest of the set), no endpoint that was
+/// published is missing.
+#[test]
+fn lowered_max_writes_the_gaining_slices_first() {
+    let svc = http_svc();
+    let pods = many_pods(250, false);
+    let judged = include_all(&svc, &pods);
+    let mut w = World::default();
+    w.apply(&w.plan(&svc, &judged, 100));
+    assert_eq!(w.names(), vec!["web-http", "web-http--2", "web-http--3"]);
+    let published_set = |w: &World| {
+        let mut all = published(w, &svc)[&("http".to_string(), "IPv4".to_string())].clone();
+        all.sort();
+        all.dedup();
+        all
+    };
+    let before = published_set(&w);
+    assert_eq!(before.len(), 250);
+
+    let plan = w.plan(&svc, &judged, 40);
+    assert_eq!(
+        names(&plan),
+        vec![
+            "web-http--4",
+            "web-http--5",
+            "web-http--6",
+            "web-http--7",
+            "web-http",
+            "web-http--2",
+            "web-http--3",
+        ],
+        "new slices (gaining) before the live ones losing their overflow"
+    );
+    assert!(plan.deletes.is_empty());
+    for refused in 0..plan.applies.len() {
+        let mut partial = w.clone();
+        partial.apply(&Plan {
+            applies: plan.applies[..refused].to_vec(),
+            ..Plan::default()
+        });
+        assert_eq!(
+            published_set(&partial),
+            before,
+            "apply {refused} ({}) refused",
+            names(&plan)[refused]
+        );
+    }
+    w.apply(&plan);
+    assert_eq!(published_set(&w), before);
+    steady(&w, &svc, &judged, 40);
 }
 
 #[test]
