@@ -88,7 +88,8 @@ pub struct CheckArgs {
     /// `{all: [podReady, {tcpDial: {timeout: 1s}}]}`.
     #[arg(long, conflicts_with = "wasm")]
     pub expr: Option<String>,
-    /// A WebAssembly checker component to run.
+    /// A WebAssembly checker component to run (`.wasm`, or gzipped
+    /// `.wasm.gz`).
     #[arg(long)]
     pub wasm: Option<PathBuf>,
     /// JSON configuration handed to the `--wasm` guest.

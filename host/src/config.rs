@@ -234,12 +234,14 @@ fn three() -> u32 {
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct WasmSpec {
-    /// A file name inside `modulesDir` (no directories).
+    /// A file name inside `modulesDir` (no directories); a `.wasm.gz` is
+    /// gunzipped on load.
     pub module: String,
     /// Handed to the guest as JSON; `null` when absent.
     #[serde(default)]
     pub config: serde_json::Value,
-    /// Pins the module's content: 64 hex digits (compare case-insensitively).
+    /// Pins the module's content: 64 hex digits (compare case-insensitively),
+    /// the digest of the file as stored (compressed, for a `.wasm.gz`).
     #[serde(default)]
     pub sha256: Option<String>,
 }

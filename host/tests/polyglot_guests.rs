@@ -15,7 +15,7 @@
 use std::{
     collections::BTreeMap,
     net::{IpAddr, Ipv4Addr, SocketAddr},
-    path::PathBuf,
+    path::{Path, PathBuf},
     sync::Arc,
 };
 
@@ -25,7 +25,7 @@ use k8s_openapi::{
 };
 use portwise::{
     membership::{Checker, Decision, Family, ResolvedPort, Subject, Verdict},
-    wasm::{WasmChecker, WasmConfig, WasmError, WasmRuntime, default_cache_dir},
+    wasm::{CompileSource, WasmChecker, WasmConfig, WasmError, WasmRuntime, default_cache_dir},
 };
 use serde_json::{Value, json};
 use tokio::{
@@ -52,6 +52,12 @@ async fn runtime_with(module: &str) -> WasmRuntime {
         "{} is missing: build the guests first (guests/build, or guests/build-polyglot)",
         path.display()
     );
+    runtime_loading(&path).await
+}
+
+/// A runtime with exactly the module at `path` loaded.
+async fn runtime_loading(path: &Path) -> WasmRuntime {
+    let module = path.display();
     // The on-disk code cache keeps the 18 MB Python guest from being
     // recompiled on every run. Loads are serialised so that tests running in
     // parallel after a rebuild compile it once and then hit the cache,
@@ -70,7 +76,7 @@ async fn runtime_with(module: &str) -> WasmRuntime {
         },
     })
     .expect("runtime starts");
-    rt.load_file(&path)
+    rt.load_file(path)
         .await
         .unwrap_or_else(|e| panic!("{module} loads: {e}"));
     rt
@@ -333,6 +339,45 @@ async fn js_drain_check_verdicts() {
     let c = checker(&rt, JS, json!({"annotation": "example.com/out"})).await;
     let v = c.check(&subject(&[], &drained, "http", open.port())).await;
     assert_verdict(&v, Decision::Include, "connected");
+}
+
+/// As `.wasm` (1.6 MB) the JavaScript guest does not fit a ConfigMap (1 MiB);
+/// gzipped it does, and the `.wasm.gz` judges exactly like the plain file.
+#[tokio::test]
+async fn js_drain_check_gzipped_fits_a_configmap_and_judges_the_same() {
+    use std::io::Write;
+    let plain = runtime_with(JS).await;
+    let wasm = std::fs::read(guests_dir().join(JS)).unwrap();
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+    gz.write_all(&wasm).unwrap();
+    let gz = gz.finish().unwrap();
+    eprintln!(
+        "{JS}: {} KB, gzip -9 {} KB",
+        wasm.len() / 1024,
+        gz.len() / 1024
+    );
+    assert!(wasm.len() > 1 << 20 && gz.len() < 1 << 20);
+    let dir = std::env::temp_dir().join(format!("portwise-js-gz-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(format!("{JS}.gz"));
+    std::fs::write(&path, &gz).unwrap();
+    let gzipped = runtime_loading(&path).await;
+    std::fs::remove_dir_all(&dir).unwrap();
+    // The code cache is keyed by the component: no second compile.
+    assert_eq!(gzipped.modules()[0].compiled, CompileSource::Cached);
+
+    let open = tcp_listener().await;
+    let closed = closed_port().await;
+    let drained = [("portwise.example.com/drain", "true")];
+    let a = checker(&plain, JS, json!({"timeoutMs": 500})).await;
+    let b = checker(&gzipped, &format!("{JS}.gz"), json!({"timeoutMs": 500})).await;
+    for s in [
+        subject(&[], &[], "http", open.port()),
+        subject(&[], &[], "http", closed),
+        subject(&[], &drained, "http", open.port()),
+    ] {
+        assert_eq!(a.check(&s).await, b.check(&s).await);
+    }
 }
 
 #[tokio::test]

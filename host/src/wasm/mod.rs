@@ -2,10 +2,11 @@
 //! run so that it cannot hurt the controller.
 //!
 //! A guest is a component built against `wit/membership.wit`, mounted as a
-//! `.wasm` file in `modulesDir`. [`WasmRuntime`] loads every module of the
-//! directory, keeps watching it (including the kubelet's atomic `..data`
-//! swap of a mounted ConfigMap) and hands out [`WasmChecker`]s that always
-//! call the current version of their module.
+//! `.wasm` file in `modulesDir`, or gzip-compressed as `.wasm.gz` (gunzipped
+//! in memory, at most [`Limits::max_gunzipped_bytes`]). [`WasmRuntime`]
+//! loads every module of the directory, keeps watching it (including the
+//! kubelet's atomic `..data` swap of a mounted ConfigMap) and hands out
+//! [`WasmChecker`]s that always call the current version of their module.
 //!
 //! Containment, in the order a call meets it:
 //! - a module that fails to compile, link or validate a configuration in use
@@ -73,6 +74,11 @@ pub struct Limits {
     pub max_reason_bytes: usize,
     /// Bytes of stdout and of stderr logged per call.
     pub max_output_bytes: usize,
+    /// Largest component a `.wasm.gz` module may inflate to; past it the
+    /// load fails like any other (a gzip bomb costs the time to inflate
+    /// this much, not the memory). The default, 64 MiB, is 3.5 times the
+    /// largest example guest (Python, 18.5 MB).
+    pub max_gunzipped_bytes: usize,
 }
 
 impl Default for Limits {
@@ -87,6 +93,7 @@ impl Default for Limits {
             max_instances: 100,
             max_reason_bytes: 1024,
             max_output_bytes: 4096,
+            max_gunzipped_bytes: 64 << 20,
         }
     }
 }
@@ -94,7 +101,8 @@ impl Default for Limits {
 /// How to build a [`WasmRuntime`].
 #[derive(Clone, Debug)]
 pub struct WasmConfig {
-    /// Load every `*.wasm` here (and reload on change, see `watch`).
+    /// Load every `*.wasm` and `*.wasm.gz` here (and reload on change, see
+    /// `watch`).
     pub modules_dir: Option<PathBuf>,
     /// Compiled-code cache; `None` compiles on every start.
     pub cache_dir: Option<PathBuf>,
@@ -136,12 +144,14 @@ pub struct ModuleEvent {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ModuleInfo {
     pub module: String,
+    /// Of the file as stored (what `sha256sum FILE` prints; for a
+    /// `.wasm.gz`, of the compressed bytes). `sha256` pins compare with it.
     pub sha256: String,
     pub source: PathBuf,
-    /// Size of the `.wasm` file.
+    /// Size of the component (for a `.wasm.gz`, once gunzipped).
     pub size: usize,
     pub compiled: CompileSource,
-    /// Time to compile, or to load from the cache.
+    /// Time to gunzip (`.wasm.gz`) and compile, or load from the cache.
     pub load_time: Duration,
 }
 
@@ -151,7 +161,7 @@ pub enum WasmError {
     Engine(String),
     #[error("cannot watch {dir}: {message}")]
     Watch { dir: PathBuf, message: String },
-    #[error("invalid module name {0:?}: expected a file name such as check.wasm")]
+    #[error("invalid module name {0:?}: expected a file name such as check.wasm or check.wasm.gz")]
     ModuleName(String),
     #[error("module {module} is not loaded: {why}")]
     NotLoaded { module: String, why: String },
@@ -210,12 +220,14 @@ where
     })
 }
 
-/// `name` as a module key: a plain file name, `.wasm` appended if missing.
+/// `name` as a module key: a plain file name, `.wasm` appended unless it
+/// ends in `.wasm` or `.wasm.gz`. A name means that one file: `check.wasm`
+/// does not find `check.wasm.gz` (see [`WasmRuntime::checker_async`]).
 fn module_key(name: &str) -> Result<String, WasmError> {
     if name.is_empty() || name.starts_with('.') || name.contains(['/', '\\', '\0']) {
         return Err(WasmError::ModuleName(name.to_string()));
     }
-    Ok(if name.ends_with(".wasm") {
+    Ok(if modules::is_module_file(name) {
         name.to_string()
     } else {
         format!("{name}.wasm")
@@ -302,8 +314,8 @@ impl WasmRuntime {
         self.rt.rescan().await
     }
 
-    /// Loads one `.wasm` file, named by its file name, outside any directory
-    /// (for `portwise check FILE.wasm`).
+    /// Loads one `.wasm` (or `.wasm.gz`) file, named by its file name,
+    /// outside any directory.
     pub async fn load_file(&self, path: &Path) -> Result<ModuleInfo, WasmError> {
         let module = path
             .file_name()
@@ -328,9 +340,19 @@ impl WasmRuntime {
     ) -> Result<WasmChecker, WasmError> {
         let module = module_key(module)?;
         let Some(version) = self.rt.current(&module) else {
+            // Names are exact (the pin, the metrics and the Events are about
+            // one file), but say so when the other spelling is loaded.
+            let other = match module.strip_suffix(".gz") {
+                Some(plain) => plain.to_string(),
+                None => format!("{module}.gz"),
+            };
+            let hint = match self.rt.current(&other) {
+                Some(_) => format!(" ({other} is loaded: name that one)"),
+                None => String::new(),
+            };
             let why = match (self.rt.last_error(&module).await, &self.rt.dir) {
                 (Some(e), _) => e,
-                (None, Some(dir)) => format!("no such file in {}", dir.display()),
+                (None, Some(dir)) => format!("no such file in {}{hint}", dir.display()),
                 (None, None) => "no modulesDir is configured".to_string(),
             };
             return Err(WasmError::NotLoaded { module, why });
@@ -486,6 +508,11 @@ mod tests {
     fn module_names_are_plain_file_names() {
         assert_eq!(module_key("ready-role.wasm").unwrap(), "ready-role.wasm");
         assert_eq!(module_key("ready-role").unwrap(), "ready-role.wasm");
+        assert_eq!(
+            module_key("ready-role.wasm.gz").unwrap(),
+            "ready-role.wasm.gz"
+        );
+        assert_eq!(module_key("ready-role.gz").unwrap(), "ready-role.gz.wasm");
         for bad in ["", "../x.wasm", "a/b.wasm", ".hidden.wasm", "..data"] {
             assert!(module_key(bad).is_err(), "{bad}");
         }

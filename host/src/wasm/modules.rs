@@ -1,6 +1,7 @@
 //! Loaded modules and the calls into them.
 //!
-//! A module is a `.wasm` file; each successful load of its content is a
+//! A module is a `.wasm` file, or a gzip-compressed `.wasm.gz` one (the
+//! name decides, not the content); each successful load of its content is a
 //! [`ModuleVersion`] with its own `InstancePre`, its own small pool of ready
 //! instances and its own record of validated configurations. Checkers look
 //! the current version up by name on every call, so a reload swaps versions
@@ -89,8 +90,10 @@ pub(crate) struct ModuleVersion {
     pub name: String,
     /// `name`, shared with every call's log labels.
     label: Arc<str>,
+    /// Of the file as stored (compressed, for a `.wasm.gz`).
     pub sha256: String,
     pub source: PathBuf,
+    /// Of the component (gunzipped).
     pub size: usize,
     pub compiled: CompileSource,
     pub load_time: Duration,
@@ -109,9 +112,65 @@ impl std::fmt::Debug for ModuleVersion {
     }
 }
 
+/// Whether a directory entry is a module: `*.wasm` or `*.wasm.gz`.
+pub(crate) fn is_module_file(name: &str) -> bool {
+    name.ends_with(".wasm") || is_gzipped(name)
+}
+
+/// Whether a module is stored gzip-compressed: by its name only, so what a
+/// file is never depends on guessing from its bytes.
+fn is_gzipped(name: &str) -> bool {
+    name.ends_with(".wasm.gz")
+}
+
+/// `n` bytes for a message: whole MiB when it is a whole number of them.
+fn bytes_text(n: usize) -> String {
+    if n >= 1 << 20 && n.is_multiple_of(1 << 20) {
+        format!("{} MiB", n >> 20)
+    } else {
+        format!("{n} bytes")
+    }
+}
+
+/// The content of a `.wasm.gz`, refusing to inflate past `max` bytes.
+///
+/// Inflates twice: once to count (stopping at `max + 1`), then into a
+/// buffer of exactly that size. A gzip bomb therefore costs the time to
+/// inflate `max` bytes (7 ms for 64 MiB of zeros) and no memory; a real
+/// module costs a second inflate of a few milliseconds. Concatenated gzip
+/// members are read as one stream, as `gunzip` does.
+pub(crate) fn gunzip(gz: &[u8], max: usize) -> Result<Vec<u8>, String> {
+    use flate2::read::MultiGzDecoder;
+    use std::io::Read;
+    let corrupt = |e: std::io::Error| format!("not a valid gzip file: {e}");
+    let limit = u64::try_from(max).unwrap_or(u64::MAX).saturating_add(1);
+    let size = std::io::copy(
+        &mut MultiGzDecoder::new(gz).take(limit),
+        &mut std::io::sink(),
+    )
+    .map_err(corrupt)?;
+    if size >= limit {
+        return Err(format!(
+            "gunzips to more than {}, the limit for a module's gunzipped size",
+            bytes_text(max)
+        ));
+    }
+    let mut wasm = Vec::with_capacity(size as usize);
+    MultiGzDecoder::new(gz)
+        .read_to_end(&mut wasm)
+        .map_err(corrupt)?;
+    Ok(wasm)
+}
+
 /// Refuses what is certainly not a component, with a message that says what
 /// it is instead.
 fn check_header(bytes: &[u8]) -> Result<(), String> {
+    if bytes.starts_with(&[0x1f, 0x8b]) {
+        return Err(
+            "gzip-compressed, not WebAssembly: only a file named *.wasm.gz is gunzipped (once)"
+                .into(),
+        );
+    }
     if bytes.len() < 8 || &bytes[..4] != b"\0asm" {
         return Err("not a WebAssembly file (no \\0asm header)".into());
     }
@@ -568,18 +627,29 @@ impl Runtime {
         });
     }
 
-    /// Compiles (or loads from cache) and links a module's content.
+    /// Gunzips (a `.wasm.gz`), compiles (or loads from cache) and links a
+    /// module's content. `stored` and `sha256` are the file as stored.
     fn compile(
         &self,
         name: &str,
         source: &Path,
-        bytes: &[u8],
+        stored: &[u8],
         sha256: &str,
     ) -> Result<ModuleVersion, String> {
-        check_header(bytes)?;
         let started = Instant::now();
+        // The cache is keyed by the component's own hash, so `x.wasm` and
+        // any `x.wasm.gz` of it share one entry.
+        let gunzipped;
+        let (bytes, code_sha256) = if is_gzipped(name) {
+            gunzipped = gunzip(stored, self.limits.max_gunzipped_bytes)?;
+            let code_sha256 = sha256_hex(&gunzipped);
+            (&gunzipped[..], code_sha256)
+        } else {
+            (stored, sha256.to_string())
+        };
+        check_header(bytes)?;
         let (component, compiled, _) = match &self.cache {
-            Some(cache) => cache.load(&self.engine, sha256, bytes),
+            Some(cache) => cache.load(&self.engine, &code_sha256, bytes),
             None => wasmtime::component::Component::from_binary(&self.engine, bytes)
                 .map(|c| (c, CompileSource::Compiled, Duration::ZERO)),
         }
@@ -689,7 +759,7 @@ impl Runtime {
         Ok(info)
     }
 
-    /// Loads one file under its file name (for `portwise check FILE.wasm`).
+    /// Loads one file under its file name.
     pub(crate) async fn load_file(&self, path: &Path) -> Result<ModuleInfo, String> {
         let name = path
             .file_name()
@@ -726,7 +796,7 @@ impl Runtime {
             };
             // Skip the kubelet's `..data` and `..2026_...` entries and any
             // hidden temporary file.
-            if name.starts_with('.') || !name.ends_with(".wasm") {
+            if name.starts_with('.') || !is_module_file(&name) {
                 continue;
             }
             let path = dir.join(&name);
@@ -884,6 +954,89 @@ mod tests {
                 .contains("core WebAssembly module")
         );
         assert!(check_header(b"\0asm\x0d\0\x01\0rest").is_ok());
+    }
+
+    fn gzip(parts: &[&[u8]]) -> Vec<u8> {
+        use std::io::Write;
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+        for part in parts {
+            gz.write_all(part).unwrap();
+        }
+        gz.finish().unwrap()
+    }
+
+    #[test]
+    fn only_wasm_and_wasm_gz_files_are_modules() {
+        for name in ["a.wasm", "a.wasm.gz"] {
+            assert!(is_module_file(name), "{name}");
+        }
+        for name in [
+            "a.gz",
+            "a.wasm.gz.tmp",
+            "a.wasmgz",
+            "a.tar.gz",
+            "a.wasm.zst",
+        ] {
+            assert!(!is_module_file(name), "{name}");
+        }
+        assert!(is_gzipped("a.wasm.gz") && !is_gzipped("a.wasm"));
+    }
+
+    #[test]
+    fn gunzip_returns_the_content_up_to_and_including_the_cap() {
+        let wasm = b"\0asm\x0d\0\x01\0component bytes".repeat(1000);
+        assert_eq!(gunzip(&gzip(&[&wasm]), 1 << 20).unwrap(), wasm);
+        // Exactly at the cap is allowed.
+        assert_eq!(gunzip(&gzip(&[&wasm]), wasm.len()).unwrap(), wasm);
+        // Concatenated members are one stream, as for `gunzip`.
+        let mut two = gzip(&[&wasm[..100]]);
+        two.extend(gzip(&[&wasm[100..]]));
+        assert_eq!(gunzip(&two, 1 << 20).unwrap(), wasm);
+    }
+
+    #[test]
+    fn gunzip_refuses_content_past_the_cap_naming_it() {
+        let wasm = vec![7u8; 4096];
+        let e = gunzip(&gzip(&[&wasm]), 4095).unwrap_err();
+        assert!(e.contains("gunzips to more than 4095 bytes"), "{e}");
+        // A bomb: 100 MiB of zeros is about 100 KB gzipped. Refused at the
+        // cap, after inflating (not keeping) 64 MiB.
+        let zeros = vec![0u8; 1 << 20];
+        let bomb = gzip(&vec![&zeros[..]; 100]);
+        assert!(bomb.len() < 200_000, "{}", bomb.len());
+        let started = Instant::now();
+        let e = gunzip(&bomb, 64 << 20).unwrap_err();
+        assert!(e.contains("gunzips to more than 64 MiB, the limit"), "{e}");
+        eprintln!(
+            "100 MiB bomb ({} KB gzipped) refused in {:.0} ms",
+            bomb.len() / 1024,
+            started.elapsed().as_secs_f64() * 1e3
+        );
+    }
+
+    #[test]
+    fn corrupt_gzip_is_a_clear_error() {
+        let good = gzip(&[b"\0asm\x0d\0\x01\0rest of the component"]);
+        let mut bad_crc = good.clone();
+        let n = bad_crc.len();
+        bad_crc[n - 8] ^= 0xff;
+        let mut bad_data = good.clone();
+        bad_data[12] ^= 0xff;
+        for (what, bytes) in [
+            ("plain wasm", &b"\0asm\x0d\0\x01\0rest"[..]),
+            ("truncated", &good[..good.len() / 2]),
+            ("bad checksum", &bad_crc[..]),
+            ("bad data", &bad_data[..]),
+        ] {
+            let e = gunzip(bytes, 1 << 20).unwrap_err();
+            assert!(e.starts_with("not a valid gzip file: "), "{what}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_gzipped_file_not_named_gz_is_explained() {
+        let e = check_header(&gzip(&[b"\0asm\x0d\0\x01\0"])).unwrap_err();
+        assert!(e.contains("*.wasm.gz"), "{e}");
     }
 
     #[test]
