@@ -1089,18 +1089,28 @@ struct Pair {
 }
 
 impl Bench {
+    /// The fake Nodes every row's pods sit on (cluster-scoped, made once,
+    /// whichever row runs first).
+    async fn ensure_nodes(&mut self, ns: &TestNs) -> Result<()> {
+        if self.nodes.is_empty() {
+            for i in 0..NODES {
+                let n = ns
+                    .ensure_node(&format!("node-{i}"), ZONES[i % ZONES.len()])
+                    .await?;
+                self.nodes.push(n);
+            }
+        }
+        Ok(())
+    }
+
     async fn row1(&mut self) -> Result<Pair> {
         let k = &self.knobs;
         let (n_svc, per) = (k.services, k.pods_per_service);
         eprintln!("bench: row 1 setup: {n_svc} Services × {per} pods, twice");
         let native_ns = TestNs::new(self.cp, "bench-native").await?;
         let portwise_ns = TestNs::new(self.cp, "bench-portwise").await?;
-        for i in 0..NODES {
-            let n = native_ns
-                .ensure_node(&format!("node-{i}"), ZONES[i % ZONES.len()])
-                .await?;
-            self.nodes.push(n);
-        }
+        self.ensure_nodes(&native_ns).await?;
+        let k = &self.knobs;
         let stride = n_svc * per + k.big_pods + 500;
         let native_groups = groups("s", n_svc, per, 0);
         let portwise_groups = groups("s", n_svc, per, stride);
@@ -1524,6 +1534,7 @@ impl Bench {
             "bench: row 5 setup: {n} pods with HTTP and TCP listeners, {services} Services per probe kind"
         );
         let ns = TestNs::new(self.cp, "bench-probes").await?;
+        self.ensure_nodes(&ns).await?;
         let base =
             2 * (self.knobs.services * self.knobs.pods_per_service + self.knobs.big_pods + 500);
         let gs = groups("p", services, per, base);
@@ -1835,6 +1846,7 @@ impl Bench {
             names.push(stem);
         }
         let ns = TestNs::new(self.cp, "bench-wasm").await?;
+        self.ensure_nodes(&ns).await?;
         let ip = pod_ip(
             2 * (self.knobs.services * self.knobs.pods_per_service + self.knobs.big_pods + 500)
                 + self.knobs.probe_pods
