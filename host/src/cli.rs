@@ -508,9 +508,41 @@ pub async fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
     let pod = Arc::new(pod);
     let subjects = align::subjects(&svc, std::slice::from_ref(&pod));
     if subjects.is_empty() {
-        println!(
-            "pod is not a candidate for any port of the Service (terminal phase, no IP of the Service's families, or no matching target port)"
-        );
+        // The controller's candidate rules apply unchanged, so that a verdict
+        // here is the one a cluster would get; say which rule bit when it is
+        // the one people trip over trying a probe on their own machine.
+        let claimed: std::collections::BTreeSet<String> = pod
+            .status
+            .iter()
+            .flat_map(|s| {
+                s.pod_ips
+                    .iter()
+                    .flatten()
+                    .map(|i| i.ip.clone())
+                    .chain(s.pod_ip.clone())
+            })
+            .collect();
+        let unusable: Vec<&String> = claimed
+            .iter()
+            .filter(|ip| align::parse_ip(ip).is_some_and(|ip| !align::is_endpoint_address(ip)))
+            .collect();
+        if !unusable.is_empty() && unusable.len() == claimed.len() {
+            println!(
+                "pod is not a candidate: its addresses ({}) are loopback, link-local or \
+                 otherwise not valid endpoint addresses, which portwise never probes or \
+                 publishes; give the pod an address where your server listens (see \
+                 docs/guests.md, \"Trying a checker without a cluster\")",
+                unusable
+                    .iter()
+                    .map(|s| s.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        } else {
+            println!(
+                "pod is not a candidate for any port of the Service (terminal phase, no IP of the Service's families, or no matching target port)"
+            );
+        }
         return Ok(ExitCode::from(3));
     }
     println!(
