@@ -172,8 +172,8 @@ async fn gone(api: &Api<Pod>, rv: &str) -> Result<()> {
 
 /// With the watch cache off, watches read etcd directly and the apiserver
 /// compacts etcd every second. portwise is frozen (SIGSTOP) while pods are
-/// deleted, flipped and created; once etcd has compacted past what it saw,
-/// its connections are cut and it is thawed. Its watches resume from a
+/// deleted, flipped and created, its connections cut before; once etcd
+/// has compacted past what it saw, it is thawed. Its watches resume from a
 /// compacted resourceVersion, get 410 Gone, relist, and it must notice the
 /// pods deleted while it was away.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -195,6 +195,14 @@ async fn watch_expiry_relists() -> Result<()> {
         let pid = pw.pid().context("pid")?;
 
         pw.signal(libc::SIGSTOP)?;
+        // Cut its connections now, before anything changes: events sent
+        // into a live socket while it is frozen would wait in the socket
+        // buffer and be read on SIGCONT, moving its resourceVersion past the
+        // compaction (then no 410 is needed, and whether one comes depends
+        // on how soon it re-watches).
+        let port = apiserver_port(cp)?;
+        let cut = cut_connections(pid, port).await?;
+        ensure!(cut > 0, "portwise held no connection to the apiserver");
         let pods = ns.api::<Pod>();
         let rv = pods
             .list_metadata(&ListParams::default())
@@ -229,9 +237,6 @@ async fn watch_expiry_relists() -> Result<()> {
         wait_for(SETTLE, || gone(&pods, &rv)).await?;
         let compacted_after = compacting.elapsed();
 
-        let port = apiserver_port(cp)?;
-        let cut = cut_connections(pid, port).await?;
-        ensure!(cut > 0, "portwise held no connection to the apiserver");
         pw.signal(libc::SIGCONT)?;
         let thawed = Instant::now();
         let took = converged(&ns, 100, SETTLE).await?;
