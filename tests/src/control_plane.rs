@@ -156,7 +156,17 @@ extern "C" fn stop_started_control_plane() {
         return;
     };
     let stop = repo_root().join("tests/control-plane/stop");
-    let _ = std::process::Command::new(stop).arg(&dir).status();
+    let stopped = std::process::Command::new(stop)
+        .arg(&dir)
+        .status()
+        .is_ok_and(|s| s.success());
+    // The shared control plane lives in a static, so its TempDir is never
+    // dropped: remove the directory here (etcd data, ~60 MB per test binary
+    // that started one), or every run leaves it in /tmp. Kept when the stop
+    // failed, since processes may still use it.
+    if stopped {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
 
 /// Refuses to run outside the test network namespace: there, pod addresses
