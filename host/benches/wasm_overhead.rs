@@ -19,22 +19,23 @@
 //! fresh-instance sample is a tenth of it. `BENCH_CACHE_DIR` points the
 //! compiled-code cache elsewhere (an empty directory shows compile times).
 
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use common::{kv, subject_for};
 use std::{
     collections::BTreeMap,
     net::{IpAddr, Ipv4Addr, SocketAddr},
     path::PathBuf,
-    sync::Arc,
     time::{Duration, Instant},
 };
 
 use k8s_openapi::{
-    api::core::v1::{
-        Pod, PodCondition, PodIP, PodSpec, PodStatus, Service, ServicePort, ServiceSpec,
-    },
+    api::core::v1::{Pod, PodCondition, PodIP, PodSpec, PodStatus},
     apimachinery::pkg::apis::meta::v1::ObjectMeta,
 };
 use portwise::{
-    membership::{Checker, Family, ResolvedPort, Subject},
+    membership::{Checker, Subject},
     wasm::{CompileSource, Limits, ModuleInfo, WasmConfig, WasmRuntime, default_cache_dir},
 };
 use serde_json::{Value, json};
@@ -56,17 +57,6 @@ fn plan(module: &str) -> (Value, &'static str) {
         ),
         _ => (Value::Null, "unknown guest"),
     }
-}
-
-fn kv(prefix: &str, n: usize) -> BTreeMap<String, String> {
-    (0..n)
-        .map(|i| {
-            (
-                format!("{prefix}.example.com/key-{i:02}"),
-                format!("value-{i:02}-{}", "v".repeat(20)),
-            )
-        })
-        .collect()
 }
 
 fn subject(port: u16, realistic: bool) -> Subject {
@@ -102,35 +92,13 @@ fn subject(port: u16, realistic: bool) -> Subject {
             ..Default::default()
         }),
     };
-    let service = Service {
-        metadata: ObjectMeta {
-            name: Some("shop".into()),
-            namespace: Some("shop".into()),
-            labels: Some(kv("svc", 5)),
-            ..Default::default()
-        },
-        spec: Some(ServiceSpec {
-            ports: Some(vec![ServicePort {
-                name: Some("http".into()),
-                port: 80,
-                ..Default::default()
-            }]),
-            ..Default::default()
-        }),
-        status: None,
-    };
-    Subject {
-        service: Arc::new(service),
-        pod: Arc::new(pod),
-        port: ResolvedPort {
-            name: "http".into(),
-            port: 80,
-            protocol: "TCP".into(),
-            target: port,
-        },
-        family: Family::V4,
-        address: IpAddr::V4(Ipv4Addr::LOCALHOST),
-    }
+    subject_for(
+        pod,
+        Some(kv("svc", 5)),
+        "http",
+        port,
+        IpAddr::V4(Ipv4Addr::LOCALHOST),
+    )
 }
 
 /// Answers every request with `{"role":"primary"}`, keep-alive off.

@@ -4,15 +4,11 @@
 //! would need a network namespace; the probes themselves are tested in
 //! `tests/tests/probes.rs`), so nothing leaves this process but files.
 
-use std::{path::PathBuf, process::Command};
+mod common;
 
-fn guests_dir() -> PathBuf {
-    std::env::var_os("PORTWISE_GUESTS_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".cache/portwise/guests")
-        })
-}
+use std::process::Command;
+
+use common::guests_dir;
 
 const SERVICE: &str = r#"
 apiVersion: v1

@@ -18,22 +18,24 @@
 //! tool `guests/build` installs for the C guest. Raise `PROPTEST_CASES` for
 //! a deeper run (each case compiles one component).
 
+mod common;
+
 use std::{
     net::IpAddr,
     path::{Path, PathBuf},
     process::Command,
     sync::{
-        Arc, LazyLock,
+        LazyLock,
         atomic::{AtomicU64, Ordering},
     },
 };
 
 use k8s_openapi::{
-    api::core::v1::{Pod, PodIP, PodStatus, Service, ServicePort, ServiceSpec},
+    api::core::v1::{Pod, PodIP, PodStatus},
     apimachinery::pkg::apis::meta::v1::ObjectMeta,
 };
 use portwise::{
-    membership::{Checker, Decision, Family, ResolvedPort, Subject},
+    membership::{Checker, Decision, Subject},
     wasm::{FailureKind, Limits, WasmConfig, WasmRuntime},
 };
 use proptest::prelude::*;
@@ -293,34 +295,7 @@ fn subject() -> Subject {
             ..Default::default()
         }),
     };
-    let service = Service {
-        metadata: ObjectMeta {
-            name: Some("shop".into()),
-            namespace: Some("shop".into()),
-            ..Default::default()
-        },
-        spec: Some(ServiceSpec {
-            ports: Some(vec![ServicePort {
-                name: Some("http".into()),
-                port: 80,
-                ..Default::default()
-            }]),
-            ..Default::default()
-        }),
-        status: None,
-    };
-    Subject {
-        service: Arc::new(service),
-        pod: Arc::new(pod),
-        port: ResolvedPort {
-            name: "http".into(),
-            port: 80,
-            protocol: "TCP".into(),
-            target: 8080,
-        },
-        family: Family::V4,
-        address,
-    }
+    common::subject_for(pod, None, "http", 8080, address)
 }
 
 static RT: LazyLock<tokio::runtime::Runtime> = LazyLock::new(|| {

@@ -12,19 +12,21 @@
 //! reused instance (a guest that leaks or corrupts its state between calls
 //! would drift or hit the memory limit).
 
+mod common;
+
+use common::{guests_dir, subject_for};
 use std::{
     collections::BTreeMap,
     net::{IpAddr, Ipv4Addr, SocketAddr},
-    path::{Path, PathBuf},
-    sync::Arc,
+    path::Path,
 };
 
 use k8s_openapi::{
-    api::core::v1::{Pod, PodSpec, PodStatus, Service, ServicePort, ServiceSpec},
+    api::core::v1::{Pod, PodSpec, PodStatus},
     apimachinery::pkg::apis::meta::v1::ObjectMeta,
 };
 use portwise::{
-    membership::{Checker, Decision, Family, ResolvedPort, Subject, Verdict},
+    membership::{Checker, Decision, Subject, Verdict},
     wasm::{CompileSource, WasmChecker, WasmConfig, WasmError, WasmRuntime, default_cache_dir},
 };
 use serde_json::{Value, json};
@@ -34,15 +36,6 @@ use tokio::{
 };
 
 const LOCALHOST: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
-
-fn guests_dir() -> PathBuf {
-    std::env::var_os("PORTWISE_GUESTS_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            let home = std::env::var_os("HOME").expect("HOME is set");
-            PathBuf::from(home).join(".cache/portwise/guests")
-        })
-}
 
 /// A runtime with exactly one module loaded from the guests directory.
 async fn runtime_with(module: &str) -> WasmRuntime {
@@ -133,36 +126,7 @@ fn subject(
             ..Default::default()
         }),
     };
-    let service = Service {
-        metadata: ObjectMeta {
-            name: Some("web".into()),
-            namespace: Some("default".into()),
-            uid: Some("4f1d1c9e-0000-4000-8000-000000000002".into()),
-            ..Default::default()
-        },
-        spec: Some(ServiceSpec {
-            ports: Some(vec![ServicePort {
-                name: Some(port_name.into()),
-                port: 80,
-                protocol: Some("TCP".into()),
-                ..Default::default()
-            }]),
-            ..Default::default()
-        }),
-        status: None,
-    };
-    Subject {
-        service: Arc::new(service),
-        pod: Arc::new(pod),
-        port: ResolvedPort {
-            name: port_name.into(),
-            port: 80,
-            protocol: "TCP".into(),
-            target,
-        },
-        family: Family::V4,
-        address: LOCALHOST,
-    }
+    subject_for(pod, None, port_name, target, LOCALHOST)
 }
 
 /// An HTTP/1.1 server on 127.0.0.1 answering every request for `path` with

@@ -7,8 +7,10 @@
 //! `~/.cache/portwise/guests`, or `PORTWISE_GUESTS_DIR`). A missing guest
 //! fails the test with that hint: skipping would hide a broken toolchain.
 
+mod common;
+
+use common::{guests_dir, kv, subject_for};
 use std::{
-    collections::BTreeMap,
     fs,
     net::{IpAddr, SocketAddr},
     os::unix::fs::symlink,
@@ -21,13 +23,11 @@ use std::{
 };
 
 use k8s_openapi::{
-    api::core::v1::{
-        Pod, PodCondition, PodIP, PodSpec, PodStatus, Service, ServicePort, ServiceSpec,
-    },
+    api::core::v1::{Pod, PodCondition, PodIP, PodSpec, PodStatus},
     apimachinery::pkg::apis::meta::v1::ObjectMeta,
 };
 use portwise::{
-    membership::{Checker, Decision, Family, ResolvedPort, Subject, Verdict},
+    membership::{Checker, Decision, Subject, Verdict},
     wasm::{CompileSource, FailureKind, Limits, ModuleEvent, WasmConfig, WasmError, WasmRuntime},
 };
 use serde_json::{Value, json};
@@ -39,15 +39,6 @@ use tokio::{
 
 // ---------------------------------------------------------------------------
 // Fixtures
-
-fn guests_dir() -> PathBuf {
-    std::env::var_os("PORTWISE_GUESTS_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").expect("HOME is set"))
-                .join(".cache/portwise/guests")
-        })
-}
 
 /// A built guest: `ready-role.wasm` or `hostile/loop.wasm`.
 fn guest(name: &str) -> PathBuf {
@@ -143,17 +134,6 @@ impl Harness {
     }
 }
 
-fn kv(prefix: &str, n: usize) -> BTreeMap<String, String> {
-    (0..n)
-        .map(|i| {
-            (
-                format!("{prefix}.example.com/key-{i:02}"),
-                format!("value-{i:02}-{}", "v".repeat(20)),
-            )
-        })
-        .collect()
-}
-
 /// A realistic pod (30 labels, 30 annotations) at `address`, plus `extra`
 /// labels.
 fn subject(address: IpAddr, target: u16, extra: &[(&str, &str)]) -> Subject {
@@ -185,38 +165,7 @@ fn subject(address: IpAddr, target: u16, extra: &[(&str, &str)]) -> Subject {
             ..Default::default()
         }),
     };
-    let service = Service {
-        metadata: ObjectMeta {
-            name: Some("shop".into()),
-            namespace: Some("shop".into()),
-            ..Default::default()
-        },
-        spec: Some(ServiceSpec {
-            ports: Some(vec![ServicePort {
-                name: Some("http".into()),
-                port: 80,
-                ..Default::default()
-            }]),
-            ..Default::default()
-        }),
-        status: None,
-    };
-    Subject {
-        service: Arc::new(service),
-        pod: Arc::new(pod),
-        port: ResolvedPort {
-            name: "http".into(),
-            port: 80,
-            protocol: "TCP".into(),
-            target,
-        },
-        family: if address.is_ipv4() {
-            Family::V4
-        } else {
-            Family::V6
-        },
-        address,
-    }
+    subject_for(pod, None, "http", target, address)
 }
 
 const LOCAL: IpAddr = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
