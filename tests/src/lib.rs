@@ -42,7 +42,7 @@ pub use observe::{
     ByPort, EndpointView, by_port, endpoint_of, endpoint_views, endpoints_by_port, events_for,
     expect_eq, slice_invariants, slices_for, slices_managed_by, stays_for, wait_for,
 };
-pub use portwise::{BinaryOutcome, Portwise, portwise_bin, run_binary_to_exit};
+pub use portwise::{BinaryOutcome, Portwise, guests_dir, portwise_bin, run_binary_to_exit};
 pub use writes::{Write, WriteCounter};
 
 use std::time::Duration;

@@ -310,6 +310,16 @@ impl Drop for Portwise {
     }
 }
 
+/// Where `guests/build` puts the example guests: `$PORTWISE_GUESTS_DIR`,
+/// default `~/.cache/portwise/guests`.
+pub fn guests_dir() -> PathBuf {
+    std::env::var_os("PORTWISE_GUESTS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            Path::new(&std::env::var_os("HOME").unwrap_or_default()).join(".cache/portwise/guests")
+        })
+}
+
 /// The `portwise` binary: `$PORTWISE_BIN`, else `$CARGO_TARGET_DIR/debug/portwise`,
 /// else next to this test binary's directory (target/debug/deps/..).
 pub fn portwise_bin() -> Result<PathBuf> {

@@ -1802,12 +1802,7 @@ impl Bench {
         }
 
         // (b) restart to first decision with 10 cached modules.
-        let guests = PathBuf::from(std::env::var("PORTWISE_GUESTS_DIR").unwrap_or_else(|_| {
-            format!(
-                "{}/.cache/portwise/guests",
-                std::env::var("HOME").unwrap_or_default()
-            )
-        }));
+        let guests = portwise_tests::guests_dir();
         let python = guests.join("python-tier-check.wasm");
         if !python.is_file() {
             self.report.not_measured(

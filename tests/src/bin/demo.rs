@@ -434,11 +434,7 @@ fn repo_root() -> PathBuf {
 
 /// Writes the config and puts the guest in the modules directory it names.
 fn write_config(work: &Path) -> Result<PathBuf> {
-    let guests = std::env::var_os("PORTWISE_GUESTS_DIR")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cache/portwise/guests")))
-        .ok_or_else(|| anyhow!("neither PORTWISE_GUESTS_DIR nor HOME is set"))?;
-    let guest = guests.join(GUEST);
+    let guest = portwise_tests::guests_dir().join(GUEST);
     if !guest.is_file() {
         bail!(
             "{} is missing: build the guests first (guests/build rust)",

@@ -186,13 +186,3 @@ fn root_from(overlay: &std::path::Path) -> String {
             .trim_start_matches('/')
     )
 }
-
-/// Where `guests/build` puts the example guests.
-fn guests_dir() -> std::path::PathBuf {
-    std::env::var_os("PORTWISE_GUESTS_DIR")
-        .map(Into::into)
-        .unwrap_or_else(|| {
-            std::path::PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
-                .join(".cache/portwise/guests")
-        })
-}
