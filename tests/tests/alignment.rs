@@ -6,10 +6,17 @@ use anyhow::{Result, ensure};
 use k8s_openapi::api::core::v1::Event;
 use portwise_tests::*;
 
+/// portwise's own warnings: the apiserver warns on Services too (its
+/// ClusterIP repair loop reports `ClusterIPNotAllocated` now and then), and
+/// those are not what these tests count.
 fn warnings(events: &[Event]) -> i32 {
     events
         .iter()
         .filter(|e| e.type_.as_deref() == Some("Warning"))
+        .filter(|e| {
+            e.reporting_component.as_deref() == Some("portwise")
+                || e.source.as_ref().and_then(|s| s.component.as_deref()) == Some("portwise")
+        })
         .map(|e| {
             e.series
                 .as_ref()
