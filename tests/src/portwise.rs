@@ -230,7 +230,7 @@ impl Portwise {
     async fn launch_in_process(&mut self) -> Result<Running> {
         // Parse here so a bad test config fails the test at once; the thread
         // parses its own copy (Config need not be Send).
-        portwise::config::Config::from_yaml(&self.config)
+        portwise_core::config::Config::from_yaml(&self.config)
             .map_err(|e| anyhow!("test config rejected: {e}\n{}", self.config))?;
         let cp = self.cp;
         let yaml = self.config.clone();
@@ -255,22 +255,22 @@ impl Portwise {
                 };
                 let agent = format!("portwise/{label}");
                 let res = rt.block_on(async move {
-                    let config = portwise::config::Config::from_yaml(&yaml)
+                    let config = portwise_core::config::Config::from_yaml(&yaml)
                         .map_err(|e| anyhow!("test config rejected: {e}"))?;
                     // A distinct user agent lets the audit log tell this
                     // controller's writes from the test's own.
                     let client = cp.client_with_agent(&agent).await?;
-                    let opts = portwise::controller::RunOptions {
+                    let opts = portwise_controller::RunOptions {
                         namespaces,
                         ..Default::default()
                     };
-                    let run = portwise::controller::run(client, config, opts, async move {
+                    let run = portwise_controller::run(client, config, opts, async move {
                         let _ = shutdown_rx.await;
                     });
                     tokio::select! {
                         biased;
                         _ = kill_rx => Ok(()),
-                        res = run => res.map_err(|e| anyhow!("portwise::controller::run failed: {e:?}")),
+                        res = run => res.map_err(|e| anyhow!("portwise_controller::run failed: {e:?}")),
                     }
                 });
                 // Dropping the runtime cancels whatever the controller spawned.

@@ -1,0 +1,416 @@
+//! From configuration to checkers: turns a [`CheckerExpr`] into a tree of
+//! [`Checker`] trait objects.
+//!
+//! WebAssembly checkers come from a [`WasmCheckers`] provider handed in
+//! through [`BuildContext`], so `membership` does not depend on the wasm
+//! runtime (and tests build every other checker without wasmtime).
+
+use std::{sync::Arc, time::Duration};
+
+use portwise_core::{config::CheckerExpr, membership::Decision};
+
+use crate::{
+    Checker,
+    builtin::{
+        All, Any, Constant, HttpGet, Not, NotTerminating, PerPort, PodReady, PortNames, Stable,
+        TcpDial,
+    },
+};
+
+/// Supplies `wasm` checkers (implemented by the wasm runtime).
+pub trait WasmCheckers {
+    /// A checker for `module` (a file name in `modulesDir`) with the guest's
+    /// `config`; `sha256` pins the module's content when given. An `Err`
+    /// says why the module cannot serve (missing, wrong digest, config
+    /// rejected by the guest...).
+    fn checker(
+        &self,
+        module: &str,
+        config: &serde_json::Value,
+        sha256: Option<&str>,
+    ) -> Result<Arc<dyn Checker>, String>;
+}
+
+/// What building needs besides the expression.
+#[derive(Clone, Copy)]
+pub struct BuildContext<'a> {
+    /// Where `wasm` checkers come from; `None` makes `wasm` a build error.
+    pub wasm: Option<&'a dyn WasmCheckers>,
+    /// How long a `stable` state survives without being used. Should be
+    /// several `resyncPeriod`s, so a state outlives a missed resync but a
+    /// deleted pod's state goes away.
+    pub stable_ttl: Duration,
+}
+
+impl BuildContext<'_> {
+    /// Default [`BuildContext::stable_ttl`].
+    pub const DEFAULT_STABLE_TTL: Duration = Duration::from_secs(600);
+
+    /// The TTL for a given resync period: ten periods, at least the default.
+    pub fn stable_ttl_for(resync_period: Duration) -> Duration {
+        (resync_period * 10).max(Self::DEFAULT_STABLE_TTL)
+    }
+}
+
+impl Default for BuildContext<'_> {
+    fn default() -> Self {
+        BuildContext {
+            wasm: None,
+            stable_ttl: Self::DEFAULT_STABLE_TTL,
+        }
+    }
+}
+
+impl std::fmt::Debug for BuildContext<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BuildContext")
+            .field("wasm", &self.wasm.is_some())
+            .field("stable_ttl", &self.stable_ttl)
+            .finish()
+    }
+}
+
+/// A checker that could not be built, with the configuration path of the
+/// expression (`membership.perPort.ports.admin.wasm`).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{path}: {message}")]
+pub struct BuildError {
+    pub path: String,
+    pub message: String,
+}
+
+/// Builds the checker for `expr`, found at `membership` in the configuration.
+pub fn build(expr: &CheckerExpr, ctx: &BuildContext<'_>) -> Result<Arc<dyn Checker>, BuildError> {
+    build_at(expr, ctx, "membership")
+}
+
+/// Builds the checker for `expr`; `path` names where it sits, for errors.
+pub fn build_at(
+    expr: &CheckerExpr,
+    ctx: &BuildContext<'_>,
+    path: &str,
+) -> Result<Arc<dyn Checker>, BuildError> {
+    let at = |kw: &str| format!("{path}.{kw}");
+    Ok(match expr {
+        CheckerExpr::PodReady => Arc::new(PodReady),
+        CheckerExpr::NotTerminating => Arc::new(NotTerminating),
+        CheckerExpr::Include => Arc::new(Constant(Decision::Include)),
+        CheckerExpr::Exclude => Arc::new(Constant(Decision::Exclude)),
+        CheckerExpr::Abstain => Arc::new(Constant(Decision::Abstain)),
+        CheckerExpr::PortNames(key) => Arc::new(PortNames(key.clone())),
+        CheckerExpr::TcpDial(spec) => Arc::new(TcpDial {
+            timeout: spec.timeout,
+        }),
+        CheckerExpr::HttpGet(spec) => Arc::new(HttpGet {
+            path: spec.path.clone(),
+            timeout: spec.timeout,
+        }),
+        CheckerExpr::All(children) => Arc::new(All(build_list(children, ctx, &at("all"))?)),
+        CheckerExpr::Any(children) => Arc::new(Any(build_list(children, ctx, &at("any"))?)),
+        CheckerExpr::Not(inner) => Arc::new(Not(build_at(inner, ctx, &at("not"))?)),
+        CheckerExpr::PerPort(spec) => {
+            let base = at("perPort");
+            let ports = spec
+                .ports
+                .iter()
+                .map(|(name, e)| {
+                    Ok((
+                        name.clone(),
+                        build_at(e, ctx, &format!("{base}.ports.{name}"))?,
+                    ))
+                })
+                .collect::<Result<_, BuildError>>()?;
+            let fallback = match &spec.fallback {
+                Some(f) => build_at(f, ctx, &format!("{base}.fallback"))?,
+                None => Arc::new(Constant(Decision::Exclude)),
+            };
+            Arc::new(PerPort { ports, fallback })
+        }
+        CheckerExpr::Stable(spec) => {
+            let inner = build_at(&spec.checker, ctx, &format!("{}.checker", at("stable")))?;
+            Arc::new(Stable::new(
+                inner,
+                spec.success_threshold,
+                spec.failure_threshold,
+                ctx.stable_ttl,
+            ))
+        }
+        CheckerExpr::Wasm(spec) => {
+            let Some(provider) = ctx.wasm else {
+                return Err(BuildError {
+                    path: at("wasm"),
+                    message: "WebAssembly checkers are not available here (no wasm runtime)".into(),
+                });
+            };
+            provider
+                .checker(&spec.module, &spec.config, spec.sha256.as_deref())
+                .map_err(|message| BuildError {
+                    path: at("wasm"),
+                    message,
+                })?
+        }
+    })
+}
+
+fn build_list(
+    children: &[CheckerExpr],
+    ctx: &BuildContext<'_>,
+    path: &str,
+) -> Result<Vec<Arc<dyn Checker>>, BuildError> {
+    children
+        .iter()
+        .enumerate()
+        .map(|(i, c)| build_at(c, ctx, &format!("{path}[{i}]")))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+    use portwise_core::{
+        config::Config,
+        membership::{Subject, Verdict},
+    };
+
+    use crate::{
+        BoxFuture,
+        builtin::tests::{pod, subject},
+    };
+
+    fn expr(yaml: &str) -> CheckerExpr {
+        Config::from_yaml(&format!(
+            "serviceKey: {{label: g}}\nmodulesDir: /m\nmembership: {yaml}"
+        ))
+        .unwrap_or_else(|e| panic!("{yaml}: {e}"))
+        .membership
+    }
+
+    fn at(port: &str, p: k8s_openapi::api::core::v1::Pod) -> Subject {
+        subject(p, port, "127.0.0.1".parse().unwrap(), 9)
+    }
+
+    #[tokio::test]
+    async fn builds_every_builtin() {
+        let ctx = BuildContext::default();
+        let ready = pod("a", Some("True"), &[("ports", "http")]);
+        let unready = pod("b", Some("False"), &[]);
+        let cases = [
+            ("podReady", &ready, Decision::Include),
+            ("podReady", &unready, Decision::Exclude),
+            ("notTerminating", &unready, Decision::Include),
+            ("include", &unready, Decision::Include),
+            ("exclude", &ready, Decision::Exclude),
+            ("abstain", &ready, Decision::Abstain),
+            (
+                "{portNames: {annotation: ports}}",
+                &ready,
+                Decision::Include,
+            ),
+            ("{portNames: {label: ports}}", &ready, Decision::Exclude),
+            ("{not: podReady}", &unready, Decision::Include),
+            (
+                "{all: [podReady, {portNames: {annotation: ports}}]}",
+                &ready,
+                Decision::Include,
+            ),
+            ("{all: [podReady, abstain]}", &ready, Decision::Abstain),
+            ("{any: [podReady, abstain]}", &unready, Decision::Abstain),
+            ("{any: [podReady, include]}", &unready, Decision::Include),
+            (
+                "{perPort: {ports: {http: include}}}",
+                &ready,
+                Decision::Include,
+            ),
+            (
+                "{perPort: {ports: {other: include}}}",
+                &ready,
+                Decision::Exclude,
+            ),
+            (
+                "{perPort: {ports: {other: exclude}, fallback: abstain}}",
+                &ready,
+                Decision::Abstain,
+            ),
+            (
+                "{stable: {checker: podReady, successThreshold: 2}}",
+                &ready,
+                Decision::Include,
+            ),
+        ];
+        for (yaml, p, want) in cases {
+            let c = build(&expr(yaml), &ctx).unwrap();
+            assert_eq!(
+                c.check(&at("http", p.clone())).await.decision,
+                want,
+                "{yaml}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn probe_checkers_hit_the_subject_address_and_target() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let c = build(&expr("{tcpDial: {timeout: 1s}}"), &BuildContext::default()).unwrap();
+        let s = subject(
+            pod("a", None, &[]),
+            "tcp",
+            "127.0.0.1".parse().unwrap(),
+            port,
+        );
+        assert_eq!(c.check(&s).await.decision, Decision::Include);
+        let c = build(
+            &expr("{httpGet: {path: /healthz, timeout: 200ms}}"),
+            &BuildContext::default(),
+        )
+        .unwrap();
+        // The listener never answers HTTP: the probe times out, the pod is out.
+        assert_eq!(c.check(&s).await.decision, Decision::Exclude);
+    }
+
+    #[test]
+    fn wasm_without_provider_is_an_error_naming_the_path() {
+        let e = build(
+            &expr("{perPort: {ports: {admin: {wasm: {module: a.wasm}}}}}"),
+            &BuildContext::default(),
+        )
+        .unwrap_err();
+        assert_eq!(e.path, "membership.perPort.ports.admin.wasm");
+        assert!(
+            e.to_string()
+                .starts_with("membership.perPort.ports.admin.wasm: "),
+            "{e}"
+        );
+        let e = build(
+            &expr("{all: [podReady, {not: {wasm: {module: a.wasm}}}]}"),
+            &BuildContext::default(),
+        )
+        .unwrap_err();
+        assert_eq!(e.path, "membership.all[1].not.wasm");
+    }
+
+    /// A provider that records what it was asked for.
+    #[derive(Default)]
+    struct FakeWasm(Mutex<Vec<(String, serde_json::Value, Option<String>)>>);
+
+    #[derive(Debug)]
+    struct Answer(Decision);
+    impl Checker for Answer {
+        fn check<'a>(&'a self, _: &'a Subject) -> BoxFuture<'a, Verdict> {
+            Box::pin(std::future::ready(Verdict {
+                decision: self.0,
+                reason: None,
+            }))
+        }
+    }
+
+    impl WasmCheckers for FakeWasm {
+        fn checker(
+            &self,
+            module: &str,
+            config: &serde_json::Value,
+            sha256: Option<&str>,
+        ) -> Result<Arc<dyn Checker>, String> {
+            self.0
+                .lock()
+                .unwrap()
+                .push((module.into(), config.clone(), sha256.map(Into::into)));
+            if module == "broken.wasm" {
+                return Err("failed to compile: bad magic".into());
+            }
+            Ok(Arc::new(Answer(Decision::Include)))
+        }
+    }
+
+    #[tokio::test]
+    async fn wasm_goes_through_the_provider() {
+        let provider = FakeWasm::default();
+        let ctx = BuildContext {
+            wasm: Some(&provider),
+            ..Default::default()
+        };
+        let sum = "ab".repeat(32);
+        let c = build(
+            &expr(&format!(
+                "{{wasm: {{module: admin-check.wasm, config: {{minReplicas: 2}}, sha256: {sum}}}}}"
+            )),
+            &ctx,
+        )
+        .unwrap();
+        assert_eq!(
+            c.check(&at("admin", pod("a", None, &[]))).await.decision,
+            Decision::Include
+        );
+        assert_eq!(
+            provider.0.lock().unwrap()[0],
+            (
+                "admin-check.wasm".into(),
+                serde_json::json!({"minReplicas": 2}),
+                Some(sum)
+            )
+        );
+        let e = build(
+            &expr("{any: [exclude, {wasm: {module: broken.wasm}}]}"),
+            &ctx,
+        )
+        .unwrap_err();
+        assert_eq!(
+            e,
+            BuildError {
+                path: "membership.any[1].wasm".into(),
+                message: "failed to compile: bad magic".into()
+            }
+        );
+    }
+
+    #[tokio::test]
+    async fn seed_config_builds_and_routes() {
+        let yaml = r#"
+managedBy: portwise
+serviceKey: {annotation: port-mapper.example.com/group}
+modulesDir: /etc/portwise/modules
+membership:
+  perPort:
+    ports:
+      http:  {all: [podReady, {httpGet: {path: /healthz, timeout: 1s}}]}
+      https: {tcpDial: {timeout: 1s}}
+      admin: {wasm: {module: admin-check.wasm, config: {minReplicas: 2}}}
+    fallback: {all: [podReady, {portNames: {annotation: port-mapper.example.com/ports}}]}
+"#;
+        let config = Config::from_yaml(yaml).unwrap();
+        let provider = FakeWasm::default();
+        let ctx = BuildContext {
+            wasm: Some(&provider),
+            stable_ttl: BuildContext::stable_ttl_for(config.resync_period),
+        };
+        let c = build(&config.membership, &ctx).unwrap();
+        let key = "port-mapper.example.com/ports";
+        // Fallback port: podReady and portNames decide, no probe runs.
+        assert_eq!(
+            c.check(&at("metrics", pod("a", Some("True"), &[(key, "metrics")])))
+                .await
+                .decision,
+            Decision::Include
+        );
+        assert_eq!(
+            c.check(&at("metrics", pod("a", Some("True"), &[(key, "http")])))
+                .await
+                .decision,
+            Decision::Exclude
+        );
+        // http: an unready pod is excluded before the probe would run.
+        assert_eq!(
+            c.check(&at("http", pod("a", Some("False"), &[])))
+                .await
+                .decision,
+            Decision::Exclude
+        );
+        // admin goes to the wasm provider.
+        assert_eq!(
+            c.check(&at("admin", pod("a", None, &[]))).await.decision,
+            Decision::Include
+        );
+    }
+}

@@ -1,0 +1,1014 @@
+//! The built-in checkers: pod facts (`podReady`, `notTerminating`,
+//! `portNames`), constants, probes (`tcpDial`, `httpGet`) and the
+//! combinators (`all`, `any`, `not`, `perPort`, `stable`).
+//!
+//! The combination rules come from [`portwise_core::membership::algebra`]; this module adds the
+//! async plumbing, short-circuiting (a settled `all`/`any` does not run the
+//! probes after the deciding child) and reasons for logs.
+//!
+//! Probe outcomes map to decisions as follows:
+//! - a 2xx answer / an accepted connection: `include`;
+//! - any other status, connection refused, a reset or malformed response,
+//!   a timeout: `exclude`. A probe that times out means the pod did not serve
+//!   in time; that is a fact about the pod, as for kubelet's probes;
+//! - an error that shows the *controller* cannot reach the pod network (no
+//!   route, network/host unreachable, no local ports or file descriptors,
+//!   see [`ProbeError::Unreachable`]): `abstain`, so a controller that lost
+//!   its own network does not unpublish every endpoint.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    net::{IpAddr, SocketAddr},
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use portwise_core::{
+    config::KeySource,
+    membership::{
+        Decision, Subject, Verdict,
+        algebra::{self, Damper, Fold},
+        facts,
+    },
+};
+use portwise_probe::{self as probe, ProbeError};
+
+use crate::{BoxFuture, Checker};
+
+/// Body bytes an `httpGet` reads: enough for a snippet in the reason.
+const HTTP_BODY_FOR_REASON: usize = 1024;
+/// Body characters quoted in an `exclude` reason.
+const REASON_BODY_CHARS: usize = 120;
+
+/// `podReady`: the pod's `Ready` condition is `True`.
+#[derive(Debug, Default)]
+pub struct PodReady;
+
+impl Checker for PodReady {
+    fn check<'a>(&'a self, subject: &'a Subject) -> BoxFuture<'a, Verdict> {
+        Box::pin(std::future::ready(facts::pod_ready(subject)))
+    }
+}
+
+/// `notTerminating`: the pod has no deletionTimestamp.
+#[derive(Debug, Default)]
+pub struct NotTerminating;
+
+impl Checker for NotTerminating {
+    fn check<'a>(&'a self, subject: &'a Subject) -> BoxFuture<'a, Verdict> {
+        Box::pin(std::future::ready(facts::not_terminating(subject)))
+    }
+}
+
+/// `include`, `exclude`, `abstain`.
+#[derive(Debug)]
+pub struct Constant(pub Decision);
+
+impl Checker for Constant {
+    fn check<'a>(&'a self, _: &'a Subject) -> BoxFuture<'a, Verdict> {
+        Box::pin(std::future::ready(Verdict {
+            decision: self.0,
+            reason: None,
+        }))
+    }
+}
+
+/// `portNames(key)`: the pod's label/annotation `key` lists the Service
+/// port's name (see [`facts::port_names`]).
+#[derive(Debug)]
+pub struct PortNames(pub KeySource);
+
+impl Checker for PortNames {
+    fn check<'a>(&'a self, subject: &'a Subject) -> BoxFuture<'a, Verdict> {
+        Box::pin(std::future::ready(facts::port_names(&self.0, subject)))
+    }
+}
+
+/// The socket a probe targets: the address under judgement, the resolved
+/// target port.
+pub fn probe_addr(subject: &Subject) -> SocketAddr {
+    SocketAddr::new(subject.address, subject.port.target)
+}
+
+/// Maps a failed probe to a verdict (see the module docs).
+pub fn verdict_for_probe_error(what: &str, err: &ProbeError) -> Verdict {
+    let v = if err.is_inconclusive() {
+        Verdict::abstain()
+    } else {
+        Verdict::exclude()
+    };
+    v.because(format!("{what}: {err}"))
+}
+
+/// `tcpDial(timeout)`: a TCP connection to the address and target port.
+/// Probes always dial TCP, whatever the Service port's protocol.
+#[derive(Debug)]
+pub struct TcpDial {
+    pub timeout: Duration,
+}
+
+impl Checker for TcpDial {
+    fn check<'a>(&'a self, subject: &'a Subject) -> BoxFuture<'a, Verdict> {
+        Box::pin(async move {
+            let addr = probe_addr(subject);
+            match probe::tcp_dial(addr, self.timeout).await {
+                Ok(()) => Verdict::include(),
+                Err(e) => verdict_for_probe_error(&format!("tcpDial {addr}"), &e),
+            }
+        })
+    }
+}
+
+/// `httpGet(path, timeout)`: `GET http://<address>:<target><path>`; 2xx
+/// includes, redirects are not followed.
+#[derive(Debug)]
+pub struct HttpGet {
+    pub path: String,
+    pub timeout: Duration,
+}
+
+impl HttpGet {
+    /// The verdict for a probe result.
+    pub fn verdict(what: &str, result: Result<probe::HttpResponse, ProbeError>) -> Verdict {
+        match result {
+            Ok(r) if r.is_success() => Verdict::include(),
+            Ok(r) => {
+                let body = String::from_utf8_lossy(&r.body);
+                let body: String = body.trim().chars().take(REASON_BODY_CHARS).collect();
+                let reason = if body.is_empty() {
+                    format!("{what}: status {}", r.status)
+                } else {
+                    format!("{what}: status {}: {body}", r.status)
+                };
+                Verdict::exclude().because(reason)
+            }
+            Err(e) => verdict_for_probe_error(what, &e),
+        }
+    }
+}
+
+impl Checker for HttpGet {
+    fn check<'a>(&'a self, subject: &'a Subject) -> BoxFuture<'a, Verdict> {
+        Box::pin(async move {
+            let addr = probe_addr(subject);
+            let result =
+                probe::http_get(addr, &self.path, self.timeout, HTTP_BODY_FOR_REASON).await;
+            Self::verdict(&format!("httpGet {addr}{}", self.path), result)
+        })
+    }
+}
+
+/// Runs children in order under a [`Fold`], stopping once it settles. The
+/// verdict carries the reason of the deciding child (or of the first
+/// abstaining one).
+async fn fold_children(
+    mut fold: Fold,
+    children: &[Arc<dyn Checker>],
+    subject: &Subject,
+) -> Verdict {
+    let mut first_abstain: Option<Verdict> = None;
+    for child in children {
+        let v = child.check(subject).await;
+        if fold.push(v.decision).is_some() {
+            return v;
+        }
+        if v.decision == Decision::Abstain && first_abstain.is_none() {
+            first_abstain = Some(v);
+        }
+    }
+    match fold.finish() {
+        Decision::Abstain => first_abstain.unwrap_or_else(Verdict::abstain),
+        d => Verdict {
+            decision: d,
+            reason: None,
+        },
+    }
+}
+
+/// `all(...)`: the first `exclude` wins, later children do not run.
+#[derive(Debug)]
+pub struct All(pub Vec<Arc<dyn Checker>>);
+
+impl Checker for All {
+    fn check<'a>(&'a self, subject: &'a Subject) -> BoxFuture<'a, Verdict> {
+        Box::pin(fold_children(Fold::all(), &self.0, subject))
+    }
+}
+
+/// `any(...)`: the first `include` wins, later children do not run.
+#[derive(Debug)]
+pub struct Any(pub Vec<Arc<dyn Checker>>);
+
+impl Checker for Any {
+    fn check<'a>(&'a self, subject: &'a Subject) -> BoxFuture<'a, Verdict> {
+        Box::pin(async move {
+            let v = fold_children(Fold::any(), &self.0, subject).await;
+            if v.decision == Decision::Exclude && v.reason.is_none() && !self.0.is_empty() {
+                return v.because("any: no checker included");
+            }
+            v
+        })
+    }
+}
+
+/// `not(...)`: include ↔ exclude, abstain stays.
+#[derive(Debug)]
+pub struct Not(pub Arc<dyn Checker>);
+
+impl Checker for Not {
+    fn check<'a>(&'a self, subject: &'a Subject) -> BoxFuture<'a, Verdict> {
+        Box::pin(async move {
+            let v = self.0.check(subject).await;
+            Verdict {
+                decision: algebra::not(v.decision),
+                reason: Some(match v.reason {
+                    Some(r) => format!("not: {r}"),
+                    None => format!("not: inner checker answered {:?}", v.decision),
+                }),
+            }
+        })
+    }
+}
+
+/// `perPort({name: checker}, fallback)`: routes by the Service port's name.
+#[derive(Debug)]
+pub struct PerPort {
+    pub ports: BTreeMap<String, Arc<dyn Checker>>,
+    /// For unlisted ports (`exclude` when the configuration has none).
+    pub fallback: Arc<dyn Checker>,
+}
+
+impl Checker for PerPort {
+    fn check<'a>(&'a self, subject: &'a Subject) -> BoxFuture<'a, Verdict> {
+        self.ports
+            .get(&subject.port.name)
+            .unwrap_or(&self.fallback)
+            .check(subject)
+    }
+}
+
+/// What one `stable` state is kept for: the same pod address judged for the
+/// same Service port and target. A new pod (new UID), a moved target port
+/// or a new address starts afresh.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct StableKey {
+    pub service_uid: String,
+    pub pod_uid: String,
+    pub port: String,
+    pub target: u16,
+    pub address: IpAddr,
+}
+
+impl StableKey {
+    pub fn of(subject: &Subject) -> Self {
+        StableKey {
+            service_uid: subject.service.metadata.uid.clone().unwrap_or_default(),
+            pod_uid: subject.pod.metadata.uid.clone().unwrap_or_default(),
+            port: subject.port.name.clone(),
+            target: subject.port.target,
+            address: subject.address,
+        }
+    }
+}
+
+/// Damper states per [`StableKey`], forgotten when unused for `ttl` (pods
+/// come and go; without expiry the map would grow forever). Expired entries
+/// are swept lazily, at most once per `ttl`, on the next observation.
+#[derive(Debug)]
+pub struct StableStore {
+    success_threshold: u32,
+    failure_threshold: u32,
+    ttl: Duration,
+    inner: Mutex<StoreInner>,
+}
+
+#[derive(Debug)]
+struct StoreInner {
+    entries: HashMap<StableKey, (Damper, Instant)>,
+    last_sweep: Option<Instant>,
+}
+
+impl StableStore {
+    pub fn new(success_threshold: u32, failure_threshold: u32, ttl: Duration) -> Self {
+        StableStore {
+            success_threshold,
+            failure_threshold,
+            ttl,
+            inner: Mutex::new(StoreInner {
+                entries: HashMap::new(),
+                last_sweep: None,
+            }),
+        }
+    }
+
+    /// Feeds one observation for `key` at time `now`; returns the damped
+    /// decision and the damper after the observation.
+    pub fn observe(&self, key: StableKey, d: Decision, now: Instant) -> (Decision, Damper) {
+        // A panic elsewhere cannot leave a Damper half-updated; keep going.
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let due = inner
+            .last_sweep
+            .is_none_or(|t| now.saturating_duration_since(t) >= self.ttl);
+        if due {
+            let ttl = self.ttl;
+            inner
+                .entries
+                .retain(|_, (_, used)| now.saturating_duration_since(*used) < ttl);
+            inner.last_sweep = Some(now);
+        }
+        let fresh = Damper::new(self.success_threshold, self.failure_threshold);
+        let entry = inner.entries.entry(key).or_insert((fresh, now));
+        if now.saturating_duration_since(entry.1) >= self.ttl {
+            entry.0 = fresh; // expired but not yet swept
+        }
+        entry.1 = now;
+        let decision = entry.0.observe(d);
+        (decision, entry.0)
+    }
+
+    /// Number of keys currently remembered.
+    pub fn len(&self) -> usize {
+        self.inner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entries
+            .len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// `stable(checker, successThreshold, failureThreshold)`: kubelet-style
+/// damping of the inner checker (see [`Damper`]).
+#[derive(Debug)]
+pub struct Stable {
+    pub inner: Arc<dyn Checker>,
+    pub store: StableStore,
+}
+
+impl Stable {
+    pub fn new(
+        inner: Arc<dyn Checker>,
+        success_threshold: u32,
+        failure_threshold: u32,
+        ttl: Duration,
+    ) -> Self {
+        Stable {
+            inner,
+            store: StableStore::new(success_threshold, failure_threshold, ttl),
+        }
+    }
+}
+
+impl Checker for Stable {
+    fn check<'a>(&'a self, subject: &'a Subject) -> BoxFuture<'a, Verdict> {
+        Box::pin(async move {
+            let v = self.inner.check(subject).await;
+            let (damped, damper) =
+                self.store
+                    .observe(StableKey::of(subject), v.decision, Instant::now());
+            if damped == v.decision {
+                return v;
+            }
+            let why = match v.reason {
+                Some(r) => format!(": {r}"),
+                None => String::new(),
+            };
+            let reason = if v.decision == Decision::Abstain {
+                format!("stable: holding {damped:?}, inner checker abstained{why}")
+            } else {
+                let needed = match v.decision {
+                    Decision::Include => self.store.success_threshold.max(1),
+                    _ => self.store.failure_threshold.max(1),
+                };
+                format!(
+                    "stable: holding {damped:?}, {} of {needed} consecutive {:?}{why}",
+                    damper.consecutive(),
+                    v.decision
+                )
+            };
+            Verdict {
+                decision: damped,
+                reason: Some(reason),
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use std::{
+        collections::BTreeMap,
+        sync::atomic::{AtomicUsize, Ordering},
+    };
+
+    use k8s_openapi::{
+        api::core::v1::{Pod, PodCondition, PodStatus, Service},
+        apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time},
+    };
+    use tokio::{io::AsyncWriteExt, net::TcpListener};
+
+    use super::*;
+    use portwise_core::membership::{Family, ResolvedPort};
+
+    pub(crate) fn service() -> Arc<Service> {
+        Arc::new(Service {
+            metadata: ObjectMeta {
+                name: Some("my-service".into()),
+                namespace: Some("default".into()),
+                uid: Some("svc-uid".into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        })
+    }
+
+    /// A pod with a Ready condition (`None`: no condition) and annotations.
+    pub(crate) fn pod(name: &str, ready: Option<&str>, annotations: &[(&str, &str)]) -> Pod {
+        Pod {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some("default".into()),
+                uid: Some(format!("uid-{name}")),
+                annotations: Some(
+                    annotations
+                        .iter()
+                        .map(|(k, v)| (k.to_string(), v.to_string()))
+                        .collect::<BTreeMap<_, _>>(),
+                ),
+                ..Default::default()
+            },
+            status: Some(PodStatus {
+                phase: Some("Running".into()),
+                conditions: ready.map(|s| {
+                    vec![
+                        PodCondition {
+                            type_: "PodScheduled".into(),
+                            status: "True".into(),
+                            ..Default::default()
+                        },
+                        PodCondition {
+                            type_: "Ready".into(),
+                            status: s.into(),
+                            ..Default::default()
+                        },
+                    ]
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    pub(crate) fn subject(pod: Pod, port_name: &str, address: IpAddr, target: u16) -> Subject {
+        Subject {
+            service: service(),
+            pod: Arc::new(pod),
+            port: ResolvedPort {
+                name: port_name.into(),
+                port: 80,
+                protocol: "TCP".into(),
+                target,
+            },
+            family: if address.is_ipv4() {
+                Family::V4
+            } else {
+                Family::V6
+            },
+            address,
+        }
+    }
+
+    fn local() -> IpAddr {
+        "127.0.0.1".parse().unwrap()
+    }
+
+    fn subj(pod: Pod, port: &str) -> Subject {
+        subject(pod, port, local(), 9)
+    }
+
+    /// A checker that answers a fixed decision and counts its calls.
+    #[derive(Debug)]
+    pub(crate) struct Counting(pub Decision, pub AtomicUsize);
+    impl Counting {
+        pub(crate) fn new(d: Decision) -> Arc<Self> {
+            Arc::new(Counting(d, AtomicUsize::new(0)))
+        }
+        pub(crate) fn calls(&self) -> usize {
+            self.1.load(Ordering::SeqCst)
+        }
+    }
+    impl Checker for Counting {
+        fn check<'a>(&'a self, _: &'a Subject) -> BoxFuture<'a, Verdict> {
+            self.1.fetch_add(1, Ordering::SeqCst);
+            Box::pin(std::future::ready(Verdict {
+                decision: self.0,
+                reason: Some(format!("fixed {:?}", self.0)),
+            }))
+        }
+    }
+
+    /// Replays a script of decisions, one per call.
+    #[derive(Debug)]
+    struct Script(Mutex<Vec<Decision>>);
+    impl Checker for Script {
+        fn check<'a>(&'a self, _: &'a Subject) -> BoxFuture<'a, Verdict> {
+            let d = self.0.lock().unwrap().remove(0);
+            Box::pin(std::future::ready(Verdict {
+                decision: d,
+                reason: None,
+            }))
+        }
+    }
+
+    #[tokio::test]
+    async fn pod_ready() {
+        let s = subj(pod("a", Some("True"), &[]), "http");
+        assert_eq!(PodReady.check(&s).await, Verdict::include());
+        let v = PodReady
+            .check(&subj(pod("a", Some("False"), &[]), "http"))
+            .await;
+        assert_eq!(v.decision, Decision::Exclude);
+        assert!(v.reason.unwrap().contains("False"));
+        let v = PodReady
+            .check(&subj(pod("a", Some("Unknown"), &[]), "http"))
+            .await;
+        assert_eq!(v.decision, Decision::Exclude);
+        let v = PodReady.check(&subj(pod("a", None, &[]), "http")).await;
+        assert_eq!(v.decision, Decision::Exclude);
+        let mut no_status = pod("a", None, &[]);
+        no_status.status = None;
+        assert_eq!(
+            PodReady.check(&subj(no_status, "http")).await.decision,
+            Decision::Exclude
+        );
+    }
+
+    #[tokio::test]
+    async fn not_terminating() {
+        let live = pod("a", Some("True"), &[]);
+        assert_eq!(
+            NotTerminating.check(&subj(live.clone(), "x")).await,
+            Verdict::include()
+        );
+        let mut dying = live;
+        dying.metadata.deletion_timestamp =
+            Some(Time(jiff::Timestamp::from_second(1_700_000_000).unwrap()));
+        let v = NotTerminating.check(&subj(dying, "x")).await;
+        assert_eq!(v.decision, Decision::Exclude);
+    }
+
+    #[tokio::test]
+    async fn constants() {
+        for d in [Decision::Include, Decision::Exclude, Decision::Abstain] {
+            assert_eq!(
+                Constant(d)
+                    .check(&subj(pod("a", None, &[]), "x"))
+                    .await
+                    .decision,
+                d
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn port_names_annotation_and_label() {
+        let key = "port-mapper.example.com/ports";
+        let c = PortNames(KeySource::Annotation(key.into()));
+        let p = pod("b", Some("True"), &[(key, " http , https,metrics ")]);
+        for (port, want) in [
+            ("http", Decision::Include),
+            ("https", Decision::Include),
+            ("metrics", Decision::Include),
+            ("admin", Decision::Exclude),
+            ("htt", Decision::Exclude),
+            ("", Decision::Exclude),
+        ] {
+            assert_eq!(
+                c.check(&subj(p.clone(), port)).await.decision,
+                want,
+                "{port:?}"
+            );
+        }
+        // Missing annotation.
+        assert_eq!(
+            c.check(&subj(pod("c", None, &[]), "http")).await.decision,
+            Decision::Exclude
+        );
+        // An empty list, and empty entries, match nothing (not even the unnamed port).
+        let p = pod("d", None, &[(key, ", ,")]);
+        assert_eq!(
+            c.check(&subj(p.clone(), "")).await.decision,
+            Decision::Exclude
+        );
+        assert_eq!(c.check(&subj(p, "http")).await.decision, Decision::Exclude);
+        // Labels are looked up in labels, not annotations.
+        let mut labelled = pod("e", None, &[(key, "http")]);
+        labelled.metadata.labels = Some([("ports".to_owned(), "https".to_owned())].into());
+        let by_label = PortNames(KeySource::Label("ports".into()));
+        assert_eq!(
+            by_label
+                .check(&subj(labelled.clone(), "https"))
+                .await
+                .decision,
+            Decision::Include
+        );
+        assert_eq!(
+            by_label.check(&subj(labelled, "http")).await.decision,
+            Decision::Exclude
+        );
+    }
+
+    #[tokio::test]
+    async fn tcp_dial_checker() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let c = TcpDial {
+            timeout: Duration::from_secs(1),
+        };
+        let s = subject(pod("a", None, &[]), "tcp", local(), port);
+        assert_eq!(c.check(&s).await, Verdict::include());
+        drop(listener);
+        let v = c.check(&s).await;
+        assert_eq!(v.decision, Decision::Exclude);
+        assert!(v.reason.unwrap().contains("refused"));
+    }
+
+    async fn http_server(
+        status_line: &'static str,
+        body: &'static str,
+    ) -> (u16, tokio::task::JoinHandle<()>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let task = tokio::spawn(async move {
+            while let Ok((mut sock, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 1024];
+                    let _ = tokio::io::AsyncReadExt::read(&mut sock, &mut buf).await;
+                    let resp = format!(
+                        "HTTP/1.1 {status_line}\r\nContent-Length: {}\r\n\r\n{body}",
+                        body.len()
+                    );
+                    let _ = sock.write_all(resp.as_bytes()).await;
+                });
+            }
+        });
+        (port, task)
+    }
+
+    #[tokio::test]
+    async fn http_get_checker() {
+        let c = HttpGet {
+            path: "/healthz".into(),
+            timeout: Duration::from_secs(1),
+        };
+        let (port, t1) = http_server("200 OK", "ok").await;
+        assert_eq!(
+            c.check(&subject(pod("a", None, &[]), "http", local(), port))
+                .await,
+            Verdict::include()
+        );
+        let (port, t2) = http_server("204 No Content", "").await;
+        assert_eq!(
+            c.check(&subject(pod("a", None, &[]), "http", local(), port))
+                .await
+                .decision,
+            Decision::Include
+        );
+        let (port, t3) = http_server("503 Service Unavailable", "  warming up\n").await;
+        let v = c
+            .check(&subject(pod("a", None, &[]), "http", local(), port))
+            .await;
+        assert_eq!(v.decision, Decision::Exclude);
+        assert!(
+            v.reason
+                .as_deref()
+                .unwrap()
+                .ends_with("status 503: warming up"),
+            "{v:?}"
+        );
+        let (port, t4) = http_server("302 Found", "").await;
+        let v = c
+            .check(&subject(pod("a", None, &[]), "http", local(), port))
+            .await;
+        assert_eq!(v.decision, Decision::Exclude, "redirects are not success");
+        for t in [t1, t2, t3, t4] {
+            t.abort();
+        }
+    }
+
+    #[tokio::test]
+    async fn http_get_times_out_to_exclude() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let c = HttpGet {
+            path: "/".into(),
+            timeout: Duration::from_millis(100),
+        };
+        let v = c
+            .check(&subject(pod("a", None, &[]), "http", local(), port))
+            .await;
+        assert_eq!(v.decision, Decision::Exclude);
+        assert!(v.reason.unwrap().contains("timed out"));
+    }
+
+    #[test]
+    fn probe_error_mapping() {
+        assert_eq!(
+            verdict_for_probe_error("x", &ProbeError::Timeout).decision,
+            Decision::Exclude
+        );
+        assert_eq!(
+            verdict_for_probe_error("x", &ProbeError::Refused).decision,
+            Decision::Exclude
+        );
+        assert_eq!(
+            verdict_for_probe_error("x", &ProbeError::Io("reset".into())).decision,
+            Decision::Exclude
+        );
+        let unreachable = ProbeError::from_io(&std::io::Error::from(
+            std::io::ErrorKind::NetworkUnreachable,
+        ));
+        assert_eq!(
+            verdict_for_probe_error("x", &unreachable).decision,
+            Decision::Abstain
+        );
+        let no_route =
+            ProbeError::from_io(&std::io::Error::from(std::io::ErrorKind::HostUnreachable));
+        assert_eq!(
+            HttpGet::verdict("x", Err(no_route)).decision,
+            Decision::Abstain
+        );
+        let ok = probe::HttpResponse {
+            status: 299,
+            body: vec![],
+            truncated: false,
+        };
+        assert_eq!(HttpGet::verdict("x", Ok(ok)).decision, Decision::Include);
+        let moved = probe::HttpResponse {
+            status: 301,
+            body: vec![],
+            truncated: false,
+        };
+        assert_eq!(HttpGet::verdict("x", Ok(moved)).decision, Decision::Exclude);
+    }
+
+    #[tokio::test]
+    async fn all_short_circuits_on_first_exclude() {
+        let (a, b, c) = (
+            Counting::new(Decision::Include),
+            Counting::new(Decision::Exclude),
+            Counting::new(Decision::Include),
+        );
+        let all = All(vec![a.clone(), b.clone(), c.clone()]);
+        let v = all.check(&subj(pod("p", None, &[]), "x")).await;
+        assert_eq!(v, Verdict::exclude().because("fixed Exclude"));
+        assert_eq!((a.calls(), b.calls(), c.calls()), (1, 1, 0));
+    }
+
+    #[tokio::test]
+    async fn all_abstain_does_not_short_circuit() {
+        let (a, b) = (
+            Counting::new(Decision::Abstain),
+            Counting::new(Decision::Exclude),
+        );
+        let v = All(vec![a.clone(), b.clone()])
+            .check(&subj(pod("p", None, &[]), "x"))
+            .await;
+        assert_eq!(v.decision, Decision::Exclude);
+        assert_eq!((a.calls(), b.calls()), (1, 1));
+        let (a, b) = (
+            Counting::new(Decision::Include),
+            Counting::new(Decision::Abstain),
+        );
+        let v = All(vec![a, b]).check(&subj(pod("p", None, &[]), "x")).await;
+        assert_eq!(v, Verdict::abstain().because("fixed Abstain"));
+        assert_eq!(
+            All(vec![])
+                .check(&subj(pod("p", None, &[]), "x"))
+                .await
+                .decision,
+            Decision::Include
+        );
+    }
+
+    #[tokio::test]
+    async fn any_short_circuits_on_first_include() {
+        let (a, b, c) = (
+            Counting::new(Decision::Abstain),
+            Counting::new(Decision::Include),
+            Counting::new(Decision::Exclude),
+        );
+        let v = Any(vec![a.clone(), b.clone(), c.clone()])
+            .check(&subj(pod("p", None, &[]), "x"))
+            .await;
+        assert_eq!(v.decision, Decision::Include);
+        assert_eq!((a.calls(), b.calls(), c.calls()), (1, 1, 0));
+        let v = Any(vec![
+            Counting::new(Decision::Exclude),
+            Counting::new(Decision::Abstain),
+        ])
+        .check(&subj(pod("p", None, &[]), "x"))
+        .await;
+        assert_eq!(v.decision, Decision::Abstain);
+        let v = Any(vec![Counting::new(Decision::Exclude)])
+            .check(&subj(pod("p", None, &[]), "x"))
+            .await;
+        assert_eq!(v.decision, Decision::Exclude);
+        assert_eq!(
+            Any(vec![])
+                .check(&subj(pod("p", None, &[]), "x"))
+                .await
+                .decision,
+            Decision::Exclude
+        );
+    }
+
+    #[tokio::test]
+    async fn combinators_match_the_algebra_exhaustively() {
+        use Decision::*;
+        let ds = [Include, Exclude, Abstain];
+        let s = subj(pod("p", None, &[]), "x");
+        for a in ds {
+            assert_eq!(
+                Not(Counting::new(a)).check(&s).await.decision,
+                algebra::not(a)
+            );
+            for b in ds {
+                for c in ds {
+                    let kids = || -> Vec<Arc<dyn Checker>> {
+                        vec![Counting::new(a), Counting::new(b), Counting::new(c)]
+                    };
+                    assert_eq!(
+                        All(kids()).check(&s).await.decision,
+                        algebra::all(&[a, b, c]),
+                        "{a:?}{b:?}{c:?}"
+                    );
+                    assert_eq!(
+                        Any(kids()).check(&s).await.decision,
+                        algebra::any(&[a, b, c]),
+                        "{a:?}{b:?}{c:?}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn per_port_routes_by_name_with_fallback() {
+        let http = Counting::new(Decision::Include);
+        let admin = Counting::new(Decision::Abstain);
+        let fallback = Counting::new(Decision::Exclude);
+        let pp = PerPort {
+            ports: [
+                ("http".to_owned(), http.clone() as Arc<dyn Checker>),
+                ("admin".to_owned(), admin.clone() as _),
+            ]
+            .into(),
+            fallback: fallback.clone(),
+        };
+        let p = pod("p", None, &[]);
+        assert_eq!(
+            pp.check(&subj(p.clone(), "http")).await.decision,
+            Decision::Include
+        );
+        assert_eq!(
+            pp.check(&subj(p.clone(), "admin")).await.decision,
+            Decision::Abstain
+        );
+        assert_eq!(
+            pp.check(&subj(p.clone(), "metrics")).await.decision,
+            Decision::Exclude
+        );
+        assert_eq!(pp.check(&subj(p, "")).await.decision, Decision::Exclude);
+        assert_eq!((http.calls(), admin.calls(), fallback.calls()), (1, 1, 2));
+    }
+
+    #[tokio::test]
+    async fn stable_damps_per_key() {
+        use Decision::*;
+        let script = Arc::new(Script(Mutex::new(vec![
+            Include, Exclude, Exclude, Include, Exclude, Exclude, Exclude,
+        ])));
+        let st = Stable::new(script, 2, 3, Duration::from_secs(600));
+        let s = subj(pod("p", None, &[]), "http");
+        let mut got = vec![];
+        for _ in 0..7 {
+            got.push(st.check(&s).await.decision);
+        }
+        assert_eq!(
+            got,
+            [
+                Include, Include, Include, Include, Include, Include, Exclude
+            ]
+        );
+        assert_eq!(st.store.len(), 1);
+    }
+
+    #[tokio::test]
+    async fn stable_reason_explains_holding() {
+        let st = Stable::new(
+            Arc::new(Script(Mutex::new(vec![
+                Decision::Include,
+                Decision::Exclude,
+                Decision::Abstain,
+            ]))),
+            1,
+            3,
+            Duration::from_secs(60),
+        );
+        let s = subj(pod("p", None, &[]), "http");
+        assert_eq!(st.check(&s).await, Verdict::include());
+        let v = st.check(&s).await;
+        assert_eq!(v.decision, Decision::Include);
+        assert!(
+            v.reason
+                .as_deref()
+                .unwrap()
+                .contains("1 of 3 consecutive Exclude"),
+            "{v:?}"
+        );
+        let v = st.check(&s).await;
+        assert_eq!(v.decision, Decision::Include);
+        assert!(v.reason.as_deref().unwrap().contains("abstained"), "{v:?}");
+    }
+
+    #[test]
+    fn stable_store_keys_are_independent() {
+        use Decision::*;
+        let store = StableStore::new(1, 2, Duration::from_secs(60));
+        let now = Instant::now();
+        let s = subj(pod("p", None, &[]), "http");
+        let k1 = StableKey::of(&s);
+        let mut k2 = k1.clone();
+        k2.pod_uid = "other".into();
+        let mut k3 = k1.clone();
+        k3.address = "10.244.0.7".parse().unwrap();
+        let mut k4 = k1.clone();
+        k4.target = 8081;
+        assert_eq!(store.observe(k1.clone(), Include, now).0, Include);
+        assert_eq!(store.observe(k1.clone(), Exclude, now).0, Include);
+        // Other keys take their first observation as is.
+        for k in [&k2, &k3, &k4] {
+            assert_eq!(store.observe(k.clone(), Exclude, now).0, Exclude);
+        }
+        assert_eq!(store.observe(k1, Exclude, now).0, Exclude);
+        assert_eq!(store.len(), 4);
+    }
+
+    #[test]
+    fn stable_store_expires_unused_entries() {
+        use Decision::*;
+        let ttl = Duration::from_secs(60);
+        let store = StableStore::new(3, 3, ttl);
+        let t0 = Instant::now();
+        let s = subj(pod("p", None, &[]), "http");
+        let k = StableKey::of(&s);
+        let mut other = k.clone();
+        other.pod_uid = "gone".into();
+        store.observe(k.clone(), Include, t0);
+        store.observe(other.clone(), Include, t0);
+        // Within the TTL the state holds: one exclude does not flip.
+        assert_eq!(store.observe(k.clone(), Exclude, t0 + ttl / 2).0, Include);
+        // `other` is unused for > ttl: swept on the next observation after a ttl.
+        assert_eq!(store.len(), 2);
+        store.observe(k.clone(), Exclude, t0 + ttl + Duration::from_secs(1));
+        assert_eq!(store.len(), 1, "unused entry swept");
+        // An entry unused for a whole TTL starts afresh: first observation as is.
+        let later = t0 + 3 * ttl;
+        assert_eq!(store.observe(k, Exclude, later).0, Exclude);
+    }
+
+    #[tokio::test]
+    async fn seed_example_all_pod_ready_and_port_names() {
+        // Service my-service: http -> pods A, B, C; https -> B, C, D (D not ready).
+        let key = "port-mapper.example.com/ports";
+        let pods = [
+            pod("a", Some("True"), &[(key, "http")]),
+            pod("b", Some("True"), &[(key, "http,https")]),
+            pod("c", Some("True"), &[(key, "https, http")]),
+            pod("d", Some("False"), &[(key, "https")]),
+            pod("e", Some("True"), &[]),
+        ];
+        let checker = All(vec![
+            Arc::new(PodReady),
+            Arc::new(PortNames(KeySource::Annotation(key.into()))),
+        ]);
+        let mut members: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+        for port in ["http", "https"] {
+            for p in &pods {
+                let v = checker.check(&subj(p.clone(), port)).await;
+                if v.decision == Decision::Include {
+                    members
+                        .entry(port)
+                        .or_default()
+                        .push(p.metadata.name.clone().unwrap());
+                }
+            }
+        }
+        assert_eq!(members["http"], ["a", "b", "c"]);
+        assert_eq!(members["https"], ["b", "c"]);
+    }
+}

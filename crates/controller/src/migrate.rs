@@ -1,0 +1,221 @@
+//! Living beside the native controllers: cleaning up what they left behind
+//! when a Service moves to portwise, and publishing legacy `Endpoints` for
+//! consumers that still read them.
+//!
+//! A Service that loses its selector keeps the native controller's
+//! EndpointSlices and the old Endpoints object forever (the native
+//! controllers ignore selector-less Services), so clients would keep being
+//! sent to pods portwise no longer publishes. Once portwise publishes at
+//! least one endpoint, we delete the Endpoints object first (so the
+//! mirroring controller cannot copy it back into slices), then the native
+//! slices. Every step is idempotent, so a failure part-way, or a restart,
+//! simply resumes on the next reconcile.
+
+use std::{
+    collections::HashSet,
+    sync::{Arc, Mutex},
+};
+
+use k8s_openapi::api::{
+    core::v1::{Endpoints, Service},
+    discovery::v1::EndpointSlice,
+};
+use kube::{
+    Api, Client, ResourceExt,
+    api::{DeleteParams, Patch, PatchParams, Preconditions},
+};
+use tracing::info;
+
+use crate::metrics::{CleanupKind, Metrics};
+
+/// The native EndpointSlice controller's managed-by value.
+pub const NATIVE_MANAGER: &str = "endpointslice-controller.k8s.io";
+/// Label marking the Endpoints objects portwise publishes.
+pub const ENDPOINTS_MANAGED_BY_LABEL: &str = "endpoints.kubernetes.io/managed-by";
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    /// The Endpoints object exists and belongs to someone else.
+    #[error("Endpoints object is managed by {0}")]
+    NotOurs(String),
+}
+
+/// What one cleanup pass deleted.
+#[derive(Debug, Default)]
+pub struct Cleaned {
+    pub endpoints: bool,
+    pub slices: Vec<String>,
+}
+
+impl Cleaned {
+    pub fn deleted_anything(&self) -> bool {
+        self.endpoints || !self.slices.is_empty()
+    }
+    pub fn describe(&self) -> String {
+        let mut parts = Vec::new();
+        if self.endpoints {
+            parts.push("the legacy Endpoints object".to_string());
+        }
+        if !self.slices.is_empty() {
+            parts.push(format!(
+                "{} native EndpointSlice(s): {}",
+                self.slices.len(),
+                self.slices.join(", ")
+            ));
+        }
+        format!(
+            "portwise publishes this Service now; deleted {}",
+            parts.join(" and ")
+        )
+    }
+}
+
+pub struct Migrator {
+    client: Client,
+    managed_by: String,
+    /// Services (by UID) whose Endpoints object is known to be gone, so a
+    /// steady state does not GET it on every reconcile.
+    endpoints_gone: Mutex<HashSet<String>>,
+}
+
+/// The value the native endpoints controller labels its Endpoints with.
+pub const NATIVE_ENDPOINTS_MANAGER: &str = "endpoint-controller";
+
+fn endpoints_manager(ep: &Endpoints) -> Option<&str> {
+    ep.labels()
+        .get(ENDPOINTS_MANAGED_BY_LABEL)
+        .map(String::as_str)
+}
+
+fn is_our_endpoints(ep: &Endpoints, managed_by: &str) -> bool {
+    endpoints_manager(ep) == Some(managed_by)
+}
+
+/// Only the native controller's Endpoints is a leftover: a hand-maintained
+/// one (the classic way to feed a selector-less Service) is someone's data.
+fn is_native_endpoints(ep: &Endpoints) -> bool {
+    endpoints_manager(ep) == Some(NATIVE_ENDPOINTS_MANAGER)
+}
+
+impl Migrator {
+    pub fn new(client: Client, managed_by: String) -> Self {
+        Self {
+            client,
+            managed_by,
+            endpoints_gone: Mutex::default(),
+        }
+    }
+
+    /// Deletes the native leftovers of `svc`: its Endpoints object (unless it
+    /// is ours), then `native_slices`. Call only when the Service has no
+    /// selector and portwise publishes at least one endpoint for it.
+    pub async fn cleanup(
+        &self,
+        svc: &Service,
+        native_slices: &[Arc<EndpointSlice>],
+        metrics: &Metrics,
+    ) -> Result<Cleaned, Error> {
+        let ns = svc.namespace().unwrap_or_default();
+        let name = svc.name_any();
+        let uid = svc.uid().unwrap_or_default();
+        let mut cleaned = Cleaned::default();
+
+        if !self.endpoints_gone.lock().unwrap().contains(&uid) {
+            let api: Api<Endpoints> = Api::namespaced(self.client.clone(), &ns);
+            match api.get_opt(&name).await? {
+                Some(ep) if is_native_endpoints(&ep) => {
+                    delete_guarded(&api, &name, ep.uid()).await?;
+                    metrics.count_native_cleanup_deletion(CleanupKind::Endpoints);
+                    info!(namespace = %ns, service = %name, "deleted native Endpoints");
+                    cleaned.endpoints = true;
+                }
+                _ => {}
+            }
+            self.endpoints_gone.lock().unwrap().insert(uid);
+        }
+
+        let api: Api<EndpointSlice> = Api::namespaced(self.client.clone(), &ns);
+        for slice in native_slices {
+            let slice_name = slice.name_any();
+            delete_guarded(&api, &slice_name, slice.uid()).await?;
+            metrics.count_native_cleanup_deletion(CleanupKind::EndpointSlice);
+            info!(namespace = %ns, service = %name, slice = %slice_name, "deleted native EndpointSlice");
+            cleaned.slices.push(slice_name);
+        }
+        Ok(cleaned)
+    }
+
+    /// Deletes the Endpoints object we published for `svc`, if any (the
+    /// Service left our management or legacy publishing was turned off).
+    pub async fn remove_our_endpoints(&self, svc: &Service) -> Result<bool, Error> {
+        let ns = svc.namespace().unwrap_or_default();
+        let api: Api<Endpoints> = Api::namespaced(self.client.clone(), &ns);
+        match api.get_opt(&svc.name_any()).await? {
+            Some(ep) if is_our_endpoints(&ep, &self.managed_by) => {
+                delete_guarded(&api, &svc.name_any(), ep.uid()).await?;
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    /// Forgets what we know about `svc`'s Endpoints (it regained a selector,
+    /// so the native controller may publish one again).
+    pub fn forget(&self, svc_uid: &str) {
+        self.endpoints_gone.lock().unwrap().remove(svc_uid);
+    }
+
+    /// Publishes `desired` as the Service's Endpoints object, unless an
+    /// Endpoints object owned by someone else exists. Writes only when the
+    /// live object differs.
+    pub async fn publish_endpoints(
+        &self,
+        svc: &Service,
+        desired: Endpoints,
+    ) -> Result<bool, Error> {
+        let ns = svc.namespace().unwrap_or_default();
+        let name = svc.name_any();
+        let api: Api<Endpoints> = Api::namespaced(self.client.clone(), &ns);
+        let live = api.get_opt(&name).await?;
+        if let Some(live) = &live {
+            if !is_our_endpoints(live, &self.managed_by) {
+                let holder = live
+                    .labels()
+                    .get(ENDPOINTS_MANAGED_BY_LABEL)
+                    .cloned()
+                    .unwrap_or_else(|| "another writer".into());
+                return Err(Error::NotOurs(holder));
+            }
+            if !portwise_core::plan::endpoints_differ(&desired, live) {
+                return Ok(false);
+            }
+        }
+        api.patch(
+            &name,
+            &PatchParams::apply(&self.managed_by).force(),
+            &Patch::Apply(&desired),
+        )
+        .await?;
+        Ok(true)
+    }
+}
+
+async fn delete_guarded<K>(api: &Api<K>, name: &str, uid: Option<String>) -> Result<(), Error>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let dp = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid,
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    match api.delete(name, &dp).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}

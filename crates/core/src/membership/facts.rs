@@ -1,0 +1,51 @@
+//! Checks that read only the pod object: `podReady`, `notTerminating`,
+//! `portNames`. Pure functions of a [`Subject`], so the runnable checkers in
+//! `portwise-checkers` wrap them and the controller's decisions can be
+//! tested without any checker tree.
+
+use super::{Subject, Verdict};
+use crate::config::KeySource;
+
+/// `podReady`: the pod's `Ready` condition is `True`.
+pub fn pod_ready(subject: &Subject) -> Verdict {
+    let ready = subject
+        .pod
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"));
+    match ready {
+        Some(c) if c.status == "True" => Verdict::include(),
+        Some(c) => Verdict::exclude().because(format!("podReady: Ready is {}", c.status)),
+        None => Verdict::exclude().because("podReady: no Ready condition"),
+    }
+}
+
+/// `notTerminating`: the pod has no deletionTimestamp.
+pub fn not_terminating(subject: &Subject) -> Verdict {
+    if subject.pod.metadata.deletion_timestamp.is_some() {
+        Verdict::exclude().because("notTerminating: pod is terminating")
+    } else {
+        Verdict::include()
+    }
+}
+
+/// `portNames(key)`: the pod's label/annotation `key` lists the Service
+/// port's name, comma-separated, whitespace trimmed. An unnamed port matches
+/// nothing (there is no name to list).
+pub fn port_names(key: &KeySource, subject: &Subject) -> Verdict {
+    let port = subject.port.name.as_str();
+    if port.is_empty() {
+        return Verdict::exclude().because("portNames: the Service port has no name");
+    }
+    let Some(list) = key.get(&subject.pod.metadata) else {
+        return Verdict::exclude().because(format!("portNames: pod has no {key}"));
+    };
+    if list.split(',').any(|n| n.trim() == port) {
+        Verdict::include()
+    } else {
+        Verdict::exclude().because(format!(
+            "portNames: {key} = {list:?} does not list {port:?}"
+        ))
+    }
+}

@@ -1,0 +1,592 @@
+//! The two commands behind the binary, kept in the library so tests and the
+//! binary share them.
+//!
+//! * `run`: load and validate the configuration (refusing to start on any
+//!   error, with the offending field's path), connect (KUBECONFIG or
+//!   in-cluster), serve metrics and health, elect a leader if asked, and run
+//!   the controller until SIGTERM/SIGINT; then release the Lease and exit 0.
+//! * `check`: evaluate a checker against one pod and Service, from files or
+//!   from the cluster, and print each verdict. Like `kwctl run`: guest
+//!   authors try a `.wasm` without deploying it.
+
+use std::{
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    process::ExitCode,
+    sync::Arc,
+    time::Duration,
+};
+
+use anyhow::{Context as _, bail};
+use clap::Args;
+use k8s_openapi::api::core::v1::{Pod, Service};
+use kube::{Api, Client};
+use tokio::sync::watch;
+use tracing::{error, info};
+
+use portwise_checkers::{BuildContext, WasmCheckers, build};
+use portwise_controller::{self as controller, RunOptions};
+use portwise_core::{
+    align,
+    config::{CheckerExpr, Config, WasmSpec},
+};
+use portwise_wasm::{Limits, WasmConfig, WasmRuntime, default_cache_dir};
+
+use crate::ops;
+
+#[derive(Args, Debug, Clone)]
+pub struct RunArgs {
+    /// The configuration file (see docs/configuration.md).
+    #[arg(long, env = "PORTWISE_CONFIG")]
+    pub config: PathBuf,
+    /// Namespace to watch; repeat for several. Default: all namespaces.
+    #[arg(long = "namespace", env = "PORTWISE_NAMESPACES", value_delimiter = ',')]
+    pub namespaces: Vec<String>,
+    /// Where `/metrics`, `/healthz` and `/readyz` are served.
+    #[arg(long, env = "PORTWISE_METRICS_ADDR", default_value = "0.0.0.0:9090")]
+    pub metrics_addr: SocketAddr,
+    /// Elect a leader on a coordination.k8s.io Lease; only the leader writes.
+    #[arg(long, env = "PORTWISE_LEADER_ELECT", default_value_t = false)]
+    pub leader_elect: bool,
+    /// Namespace of the Lease (default: the pod's namespace, else `default`).
+    #[arg(long, env = "POD_NAMESPACE")]
+    pub lease_namespace: Option<String>,
+    #[arg(long, env = "PORTWISE_LEASE_NAME", default_value = "portwise")]
+    pub lease_name: String,
+    /// This replica's name in the Lease and in Events.
+    #[arg(long, env = "POD_NAME")]
+    pub identity: Option<String>,
+    /// Lease duration; a new leader takes over at most this long after the
+    /// old one vanished.
+    #[arg(long, default_value = "15s", value_parser = humantime::parse_duration)]
+    pub lease_duration: Duration,
+    /// Cache for compiled WebAssembly modules.
+    #[arg(long, env = "PORTWISE_CACHE_DIR")]
+    pub cache_dir: Option<PathBuf>,
+    /// Upper bound on one membership check; past it the check abstains.
+    /// Default: the configured checker's worst case (its probe timeouts in
+    /// sequence, guest call timeouts) plus 5 s, so a hung pod is excluded by
+    /// its probe's own timeout rather than kept by an abstain.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub check_timeout: Option<Duration>,
+    /// Deadline of one call into a WebAssembly guest.
+    #[arg(long, default_value = "100ms", value_parser = humantime::parse_duration)]
+    pub guest_deadline: Duration,
+    /// Memory limit of one WebAssembly guest instance, in MiB.
+    #[arg(long, default_value_t = 64)]
+    pub guest_memory_mib: u64,
+    /// Services reconciled at once.
+    #[arg(long, default_value_t = 8)]
+    pub reconcile_concurrency: u16,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct CheckArgs {
+    /// Take the membership checker (and modulesDir) from this config file.
+    #[arg(long, conflicts_with_all = ["expr", "wasm"])]
+    pub config: Option<PathBuf>,
+    /// A checker expression in the config file's syntax, e.g.
+    /// `{all: [podReady, {tcpDial: {timeout: 1s}}]}`.
+    #[arg(long, conflicts_with = "wasm")]
+    pub expr: Option<String>,
+    /// A WebAssembly checker component to run (`.wasm`, or gzipped
+    /// `.wasm.gz`).
+    #[arg(long)]
+    pub wasm: Option<PathBuf>,
+    /// JSON configuration handed to the `--wasm` guest.
+    #[arg(long, default_value = "null")]
+    pub wasm_config: String,
+    /// The pod, as a YAML or JSON file.
+    #[arg(long, conflicts_with = "pod_name")]
+    pub pod: Option<PathBuf>,
+    /// The pod, fetched from the cluster.
+    #[arg(long)]
+    pub pod_name: Option<String>,
+    /// The Service, as a YAML or JSON file.
+    #[arg(long, conflicts_with = "service_name")]
+    pub service: Option<PathBuf>,
+    /// The Service, fetched from the cluster.
+    #[arg(long)]
+    pub service_name: Option<String>,
+    /// Namespace for `--pod-name`/`--service-name`.
+    #[arg(long, short = 'n', default_value = "default")]
+    pub namespace: String,
+    #[arg(long, env = "PORTWISE_CACHE_DIR")]
+    pub cache_dir: Option<PathBuf>,
+}
+
+/// `portwise run`.
+pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
+    let config = Config::load(&args.config)
+        .with_context(|| format!("invalid configuration {}", args.config.display()))?;
+    let client = connect()
+        .await
+        .context("no Kubernetes connection (set KUBECONFIG or run in a cluster)")?;
+
+    let metrics = portwise_controller::metrics::Metrics::new();
+    let readiness = ops::Readiness::new();
+    let server = ops::http::OpsServer::bind(args.metrics_addr, metrics.clone(), readiness.clone())
+        .await
+        .with_context(|| format!("cannot serve metrics on {}", args.metrics_addr))?;
+    let (server_stop_tx, server_stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(server.serve(async move {
+        let _ = server_stop_rx.await;
+    }));
+
+    let wasm = match &config.modules_dir {
+        Some(dir) => Some(Arc::new(
+            WasmRuntime::new(WasmConfig {
+                modules_dir: Some(dir.clone()),
+                cache_dir: Some(args.cache_dir.clone().unwrap_or_else(default_cache_dir)),
+                watch: true,
+                limits: Limits {
+                    deadline: args.guest_deadline,
+                    memory_bytes: (args.guest_memory_mib * 1024 * 1024) as usize,
+                    ..Limits::default()
+                },
+            })
+            .context("cannot start the WebAssembly runtime")?,
+        )),
+        None => None,
+    };
+
+    if let Some(rt) = &wasm {
+        report_wasm(
+            rt.clone(),
+            metrics.clone(),
+            client.clone(),
+            config.managed_by.clone(),
+        );
+    }
+
+    let identity = ops::leader::identity(args.identity.as_deref());
+    let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    let elector = if args.leader_elect {
+        let ns = args
+            .lease_namespace
+            .clone()
+            .unwrap_or_else(|| "default".into());
+        let secs = args.lease_duration.as_secs().max(3);
+        let timings = ops::leader::Timings {
+            lease_duration: Duration::from_secs(secs),
+            renew_deadline: Duration::from_secs(secs).mul_f64(2.0 / 3.0),
+            retry_period: Duration::from_secs(secs).mul_f64(2.0 / 15.0),
+        };
+        Some(
+            ops::leader::LeaderElector::start(
+                client.clone(),
+                &ns,
+                &args.lease_name,
+                &identity,
+                timings,
+            )
+            .context("cannot start leader election")?,
+        )
+    } else {
+        None
+    };
+
+    match &elector {
+        Some(e) => e.track(&metrics),
+        None => metrics.set_leader(true),
+    }
+
+    let check_timeout = args.check_timeout.unwrap_or_else(|| {
+        worst_case(&config.membership, Limits::default().call_timeout) + Duration::from_secs(5)
+    });
+    let opts = RunOptions {
+        namespaces: args.namespaces.clone(),
+        check_timeout,
+        metrics: metrics.clone(),
+        leader: elector.as_ref().map(|e| e.subscribe()),
+        ready: Some(readiness.clone()),
+        instance: Some(identity),
+        wasm: wasm.clone().map(|w| w as Arc<dyn WasmCheckers>),
+        reconcile_concurrency: args.reconcile_concurrency,
+    };
+
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        info!("shutting down");
+        let _ = shutdown_tx.send(true);
+    });
+    let mut rx = shutdown_rx.clone();
+    let shutdown = async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    let result = controller::run(client, config, opts, shutdown).await;
+    readiness.set_ready(false);
+    if let Some(e) = elector
+        && let Err(err) = e.release().await
+    {
+        tracing::warn!(error = %err, "could not release the Lease; a successor waits for it to expire");
+    }
+    let _ = server_stop_tx.send(());
+    let _ = server.await;
+    match result {
+        Ok(()) => Ok(ExitCode::SUCCESS),
+        Err(e) => {
+            error!(error = %e, "controller failed");
+            Err(e.into())
+        }
+    }
+}
+
+/// The longest one evaluation of `expr` can take when every probe runs to
+/// its timeout (`all`/`any` evaluate in sequence).
+pub fn worst_case(expr: &CheckerExpr, guest_call: Duration) -> Duration {
+    match expr {
+        CheckerExpr::TcpDial(t) => t.timeout,
+        CheckerExpr::HttpGet(h) => h.timeout,
+        CheckerExpr::Wasm(_) => guest_call,
+        CheckerExpr::All(xs) | CheckerExpr::Any(xs) => {
+            xs.iter().map(|x| worst_case(x, guest_call)).sum()
+        }
+        CheckerExpr::Not(x) => worst_case(x, guest_call),
+        CheckerExpr::Stable(s) => worst_case(&s.checker, guest_call),
+        CheckerExpr::PerPort(p) => p
+            .ports
+            .values()
+            .chain(p.fallback.as_deref())
+            .map(|x| worst_case(x, guest_call))
+            .max()
+            .unwrap_or_default(),
+        _ => Duration::ZERO,
+    }
+}
+
+/// Feeds the WebAssembly runtime's module loads and guest failures into the
+/// metrics, and turns module load failures into Events on portwise's own Pod
+/// (when POD_NAME/POD_NAMESPACE tell us which), so an operator sees why a
+/// new module version is not serving.
+fn report_wasm(
+    rt: Arc<WasmRuntime>,
+    metrics: portwise_controller::metrics::Metrics,
+    client: Client,
+    managed_by: String,
+) {
+    use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+    use portwise_controller::metrics::{GuestFailure, ModuleLoad};
+    use portwise_wasm::{CompileSource, FailureKind};
+
+    let pod_ref = match (std::env::var("POD_NAME"), std::env::var("POD_NAMESPACE")) {
+        (Ok(name), Ok(ns)) => Some(k8s_openapi::api::core::v1::ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Pod".into()),
+            name: Some(name),
+            namespace: Some(ns),
+            ..Default::default()
+        }),
+        _ => None,
+    };
+    let recorder = Recorder::new(
+        client,
+        Reporter {
+            controller: managed_by,
+            instance: None,
+        },
+    );
+    let mut events = rt.subscribe();
+    // Loads that happened while the runtime started, before we listened.
+    for info in rt.modules() {
+        let result = match info.compiled {
+            CompileSource::Cached => ModuleLoad::Cached,
+            CompileSource::Compiled => ModuleLoad::Compiled,
+        };
+        metrics.count_module_load(&info.module, result);
+    }
+    let m = metrics.clone();
+    tokio::spawn(async move {
+        loop {
+            let ev = match events.recv().await {
+                Ok(ev) => ev,
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
+                    tracing::warn!(
+                        missed = n,
+                        "module events came faster than they were reported"
+                    );
+                    continue;
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
+            };
+            let result = match (ev.ok, ev.compiled) {
+                (false, _) => ModuleLoad::Failed,
+                (true, Some(CompileSource::Cached)) => ModuleLoad::Cached,
+                (true, _) => ModuleLoad::Compiled,
+            };
+            m.count_module_load(&ev.module, result);
+            if ev.ok {
+                info!(module = %ev.module, "{}", ev.message);
+                continue;
+            }
+            tracing::warn!(module = %ev.module, "{}", ev.message);
+            if let Some(r) = &pod_ref {
+                let note = Event {
+                    type_: EventType::Warning,
+                    reason: "ModuleLoadFailed".into(),
+                    note: Some(ev.message.chars().take(1000).collect()),
+                    action: "LoadModule".into(),
+                    secondary: None,
+                };
+                if let Err(e) = recorder.publish(&note, r).await {
+                    tracing::debug!(error = %e, "could not publish module Event");
+                }
+            }
+        }
+    });
+    // Guest failures are atomics in the runtime; mirror their growth.
+    tokio::spawn(async move {
+        let mut seen: std::collections::HashMap<(String, FailureKind), u64> = Default::default();
+        loop {
+            for f in rt.failures() {
+                let before = seen
+                    .insert((f.module.clone(), f.kind), f.count)
+                    .unwrap_or(0);
+                let kind = match f.kind {
+                    FailureKind::Load | FailureKind::Config => GuestFailure::Load,
+                    FailureKind::Trap => GuestFailure::Trap,
+                    FailureKind::Deadline => GuestFailure::Deadline,
+                    FailureKind::Memory => GuestFailure::Memory,
+                    FailureKind::InvalidAnswer => GuestFailure::Invalid,
+                    FailureKind::DeniedProbe => GuestFailure::Denied,
+                };
+                for _ in before..f.count {
+                    metrics.count_guest_failure(&f.module, kind);
+                }
+            }
+            tokio::time::sleep(Duration::from_secs(2)).await;
+        }
+    });
+}
+
+/// The product's User-Agent: kube-rs sends none, and audit logs (and
+/// `./bench`) tell controllers apart by it, as they do for
+/// `kube-controller-manager/…/endpointslice-controller`.
+pub const USER_AGENT: &str = concat!("portwise/", env!("CARGO_PKG_VERSION"));
+
+/// A client from KUBECONFIG or the in-cluster service account, sending
+/// [`USER_AGENT`].
+async fn connect() -> anyhow::Result<Client> {
+    let mut config = kube::Config::infer().await?;
+    config.headers.push((
+        hyper::header::USER_AGENT,
+        hyper::header::HeaderValue::from_static(USER_AGENT),
+    ));
+    // kube's default retry (`RetryPolicy::server_retry`) doubles from 5 ms
+    // up to 1000 s over 15 attempts: after a long 429/503 episode a single
+    // request could sleep a minute past the apiserver's recovery (20 s of
+    // 429s cost 71 s of stale slices, docs/reliability.md 1.3). Retries
+    // here stay within seconds and honour the server's `Retry-After`; what
+    // is still failing after them goes back to the controller, whose
+    // error policy requeues the Service.
+    config.default_retry = false;
+    let client = kube::client::ClientBuilder::try_from(config)?
+        // The retry layer clones its service per attempt; the stack kube
+        // builds is boxed (not `Clone`), so a buffer goes in between.
+        .with_layer(&tower::buffer::BufferLayer::new(1024))
+        .with_layer(&tower::retry::RetryLayer::new(api_retry_policy()))
+        .build();
+    Ok(client)
+}
+
+/// Retries of 429, 503 and 504: 5 at most, 100 ms doubling to 5 s (or the
+/// server's `Retry-After`), so one request gives up within about 10 s.
+fn api_retry_policy() -> kube::client::retry::RetryPolicy {
+    kube::client::retry::RetryPolicy::new(
+        Duration::from_millis(100),
+        Duration::from_secs(5),
+        5,
+        true,
+    )
+    .expect("constant retry parameters are valid")
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}
+
+fn read_object<T: serde::de::DeserializeOwned>(path: &Path) -> anyhow::Result<T> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    serde_saphyr::from_str(&text)
+        .with_context(|| format!("{} is not a valid object", path.display()))
+}
+
+/// `portwise check`.
+pub async fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
+    let needs_cluster = args.pod_name.is_some() || args.service_name.is_some();
+    let client = if needs_cluster {
+        Some(connect().await.context("no Kubernetes connection")?)
+    } else {
+        None
+    };
+    let pod: Pod = match (&args.pod, &args.pod_name) {
+        (Some(p), _) => read_object(p)?,
+        (None, Some(n)) => {
+            Api::namespaced(client.clone().unwrap(), &args.namespace)
+                .get(n)
+                .await?
+        }
+        _ => bail!("give the pod with --pod FILE or --pod-name NAME"),
+    };
+    let svc: Service = match (&args.service, &args.service_name) {
+        (Some(p), _) => read_object(p)?,
+        (None, Some(n)) => {
+            Api::namespaced(client.unwrap(), &args.namespace)
+                .get(n)
+                .await?
+        }
+        _ => bail!("give the Service with --service FILE or --service-name NAME"),
+    };
+
+    let (expr, modules_dir): (CheckerExpr, Option<PathBuf>) = if let Some(path) = &args.config {
+        let cfg = Config::load(path)
+            .with_context(|| format!("invalid configuration {}", path.display()))?;
+        (cfg.membership.clone(), cfg.modules_dir.clone())
+    } else if let Some(e) = &args.expr {
+        let expr: CheckerExpr = serde_saphyr::from_str(e).context("invalid --expr")?;
+        expr.validate_at("--expr", true)
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        (expr, None)
+    } else if let Some(w) = &args.wasm {
+        let dir = w
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_else(|| PathBuf::from("."));
+        let file = w
+            .file_name()
+            .context("--wasm must name a file")?
+            .to_string_lossy()
+            .to_string();
+        let config: serde_json::Value =
+            serde_json::from_str(&args.wasm_config).context("--wasm-config is not JSON")?;
+        let dir = if dir.as_os_str().is_empty() {
+            PathBuf::from(".")
+        } else {
+            dir
+        };
+        (
+            CheckerExpr::Wasm(WasmSpec {
+                module: file,
+                config,
+                sha256: None,
+            }),
+            Some(dir),
+        )
+    } else {
+        (CheckerExpr::default(), None)
+    };
+
+    let runtime = match modules_dir {
+        Some(dir) => Some(WasmRuntime::new(WasmConfig {
+            modules_dir: Some(dir),
+            cache_dir: Some(args.cache_dir.clone().unwrap_or_else(default_cache_dir)),
+            watch: false,
+            limits: Limits::default(),
+        })?),
+        None => None,
+    };
+    let checker = build(
+        &expr,
+        &BuildContext {
+            wasm: runtime.as_ref().map(|r| r as &dyn WasmCheckers),
+            ..BuildContext::default()
+        },
+    )
+    .map_err(|e| anyhow::anyhow!("{e}"))?;
+
+    let svc = Arc::new(svc);
+    let pod = Arc::new(pod);
+    let subjects = align::subjects(&svc, std::slice::from_ref(&pod));
+    if subjects.is_empty() {
+        // The controller's candidate rules apply unchanged, so that a verdict
+        // here is the one a cluster would get; say which rule bit when it is
+        // the one people trip over trying a probe on their own machine.
+        let claimed: std::collections::BTreeSet<String> = pod
+            .status
+            .iter()
+            .flat_map(|s| {
+                s.pod_ips
+                    .iter()
+                    .flatten()
+                    .map(|i| i.ip.clone())
+                    .chain(s.pod_ip.clone())
+            })
+            .collect();
+        let unusable: Vec<&String> = claimed
+            .iter()
+            .filter(|ip| align::parse_ip(ip).is_some_and(|ip| !align::is_endpoint_address(ip)))
+            .collect();
+        if !unusable.is_empty() && unusable.len() == claimed.len() {
+            println!(
+                "pod is not a candidate: its addresses ({}) are loopback, link-local or \
+                 otherwise not valid endpoint addresses, which portwise never probes or \
+                 publishes; give the pod an address where your server listens (see \
+                 docs/guests.md, \"Trying a checker without a cluster\")",
+                unusable
+                    .iter()
+                    .map(|s| s.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        } else {
+            println!(
+                "pod is not a candidate for any port of the Service (terminal phase, no IP of the Service's families, or no matching target port)"
+            );
+        }
+        return Ok(ExitCode::from(3));
+    }
+    println!(
+        "{:<16} {:<6} {:<40} {:<8} REASON",
+        "PORT", "FAMILY", "ADDRESS", "VERDICT"
+    );
+    for s in subjects {
+        let v = checker.check(&s).await;
+        let port = if s.port.name.is_empty() {
+            s.port.port.to_string()
+        } else {
+            s.port.name.clone()
+        };
+        println!(
+            "{:<16} {:<6} {:<40} {:<8} {}",
+            port,
+            format!("{:?}", s.family).to_lowercase(),
+            format!("{}:{}", s.address, s.port.target),
+            format!("{:?}", v.decision).to_lowercase(),
+            v.reason.unwrap_or_default()
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn worst_case_adds_sequences_and_takes_the_longest_port() {
+        let expr: CheckerExpr = serde_saphyr::from_str(
+            "perPort: {ports: {http: {all: [podReady, {httpGet: {path: /, timeout: 2s}}, {tcpDial: {timeout: 3s}}]}}, \
+             fallback: {not: {wasm: {module: x.wasm}}}}",
+        )
+        .unwrap();
+        assert_eq!(
+            worst_case(&expr, Duration::from_secs(1)),
+            Duration::from_secs(5)
+        );
+        assert_eq!(
+            worst_case(&expr, Duration::from_secs(9)),
+            Duration::from_secs(9)
+        );
+        assert_eq!(
+            worst_case(&CheckerExpr::PodReady, Duration::from_secs(9)),
+            Duration::ZERO
+        );
+    }
+}

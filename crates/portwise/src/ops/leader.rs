@@ -1,0 +1,734 @@
+//! Leader election on a `coordination.k8s.io/v1` Lease: several replicas
+//! run, one writes.
+//!
+//! # Why not a crate
+//! `kube-leader-election` 0.44 requires kube 4. `kube-lease-manager` 0.13
+//! supports kube 5, but a holder that cannot renew keeps reporting itself
+//! leader until it next reads the Lease successfully (there is no renew
+//! deadline), and its renewals and forced releases are patches without a
+//! `resourceVersion` precondition, so a replica acting on a stale view can
+//! knock out a fresh holder. "Only the leader writes" needs both guarantees,
+//! so this module is a small loop with client-go's semantics instead.
+//!
+//! # Semantics (client-go's `leaderelection`, Lease lock)
+//! - Every attempt reads the Lease and writes it back with `replace`, which
+//!   carries the `resourceVersion` read: two replicas racing for one Lease
+//!   cannot both win (the loser gets 409 Conflict).
+//! - Another holder's term is judged on *this* replica's monotonic clock:
+//!   it ends `leaseDurationSeconds` after the moment this replica first saw
+//!   the current version of the record. Wall clocks of different nodes are
+//!   never compared, so clock skew cannot cause two leaders.
+//! - The holder renews every `retry_period`. If no renewal succeeds for
+//!   `renew_deadline` (counted from the *start* of the last successful
+//!   attempt) it steps down on its own, before any other replica can
+//!   consider the term over (`renew_deadline < lease_duration`).
+//! - [`LeaderElector::release`] stops the loop, reports "not leader" first,
+//!   then clears `holderIdentity`, so a successor takes over at once instead
+//!   of waiting out the term.
+//!
+//! After a `kill -9` of the holder, another replica takes over at most
+//! `lease_duration + retry_period` (plus one request) after the holder's
+//! last renewal, which itself is at most `retry_period` before the kill.
+//!
+//! RBAC: `get`, `create`, `update` on `leases` in the Lease's namespace.
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::{
+    api::coordination::v1::{Lease, LeaseSpec},
+    apimachinery::pkg::apis::meta::v1::MicroTime,
+    jiff::Timestamp,
+};
+use kube::{
+    Api, Client,
+    api::{ObjectMeta, PostParams},
+};
+use tokio::{
+    sync::{oneshot, watch},
+    task::JoinHandle,
+};
+use tracing::{debug, error, info, trace, warn};
+
+use portwise_controller::metrics::Metrics;
+
+/// How long terms last and how often the holder and the others act.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Timings {
+    /// How long a term lasts after it was last seen renewed (whole seconds:
+    /// the Lease stores seconds).
+    pub lease_duration: Duration,
+    /// The holder steps down when no renewal succeeded for this long.
+    pub renew_deadline: Duration,
+    /// Pause between attempts (renewals for the holder, polls for others).
+    pub retry_period: Duration,
+}
+
+impl Default for Timings {
+    /// client-go's and controller-runtime's defaults: 15 s, 10 s, 2 s.
+    fn default() -> Self {
+        Self {
+            lease_duration: Duration::from_secs(15),
+            renew_deadline: Duration::from_secs(10),
+            retry_period: Duration::from_secs(2),
+        }
+    }
+}
+
+impl Timings {
+    /// Timings scaled from one lease duration with client-go's ratios
+    /// (15 s → renew deadline 10 s, retry 2 s). Call [`Timings::validate`]
+    /// (or let [`LeaderElector::start`] do it) for odd values.
+    pub fn from_lease_duration(lease_duration: Duration) -> Self {
+        Self {
+            lease_duration,
+            renew_deadline: lease_duration * 2 / 3,
+            retry_period: lease_duration * 2 / 15,
+        }
+    }
+
+    /// client-go's constraints: the holder must give up before anyone else
+    /// may take over, and must get more than one attempt before giving up.
+    pub fn validate(&self) -> Result<(), LeaderError> {
+        let invalid = |msg: &str| Err(LeaderError::InvalidTimings(format!("{self:?}: {msg}")));
+        if self.lease_duration < Duration::from_secs(1) || self.lease_duration.subsec_nanos() != 0 {
+            return invalid("lease_duration must be a whole number of seconds, at least 1");
+        }
+        if self.retry_period.is_zero() {
+            return invalid("retry_period must be positive");
+        }
+        if self.renew_deadline >= self.lease_duration {
+            return invalid("renew_deadline must be shorter than lease_duration");
+        }
+        if self.renew_deadline <= self.retry_period.mul_f64(1.2) {
+            return invalid("renew_deadline must exceed 1.2 × retry_period");
+        }
+        Ok(())
+    }
+
+    fn lease_duration_seconds(&self) -> i32 {
+        i32::try_from(self.lease_duration.as_secs()).unwrap_or(i32::MAX)
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LeaderError {
+    #[error("invalid leader election timings {0}")]
+    InvalidTimings(String),
+    #[error("Lease request failed: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("Lease request timed out")]
+    Timeout,
+    #[error("leader election task failed: {0}")]
+    Task(#[from] tokio::task::JoinError),
+}
+
+/// The parts of a Lease the decision reads.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct Holding {
+    /// `spec.holderIdentity`; `None` (or empty, as client-go releases) means free.
+    pub holder: Option<String>,
+    /// `spec.leaseDurationSeconds` as the holder declared it.
+    pub lease_duration: Option<Duration>,
+}
+
+impl Holding {
+    pub fn of(lease: &Lease) -> Self {
+        let spec = lease.spec.as_ref();
+        Self {
+            holder: spec
+                .and_then(|s| s.holder_identity.clone())
+                .filter(|h| !h.is_empty()),
+            lease_duration: spec
+                .and_then(|s| s.lease_duration_seconds)
+                .and_then(|s| u64::try_from(s).ok())
+                .filter(|&s| s > 0)
+                .map(Duration::from_secs),
+        }
+    }
+}
+
+/// What to do with the Lease as it stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LeaseAction {
+    /// This replica holds it: renew.
+    Renew,
+    /// Free (released) or the holder's term is over: take it.
+    Acquire,
+    /// Another replica's term runs for `remaining` more, as seen from here.
+    Wait { remaining: Duration },
+}
+
+/// Can `me` take or keep this Lease now?
+///
+/// `observed_at` is when this replica first saw the record's current
+/// version; the term of another holder ends the record's lease duration
+/// (or `default_duration` if the record has none) after that, on this
+/// replica's clock. Pure: the I/O loop feeds it.
+pub fn decide(
+    holding: &Holding,
+    me: &str,
+    observed_at: Instant,
+    now: Instant,
+    default_duration: Duration,
+) -> LeaseAction {
+    match holding.holder.as_deref() {
+        None => LeaseAction::Acquire,
+        Some(holder) if holder == me => LeaseAction::Renew,
+        Some(_) => {
+            let term = holding.lease_duration.unwrap_or(default_duration);
+            let ends = observed_at + term;
+            if now >= ends {
+                LeaseAction::Acquire
+            } else {
+                LeaseAction::Wait {
+                    remaining: ends - now,
+                }
+            }
+        }
+    }
+}
+
+/// A holder identity: `base` (the pod name), else the hostname, plus a
+/// random suffix so a restarted pod with the same name is a new candidate
+/// and never mistakes its predecessor's term for its own.
+pub fn identity(base: Option<&str>) -> String {
+    let base = base
+        .map(str::trim)
+        .filter(|b| !b.is_empty())
+        .map(str::to_owned)
+        .or_else(hostname)
+        .unwrap_or_else(|| "portwise".to_owned());
+    format!("{base}_{:08x}", random_u64() as u32)
+}
+
+/// [`identity`] from the hostname (the pod name in a cluster).
+pub fn default_identity() -> String {
+    identity(None)
+}
+
+fn hostname() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+}
+
+/// Randomness good enough for a suffix and jitter, without a dependency:
+/// `RandomState` is keyed from the OS's random source.
+fn random_u64() -> u64 {
+    use std::hash::{BuildHasher, RandomState};
+    RandomState::new().hash_one((std::process::id(), std::time::SystemTime::now()))
+}
+
+fn jitter(max: Duration) -> Duration {
+    if max.is_zero() {
+        return Duration::ZERO;
+    }
+    let nanos = u64::try_from(max.as_nanos()).unwrap_or(u64::MAX);
+    Duration::from_nanos(random_u64() % nanos)
+}
+
+/// Runs the election in the background and tells whether this replica leads.
+///
+/// Only write while [`LeaderElector::is_leader`] (or the watch from
+/// [`LeaderElector::subscribe`]) says `true`; it turns `false` before any
+/// other replica can take over. On shutdown: stop writing, then
+/// [`LeaderElector::release`].
+#[derive(Debug)]
+pub struct LeaderElector {
+    identity: String,
+    leader: watch::Receiver<bool>,
+    mode: Mode,
+}
+
+#[derive(Debug)]
+enum Mode {
+    /// `--leader-elect=false`: always leader.
+    Standalone { _leader: watch::Sender<bool> },
+    Elected {
+        shutdown: Option<oneshot::Sender<()>>,
+        task: Option<JoinHandle<Elector>>,
+    },
+}
+
+impl LeaderElector {
+    /// Starts competing for the Lease `namespace/name` as `identity` (make
+    /// it with [`identity`] so it is unique per process start). The Lease is
+    /// created if missing. Must be called within a Tokio runtime.
+    pub fn start(
+        client: Client,
+        namespace: &str,
+        name: &str,
+        identity: &str,
+        timings: Timings,
+    ) -> Result<Self, LeaderError> {
+        timings.validate()?;
+        let identity = identity.to_owned();
+        let (tx, rx) = watch::channel(false);
+        let (shutdown, shutdown_rx) = oneshot::channel();
+        let elector = Elector {
+            api: Api::namespaced(client, namespace),
+            name: name.to_owned(),
+            identity: identity.clone(),
+            timings,
+            leader: tx,
+            observed: None,
+        };
+        info!(lease = %format!("{namespace}/{name}"), %identity, "starting leader election");
+        let task = tokio::spawn(elector.run(shutdown_rx));
+        Ok(Self {
+            identity,
+            leader: rx,
+            mode: Mode::Elected {
+                shutdown: Some(shutdown),
+                task: Some(task),
+            },
+        })
+    }
+
+    /// No election: this process always leads (single replica, tests).
+    pub fn standalone(identity: &str) -> Self {
+        let (tx, rx) = watch::channel(true);
+        Self {
+            identity: identity.to_owned(),
+            leader: rx,
+            mode: Mode::Standalone { _leader: tx },
+        }
+    }
+
+    pub fn identity(&self) -> &str {
+        &self.identity
+    }
+
+    /// Whether this replica leads right now.
+    pub fn is_leader(&self) -> bool {
+        *self.leader.borrow()
+    }
+
+    /// A watch of "am I leader". After [`LeaderElector::release`] (or if the
+    /// elector is dropped) it reads `false` and `changed()` returns an error.
+    pub fn subscribe(&self) -> watch::Receiver<bool> {
+        self.leader.clone()
+    }
+
+    /// Keeps `metrics`' `portwise_leader` gauge equal to [`Self::is_leader`]
+    /// (in a background task that ends with the elector).
+    pub fn track(&self, metrics: &Metrics) {
+        let mut rx = self.subscribe();
+        let metrics = metrics.clone();
+        tokio::spawn(async move {
+            loop {
+                metrics.set_leader(*rx.borrow_and_update());
+                if rx.changed().await.is_err() {
+                    metrics.set_leader(false);
+                    break;
+                }
+            }
+        });
+    }
+
+    /// Stops competing: reports "not leader", then clears `holderIdentity`
+    /// if this replica holds the Lease, so a successor need not wait out the
+    /// term. Bounded by the renew deadline; a failure only means the
+    /// successor waits for the term to end.
+    pub async fn release(mut self) -> Result<(), LeaderError> {
+        let Mode::Elected { shutdown, task } = &mut self.mode else {
+            return Ok(());
+        };
+        if let Some(shutdown) = shutdown.take() {
+            let _ = shutdown.send(());
+        }
+        let Some(task) = task.take() else {
+            return Ok(());
+        };
+        let elector = task.await?;
+        let deadline = elector.timings.renew_deadline;
+        match tokio::time::timeout(deadline, elector.release()).await {
+            Ok(result) => result,
+            Err(_) => Err(LeaderError::Timeout),
+        }
+    }
+}
+
+impl Drop for LeaderElector {
+    fn drop(&mut self) {
+        if let Mode::Elected {
+            task: Some(task), ..
+        } = &self.mode
+        {
+            task.abort();
+        }
+    }
+}
+
+enum Attempt {
+    /// This replica holds the Lease, renewed just now.
+    Held,
+    /// Someone else holds it; look again after this long at the latest.
+    NotHeld { retry_in: Duration },
+}
+
+#[derive(Debug)]
+struct Elector {
+    api: Api<Lease>,
+    name: String,
+    identity: String,
+    timings: Timings,
+    leader: watch::Sender<bool>,
+    /// The record's `resourceVersion` and when this replica first saw it.
+    observed: Option<(String, Instant)>,
+}
+
+impl Elector {
+    async fn run(mut self, mut shutdown: oneshot::Receiver<()>) -> Self {
+        let retry = self.timings.retry_period;
+        let deadline = self.timings.renew_deadline;
+        // Start of the last attempt that renewed or acquired; Some while leading.
+        let mut renewed_at: Option<Instant> = None;
+        loop {
+            let started = Instant::now();
+            if let Some(at) = renewed_at
+                && started >= at + deadline
+            {
+                error!(identity = %self.identity, "could not renew the Lease within the renew deadline; stepping down");
+                renewed_at = None;
+                self.set_leader(false);
+            }
+            let budget = match renewed_at {
+                Some(at) => (at + deadline).saturating_duration_since(started),
+                None => deadline,
+            };
+            let attempt = tokio::select! {
+                biased;
+                _ = &mut shutdown => break,
+                attempt = tokio::time::timeout(budget, self.try_acquire_or_renew()) => attempt,
+            };
+            let mut pause = retry;
+            match attempt {
+                Ok(Ok(Attempt::Held)) => {
+                    if renewed_at.is_none() {
+                        info!(identity = %self.identity, lease = %self.name, "acquired the Lease: leading");
+                    }
+                    renewed_at = Some(started);
+                    self.set_leader(true);
+                }
+                Ok(Ok(Attempt::NotHeld { retry_in })) => {
+                    if renewed_at.take().is_some() {
+                        warn!(identity = %self.identity, "the Lease has another holder: stepping down");
+                    }
+                    self.set_leader(false);
+                    // Poll at the retry period (keeps the observation of the
+                    // holder's renewals fresh), but wake exactly at the end of
+                    // a term that ends sooner.
+                    pause = retry_in.min(retry + jitter(retry / 5));
+                }
+                Ok(Err(e)) => warn!(identity = %self.identity, error = %e, "Lease attempt failed"),
+                Err(_) => warn!(identity = %self.identity, "Lease attempt timed out"),
+            }
+            if let Some(at) = renewed_at {
+                // Never sleep past the renew deadline while reporting "leader".
+                pause = pause.min((at + deadline).saturating_duration_since(Instant::now()));
+            }
+            tokio::select! {
+                biased;
+                _ = &mut shutdown => break,
+                () = tokio::time::sleep(pause) => {}
+            }
+        }
+        self.set_leader(false);
+        self
+    }
+
+    fn set_leader(&self, leading: bool) {
+        self.leader
+            .send_if_modified(|current| std::mem::replace(current, leading) != leading);
+    }
+
+    /// Records the record's version; returns when it was first seen.
+    fn observe(&mut self, lease: &Lease, now: Instant) -> Instant {
+        let version = lease.metadata.resource_version.clone().unwrap_or_default();
+        match &self.observed {
+            Some((seen, at)) if *seen == version => *at,
+            _ => {
+                self.observed = Some((version, now));
+                now
+            }
+        }
+    }
+
+    async fn try_acquire_or_renew(&mut self) -> Result<Attempt, LeaderError> {
+        let current = self.api.get_opt(&self.name).await?;
+        let now = Instant::now();
+        let wall = MicroTime(Timestamp::now());
+        let Some(mut lease) = current else {
+            let lease = Lease {
+                metadata: ObjectMeta {
+                    name: Some(self.name.clone()),
+                    ..Default::default()
+                },
+                spec: Some(LeaseSpec {
+                    holder_identity: Some(self.identity.clone()),
+                    acquire_time: Some(wall.clone()),
+                    renew_time: Some(wall),
+                    lease_duration_seconds: Some(self.timings.lease_duration_seconds()),
+                    lease_transitions: Some(0),
+                    ..Default::default()
+                }),
+            };
+            return match self.api.create(&PostParams::default(), &lease).await {
+                Ok(created) => {
+                    self.observe(&created, Instant::now());
+                    Ok(Attempt::Held)
+                }
+                // AlreadyExists (also 409): another replica created it first.
+                Err(kube::Error::Api(s)) if s.is_conflict() || s.is_already_exists() => {
+                    debug!("lost the race to create the Lease");
+                    Ok(Attempt::NotHeld {
+                        retry_in: Duration::ZERO,
+                    })
+                }
+                Err(e) => Err(e.into()),
+            };
+        };
+        let observed_at = self.observe(&lease, now);
+        let holding = Holding::of(&lease);
+        let action = decide(
+            &holding,
+            &self.identity,
+            observed_at,
+            now,
+            self.timings.lease_duration,
+        );
+        trace!(holder = ?holding.holder, ?action, "Lease decision");
+        if let LeaseAction::Wait { remaining } = action {
+            return Ok(Attempt::NotHeld {
+                retry_in: remaining,
+            });
+        }
+        let spec = lease.spec.get_or_insert_with(Default::default);
+        if action == LeaseAction::Acquire {
+            spec.holder_identity = Some(self.identity.clone());
+            spec.acquire_time = Some(wall.clone());
+            spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0).saturating_add(1));
+        }
+        spec.renew_time = Some(wall);
+        spec.lease_duration_seconds = Some(self.timings.lease_duration_seconds());
+        // `lease` still carries the resourceVersion just read: optimistic concurrency.
+        match self
+            .api
+            .replace(&self.name, &PostParams::default(), &lease)
+            .await
+        {
+            Ok(updated) => {
+                self.observe(&updated, Instant::now());
+                Ok(Attempt::Held)
+            }
+            Err(kube::Error::Api(s)) if s.is_conflict() && action == LeaseAction::Acquire => {
+                debug!("lost the race to acquire the Lease");
+                Ok(Attempt::NotHeld {
+                    retry_in: self.timings.retry_period,
+                })
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Clears `holderIdentity` if this replica holds the Lease.
+    async fn release(&self) -> Result<(), LeaderError> {
+        let Some(mut lease) = self.api.get_opt(&self.name).await? else {
+            return Ok(());
+        };
+        if Holding::of(&lease).holder.as_deref() != Some(self.identity.as_str()) {
+            return Ok(());
+        }
+        let spec = lease.spec.get_or_insert_with(Default::default);
+        spec.holder_identity = None;
+        spec.renew_time = Some(MicroTime(Timestamp::now()));
+        spec.lease_duration_seconds = Some(1);
+        match self
+            .api
+            .replace(&self.name, &PostParams::default(), &lease)
+            .await
+        {
+            Ok(_) => {
+                info!(identity = %self.identity, lease = %self.name, "released the Lease");
+                Ok(())
+            }
+            // Someone else wrote it meanwhile: it is no longer ours to release.
+            Err(kube::Error::Api(s)) if s.is_conflict() => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const D: Duration = Duration::from_secs(15);
+
+    fn held_by(holder: &str, secs: Option<u64>) -> Holding {
+        Holding {
+            holder: Some(holder.to_owned()),
+            lease_duration: secs.map(Duration::from_secs),
+        }
+    }
+
+    #[test]
+    fn a_free_lease_is_taken_at_once() {
+        let t0 = Instant::now();
+        assert_eq!(
+            decide(&Holding::default(), "me", t0, t0, D),
+            LeaseAction::Acquire
+        );
+    }
+
+    #[test]
+    fn own_lease_is_renewed_whatever_the_time() {
+        let t0 = Instant::now();
+        let h = held_by("me", Some(15));
+        assert_eq!(decide(&h, "me", t0, t0, D), LeaseAction::Renew);
+        assert_eq!(
+            decide(&h, "me", t0, t0 + Duration::from_secs(600), D),
+            LeaseAction::Renew
+        );
+    }
+
+    #[test]
+    fn another_holders_term_runs_from_when_this_replica_saw_it() {
+        let t0 = Instant::now();
+        let h = held_by("other", Some(15));
+        assert_eq!(
+            decide(&h, "me", t0, t0, D),
+            LeaseAction::Wait { remaining: D }
+        );
+        assert_eq!(
+            decide(&h, "me", t0, t0 + Duration::from_millis(14_500), D),
+            LeaseAction::Wait {
+                remaining: Duration::from_millis(500)
+            }
+        );
+        assert_eq!(decide(&h, "me", t0, t0 + D, D), LeaseAction::Acquire);
+        assert_eq!(
+            decide(&h, "me", t0, t0 + Duration::from_secs(16), D),
+            LeaseAction::Acquire
+        );
+    }
+
+    #[test]
+    fn the_holders_declared_duration_wins_over_ours() {
+        let t0 = Instant::now();
+        let h = held_by("other", Some(60));
+        assert_eq!(
+            decide(&h, "me", t0, t0 + Duration::from_secs(20), D),
+            LeaseAction::Wait {
+                remaining: Duration::from_secs(40)
+            }
+        );
+        // No declared duration: fall back to ours rather than "expired".
+        let h = held_by("other", None);
+        assert_eq!(
+            decide(&h, "me", t0, t0 + Duration::from_secs(5), D),
+            LeaseAction::Wait {
+                remaining: Duration::from_secs(10)
+            }
+        );
+    }
+
+    #[test]
+    fn holding_reads_client_go_releases_and_bad_durations_as_absent() {
+        let lease = |holder: Option<&str>, secs: Option<i32>| Lease {
+            metadata: Default::default(),
+            spec: Some(LeaseSpec {
+                holder_identity: holder.map(str::to_owned),
+                lease_duration_seconds: secs,
+                ..Default::default()
+            }),
+        };
+        assert_eq!(Holding::of(&lease(Some(""), Some(1))).holder, None);
+        assert_eq!(Holding::of(&lease(None, None)), Holding::default());
+        assert_eq!(Holding::of(&lease(Some("a"), Some(0))).lease_duration, None);
+        assert_eq!(
+            Holding::of(&lease(Some("a"), Some(-3))).lease_duration,
+            None
+        );
+        assert_eq!(
+            Holding::of(&lease(Some("a"), Some(15))),
+            held_by("a", Some(15))
+        );
+        assert_eq!(Holding::of(&Lease::default()), Holding::default());
+    }
+
+    #[test]
+    fn the_holder_gives_up_before_anyone_may_take_over() {
+        Timings::default().validate().unwrap();
+        let bad = |lease, renew, retry| Timings {
+            lease_duration: Duration::from_millis(lease),
+            renew_deadline: Duration::from_millis(renew),
+            retry_period: Duration::from_millis(retry),
+        };
+        assert!(bad(10_000, 10_000, 2_000).validate().is_err());
+        assert!(bad(10_000, 2_400, 2_000).validate().is_err());
+        assert!(
+            bad(1_500, 1_000, 200).validate().is_err(),
+            "fractional seconds"
+        );
+        assert!(bad(15_000, 10_000, 0).validate().is_err());
+        assert!(bad(2_000, 1_500, 500).validate().is_ok());
+        assert_eq!(
+            Timings::from_lease_duration(Duration::from_secs(15)),
+            Timings::default()
+        );
+        Timings::from_lease_duration(Duration::from_secs(3))
+            .validate()
+            .unwrap();
+        assert!(
+            Timings::from_lease_duration(Duration::from_millis(2500))
+                .validate()
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn identities_are_unique_per_process_start() {
+        let a = identity(Some("portwise-7d9f-abcde"));
+        let b = identity(Some("portwise-7d9f-abcde"));
+        assert!(a.starts_with("portwise-7d9f-abcde_"), "{a}");
+        assert_eq!(a.len(), "portwise-7d9f-abcde_".len() + 8);
+        assert_ne!(a, b);
+        assert!(!identity(None).starts_with('_'));
+        assert!(!identity(Some("  ")).starts_with('_'));
+    }
+
+    #[tokio::test]
+    async fn track_mirrors_leadership_into_the_gauge() {
+        async fn gauge_becomes(m: &Metrics, want: &str) {
+            for _ in 0..200 {
+                if m.encode()
+                    .lines()
+                    .any(|l| l == format!("portwise_leader {want}"))
+                {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            panic!("portwise_leader never became {want}:\n{}", m.encode());
+        }
+        let m = Metrics::new();
+        let e = LeaderElector::standalone("solo");
+        assert!(e.is_leader());
+        e.track(&m);
+        gauge_becomes(&m, "1").await;
+        drop(e);
+        gauge_becomes(&m, "0").await;
+    }
+
+    #[test]
+    fn jitter_stays_below_its_bound() {
+        for _ in 0..100 {
+            assert!(jitter(Duration::from_millis(400)) < Duration::from_millis(400));
+        }
+        assert_eq!(jitter(Duration::ZERO), Duration::ZERO);
+    }
+}

@@ -1,0 +1,611 @@
+//! What a guest can reach: the state behind one `Store`, and the host side
+//! of the WIT imports (`probes`, `log`) and of WASI.
+//!
+//! The rule that matters: a guest's probes reach **only the address under
+//! judgement**. Hosts are compared as parsed IP addresses (names are never
+//! resolved), paths are checked before anything is sent, timeouts are capped
+//! and so is the number of probes per call. WASI is linked only because
+//! language runtimes import it: no preopened directories, no environment, no
+//! arguments, no sockets, no name lookups; stdout and stderr go to a bounded
+//! buffer that the caller drains into the log after each call.
+
+use std::{
+    net::{IpAddr, SocketAddr},
+    pin::Pin,
+    sync::{Arc, Mutex},
+    task::{Context, Poll},
+    time::{Duration, Instant},
+};
+
+use bytes::Bytes;
+use k8s_openapi::{
+    api::core::v1::{Pod, Service},
+    apimachinery::pkg::apis::meta::v1::ObjectMeta,
+};
+use wasmtime::{ResourceLimiter, component::ResourceTable};
+use wasmtime_wasi::{
+    WasiCtx, WasiCtxView, WasiView,
+    cli::{IsTerminal, StdoutStream},
+    p2::{OutputStream, Pollable, StreamResult},
+};
+
+use crate::bindings::{
+    HttpRequest, WitHttpResponse, WitLevel, WitProbeError, normalise_ip,
+    portwise::membership::{log, probes, types},
+};
+use crate::{Limits, failures::FailureKind, failures::ModuleCounters};
+use portwise_probe as probe;
+
+/// Longest log line a guest can emit through `log` (bytes).
+const MAX_LOG_LINE: usize = 1024;
+/// Log lines a guest can emit per call; the rest are counted and dropped.
+const MAX_LOG_LINES_PER_CALL: u32 = 32;
+
+/// Who is calling and about what: attached to the guest's log lines. Holds
+/// references rather than formatted names, since most calls log nothing.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct CallLabels {
+    pub module: Arc<str>,
+    /// Absent during validate-config.
+    pub service: Option<Arc<Service>>,
+    pub pod: Option<Arc<Pod>>,
+    /// Service port name, or number when unnamed.
+    pub port: String,
+}
+
+impl CallLabels {
+    pub(crate) fn service(&self) -> Named<'_> {
+        Named(self.service.as_deref().map(|s| &s.metadata))
+    }
+
+    pub(crate) fn pod(&self) -> Named<'_> {
+        Named(self.pod.as_deref().map(|p| &p.metadata))
+    }
+}
+
+/// `namespace/name` of an object, formatted only when logged.
+pub(crate) struct Named<'a>(Option<&'a ObjectMeta>);
+
+impl std::fmt::Display for Named<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Some(m) => write!(
+                f,
+                "{}/{}",
+                m.namespace.as_deref().unwrap_or_default(),
+                m.name.as_deref().unwrap_or_default()
+            ),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Per-call state, reset before every call on a (possibly reused) instance.
+#[derive(Debug)]
+pub(crate) struct CallState {
+    /// The address probes may reach; `None` during validate-config.
+    pub address: Option<IpAddr>,
+    pub labels: CallLabels,
+    /// The guest's compute deadline. Probe time is added to it: the epoch
+    /// deadline bounds the guest's own work, the call timeout bounds the
+    /// whole call.
+    pub compute_deadline: Instant,
+    pub probes: u32,
+    pub log_lines: u32,
+    pub denied_probes: u32,
+}
+
+impl Default for CallState {
+    fn default() -> Self {
+        CallState {
+            address: None,
+            labels: CallLabels::default(),
+            compute_deadline: Instant::now(),
+            probes: 0,
+            log_lines: 0,
+            denied_probes: 0,
+        }
+    }
+}
+
+/// The `T` of every `Store<T>`.
+pub(crate) struct HostState {
+    wasi: WasiCtx,
+    table: ResourceTable,
+    pub limiter: MemoryLimiter,
+    pub call: CallState,
+    pub stdout: Capture,
+    pub stderr: Capture,
+    limits: Arc<Limits>,
+    counters: Arc<ModuleCounters>,
+}
+
+impl HostState {
+    pub(crate) fn new(limits: Arc<Limits>, counters: Arc<ModuleCounters>) -> Self {
+        let stdout = Capture::new(limits.max_output_bytes);
+        let stderr = Capture::new(limits.max_output_bytes);
+        let mut wasi = WasiCtx::builder();
+        // The builder starts empty (no args, env, preopens, stdin); say the
+        // network part out loud since it is the part that matters.
+        wasi.allow_tcp(false)
+            .allow_udp(false)
+            .allow_ip_name_lookup(false)
+            .socket_addr_check(|_, _| Box::pin(async { false }))
+            .stdout(stdout.stream())
+            .stderr(stderr.stream());
+        HostState {
+            wasi: wasi.build(),
+            table: ResourceTable::new(),
+            limiter: MemoryLimiter {
+                max_bytes: limits.memory_bytes,
+                denied: None,
+            },
+            call: CallState::default(),
+            stdout,
+            stderr,
+            limits,
+            counters,
+        }
+    }
+
+    /// Resets the per-call state before a call.
+    pub(crate) fn begin_call(&mut self, address: Option<IpAddr>, labels: CallLabels) {
+        self.call = CallState {
+            address: address.map(normalise_ip),
+            labels,
+            compute_deadline: Instant::now() + self.limits.deadline,
+            probes: 0,
+            log_lines: 0,
+            denied_probes: 0,
+        };
+        self.limiter.denied = None;
+    }
+
+    /// Writes what the guest printed during the call to the log, and
+    /// returns the last lines of stderr (a panic message or the end of a
+    /// traceback, typically) to quote in a failure reason.
+    pub(crate) fn flush_output(&self) -> Option<String> {
+        let mut tail: Vec<String> = Vec::new();
+        let mut last_stderr: Option<String> = None;
+        for (capture, stream) in [(&self.stdout, "stdout"), (&self.stderr, "stderr")] {
+            let (bytes, dropped) = capture.take();
+            if bytes.is_empty() && dropped == 0 {
+                continue;
+            }
+            let text = String::from_utf8_lossy(&bytes);
+            let l = &self.call.labels;
+            for line in text.lines().filter(|l| !l.trim().is_empty()) {
+                tracing::info!(
+                    target: "portwise_wasm::guest",
+                    module = %l.module, service = %l.service(), pod = %l.pod(), port = %l.port, stream,
+                    "{line}"
+                );
+                if stream == "stderr" {
+                    if tail.len() == 3 {
+                        tail.remove(0);
+                    }
+                    tail.push(line.trim().to_string());
+                }
+            }
+            if dropped > 0 {
+                tracing::info!(
+                    target: "portwise_wasm::guest",
+                    module = %l.module, stream, dropped,
+                    "guest output truncated"
+                );
+            }
+            if !tail.is_empty() {
+                last_stderr = Some(crate::truncate(tail.join(" | "), 300));
+            }
+        }
+        last_stderr
+    }
+
+    /// Decides where a probe may go, or why not.
+    fn authorize(&mut self, host: &str, port: u16) -> Result<SocketAddr, String> {
+        let Some(address) = self.call.address else {
+            return Err("probes are not available during validate-config".into());
+        };
+        if port == 0 {
+            return Err("port 0".into());
+        }
+        self.call.probes += 1;
+        if self.call.probes > self.limits.max_probes_per_call {
+            return Err(format!(
+                "more than {} probes in one call",
+                self.limits.max_probes_per_call
+            ));
+        }
+        if host.is_empty() {
+            return Ok(SocketAddr::new(address, port));
+        }
+        // Accept the bracketed IPv6 form too; never resolve names.
+        let literal = host
+            .strip_prefix('[')
+            .and_then(|h| h.strip_suffix(']'))
+            .unwrap_or(host);
+        match literal.parse::<IpAddr>() {
+            Ok(ip) if normalise_ip(ip) == address => Ok(SocketAddr::new(address, port)),
+            Ok(ip) => Err(format!(
+                "probes may reach only the address under judgement ({address}), not {ip}"
+            )),
+            Err(_) => Err(format!(
+                "host {host:?} is not an IP address (names are never resolved)"
+            )),
+        }
+    }
+
+    fn deny(&mut self, why: String) -> WitProbeError {
+        self.call.denied_probes += 1;
+        self.counters.fail(FailureKind::DeniedProbe);
+        let l = &self.call.labels;
+        tracing::warn!(
+            target: "portwise_wasm::guest",
+            module = %l.module, service = %l.service(), pod = %l.pod(), port = %l.port,
+            "probe denied: {why}"
+        );
+        WitProbeError::Denied(why)
+    }
+
+    fn timeout(&self, timeout_ms: u32) -> Duration {
+        let cap = self.limits.probe_timeout_cap;
+        // 0 means "the host's cap".
+        if timeout_ms == 0 {
+            cap
+        } else {
+            Duration::from_millis(timeout_ms.into()).min(cap)
+        }
+    }
+
+    /// The guest waited for the host: that time is not the guest's compute.
+    fn credit(&mut self, waited: Duration) {
+        self.call.compute_deadline += waited;
+    }
+}
+
+fn wit_error(e: probe::ProbeError) -> WitProbeError {
+    match e {
+        probe::ProbeError::Timeout => WitProbeError::Timeout,
+        probe::ProbeError::Refused => WitProbeError::Refused,
+        // The WIT has no "unreachable" case: the prefix lets a guest tell a
+        // failure on the prober's side from one on the pod's.
+        probe::ProbeError::Unreachable(why) => WitProbeError::Io(format!("unreachable: {why}")),
+        probe::ProbeError::Io(why) => WitProbeError::Io(why),
+    }
+}
+
+impl types::Host for HostState {}
+
+impl probes::Host for HostState {
+    async fn max_body_bytes(&mut self) -> u32 {
+        probe::MAX_BODY_BYTES as u32
+    }
+
+    async fn http_get(&mut self, request: HttpRequest) -> Result<WitHttpResponse, WitProbeError> {
+        let addr = match self.authorize(&request.host, request.port) {
+            Ok(addr) => addr,
+            Err(why) => return Err(self.deny(why)),
+        };
+        if request.path.contains(['\r', '\n']) {
+            return Err(self.deny(format!("path {:?} contains CR or LF", request.path)));
+        }
+        if let Err(why) = portwise_core::config::validate_path(&request.path) {
+            return Err(self.deny(why));
+        }
+        let timeout = self.timeout(request.timeout_ms);
+        let started = Instant::now();
+        let result = probe::http_get(addr, &request.path, timeout, probe::MAX_BODY_BYTES).await;
+        self.credit(started.elapsed());
+        match result {
+            Ok(r) => Ok(WitHttpResponse {
+                status: r.status,
+                body: r.body,
+                truncated: r.truncated,
+            }),
+            Err(e) => Err(wit_error(e)),
+        }
+    }
+
+    async fn tcp_dial(
+        &mut self,
+        host: String,
+        port: u16,
+        timeout_ms: u32,
+    ) -> Result<(), WitProbeError> {
+        let addr = match self.authorize(&host, port) {
+            Ok(addr) => addr,
+            Err(why) => return Err(self.deny(why)),
+        };
+        let timeout = self.timeout(timeout_ms);
+        let started = Instant::now();
+        let result = probe::tcp_dial(addr, timeout).await;
+        self.credit(started.elapsed());
+        result.map_err(wit_error)
+    }
+}
+
+impl log::Host for HostState {
+    async fn log(&mut self, level: WitLevel, message: String) {
+        self.call.log_lines += 1;
+        if self.call.log_lines > MAX_LOG_LINES_PER_CALL {
+            return;
+        }
+        let message = crate::truncate(message, MAX_LOG_LINE);
+        let l = &self.call.labels;
+        macro_rules! emit {
+            ($lvl:ident) => {
+                tracing::$lvl!(
+                    target: "portwise_wasm::guest",
+                    module = %l.module, service = %l.service(), pod = %l.pod(), port = %l.port,
+                    "{message}"
+                )
+            };
+        }
+        match level {
+            WitLevel::Trace => emit!(trace),
+            WitLevel::Debug => emit!(debug),
+            WitLevel::Info => emit!(info),
+            WitLevel::Warn => emit!(warn),
+            WitLevel::Error => emit!(error),
+        }
+    }
+}
+
+impl WasiView for HostState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+/// Memory limit per linear memory. Refusing growth (rather than trapping in
+/// the host) lets the guest's allocator fail its own way, usually with an
+/// `unreachable` trap; `denied` tells the caller that this was the cause.
+#[derive(Debug)]
+pub(crate) struct MemoryLimiter {
+    max_bytes: usize,
+    /// The last refused growth: (current, desired) bytes.
+    pub denied: Option<(usize, usize)>,
+}
+
+impl ResourceLimiter for MemoryLimiter {
+    fn memory_growing(
+        &mut self,
+        current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        if desired > self.max_bytes {
+            self.denied = Some((current, desired));
+            return Ok(false);
+        }
+        Ok(true)
+    }
+
+    fn table_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        // Tables hold function references; a checker needs few.
+        Ok(desired <= 1_000_000)
+    }
+}
+
+/// A bounded buffer behind a guest's stdout or stderr. Writes past the bound
+/// are counted and dropped, never refused: a chatty guest must not trap.
+#[derive(Clone, Debug)]
+pub(crate) struct Capture {
+    inner: Arc<Mutex<CaptureBuf>>,
+}
+
+#[derive(Debug)]
+struct CaptureBuf {
+    bytes: Vec<u8>,
+    cap: usize,
+    dropped: usize,
+}
+
+impl Capture {
+    fn new(cap: usize) -> Self {
+        Capture {
+            inner: Arc::new(Mutex::new(CaptureBuf {
+                bytes: Vec::new(),
+                cap,
+                dropped: 0,
+            })),
+        }
+    }
+
+    fn stream(&self) -> CaptureStream {
+        CaptureStream(self.clone())
+    }
+
+    fn write(&self, data: &[u8]) {
+        let mut buf = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let room = buf.cap.saturating_sub(buf.bytes.len());
+        let keep = room.min(data.len());
+        buf.bytes.extend_from_slice(&data[..keep]);
+        buf.dropped += data.len() - keep;
+    }
+
+    /// Takes what was written since the last call, and how much was dropped.
+    pub(crate) fn take(&self) -> (Vec<u8>, usize) {
+        let mut buf = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let dropped = std::mem::take(&mut buf.dropped);
+        (std::mem::take(&mut buf.bytes), dropped)
+    }
+}
+
+struct CaptureStream(Capture);
+
+impl IsTerminal for CaptureStream {
+    fn is_terminal(&self) -> bool {
+        false
+    }
+}
+
+impl StdoutStream for CaptureStream {
+    fn async_stream(&self) -> Box<dyn tokio::io::AsyncWrite + Send + Sync> {
+        Box::new(CaptureWriter(self.0.clone()))
+    }
+
+    fn p2_stream(&self) -> Box<dyn OutputStream> {
+        Box::new(CaptureWriter(self.0.clone()))
+    }
+}
+
+struct CaptureWriter(Capture);
+
+#[wasmtime_wasi::async_trait]
+impl Pollable for CaptureWriter {
+    async fn ready(&mut self) {}
+}
+
+impl OutputStream for CaptureWriter {
+    fn write(&mut self, bytes: Bytes) -> StreamResult<()> {
+        self.0.write(&bytes);
+        Ok(())
+    }
+
+    fn flush(&mut self) -> StreamResult<()> {
+        Ok(())
+    }
+
+    fn check_write(&mut self) -> StreamResult<usize> {
+        Ok(64 * 1024)
+    }
+}
+
+impl tokio::io::AsyncWrite for CaptureWriter {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        self.0.write(buf);
+        Poll::Ready(Ok(buf.len()))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state(address: Option<&str>) -> HostState {
+        let limits = Arc::new(Limits {
+            max_probes_per_call: 3,
+            ..Limits::default()
+        });
+        let mut s = HostState::new(limits, Arc::new(ModuleCounters::default()));
+        s.begin_call(address.map(|a| a.parse().unwrap()), CallLabels::default());
+        s
+    }
+
+    #[test]
+    fn empty_host_or_the_same_address_is_allowed() {
+        let mut s = state(Some("10.244.0.5"));
+        assert_eq!(s.authorize("", 80), Ok("10.244.0.5:80".parse().unwrap()));
+        assert_eq!(
+            s.authorize("10.244.0.5", 81),
+            Ok("10.244.0.5:81".parse().unwrap())
+        );
+        // The mapped form names the same address.
+        assert_eq!(
+            s.authorize("::ffff:10.244.0.5", 82),
+            Ok("10.244.0.5:82".parse().unwrap())
+        );
+    }
+
+    #[test]
+    fn ipv6_is_compared_as_an_address_not_a_string() {
+        let mut s = state(Some("fd00:10:244::5"));
+        assert_eq!(
+            s.authorize("fd00:10:244:0:0:0:0:5", 80),
+            Ok("[fd00:10:244::5]:80".parse().unwrap())
+        );
+        assert_eq!(
+            s.authorize("[fd00:10:244::5]", 80),
+            Ok("[fd00:10:244::5]:80".parse().unwrap())
+        );
+    }
+
+    #[test]
+    fn other_addresses_names_and_port_zero_are_denied() {
+        let mut s = state(Some("10.244.0.5"));
+        for host in [
+            "10.244.0.6",
+            "169.254.169.254",
+            "127.0.0.1",
+            "localhost",
+            "pod.ns.svc",
+            "10.244.0.5:80",
+        ] {
+            assert!(s.authorize(host, 80).is_err(), "{host}");
+            s.call.probes = 0;
+        }
+        assert!(s.authorize("", 0).is_err());
+    }
+
+    #[test]
+    fn probes_per_call_are_capped() {
+        let mut s = state(Some("10.244.0.5"));
+        for _ in 0..3 {
+            assert!(s.authorize("", 80).is_ok());
+        }
+        assert!(
+            s.authorize("", 80)
+                .unwrap_err()
+                .contains("more than 3 probes")
+        );
+        s.begin_call(Some("10.244.0.5".parse().unwrap()), CallLabels::default());
+        assert!(s.authorize("", 80).is_ok());
+    }
+
+    #[test]
+    fn no_probes_during_validate_config() {
+        let mut s = state(None);
+        assert!(s.authorize("", 80).unwrap_err().contains("validate-config"));
+    }
+
+    #[test]
+    fn timeouts_are_capped_and_zero_means_the_cap() {
+        let s = state(Some("10.244.0.5"));
+        let cap = s.limits.probe_timeout_cap;
+        assert_eq!(s.timeout(0), cap);
+        assert_eq!(s.timeout(u32::MAX), cap);
+        assert_eq!(s.timeout(10), Duration::from_millis(10));
+    }
+
+    #[test]
+    fn capture_is_bounded_and_counts_what_it_drops() {
+        let c = Capture::new(4);
+        c.write(b"abc");
+        c.write(b"def");
+        assert_eq!(c.take(), (b"abcd".to_vec(), 2));
+        assert_eq!(c.take(), (Vec::new(), 0));
+    }
+
+    #[test]
+    fn limiter_refuses_growth_past_the_limit_and_remembers_it() {
+        let mut l = MemoryLimiter {
+            max_bytes: 1 << 20,
+            denied: None,
+        };
+        assert!(l.memory_growing(0, 1 << 20, None).unwrap());
+        assert!(l.denied.is_none());
+        assert!(!l.memory_growing(1 << 20, 2 << 20, None).unwrap());
+        assert_eq!(l.denied, Some((1 << 20, 2 << 20)));
+    }
+}

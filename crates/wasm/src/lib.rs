@@ -1,0 +1,531 @@
+//! portwise-wasm: WebAssembly membership checkers, user code that decides membership,
+//! run so that it cannot hurt the controller.
+//!
+//! A guest is a component built against `wit/membership.wit`, mounted as a
+//! `.wasm` file in `modulesDir`, or gzip-compressed as `.wasm.gz` (gunzipped
+//! in memory, at most [`Limits::max_gunzipped_bytes`]). [`WasmRuntime`]
+//! loads every module of the directory, keeps watching it (including the
+//! kubelet's atomic `..data` swap of a mounted ConfigMap) and hands out
+//! [`WasmChecker`]s that always call the current version of their module.
+//!
+//! Containment, in the order a call meets it:
+//! - a module that fails to compile, link or validate a configuration in use
+//!   never replaces a working one; the failure is logged, counted and sent
+//!   to [`WasmRuntime::subscribe`]rs (the controller turns it into an Event);
+//! - each instance has a memory limit, each call a compute deadline (epoch
+//!   interruption) and a wall-clock timeout;
+//! - probes reach only the address under judgement, with capped timeouts;
+//!   WASI gives no files, environment, sockets or name lookups, and guest
+//!   stdout/stderr go, bounded, to the log;
+//! - any failure (load, trap, deadline, memory, unreadable answer) is an
+//!   `abstain` with a reason, counted per module and kind
+//!   ([`WasmRuntime::failures`]); the instance is discarded and the next
+//!   call gets a fresh one.
+//!
+//! Compiled code is cached on disk ([`cache`]) so a restart does not pay
+//! the compile again.
+
+mod bindings;
+pub mod cache;
+mod engine;
+mod failures;
+mod host;
+mod modules;
+
+use std::{
+    path::{Path, PathBuf},
+    sync::Arc,
+    thread,
+    time::Duration,
+};
+
+use notify::Watcher;
+use tokio::sync::broadcast;
+
+pub use cache::{CompileSource, default_cache_dir};
+pub use failures::{FailureCount, FailureKind};
+
+use modules::{CheckerSpec, Runtime};
+use portwise_checkers::{BoxFuture, Checker};
+use portwise_core::membership::{Subject, Verdict};
+
+/// Resource limits for guests. The defaults suit small checkers written in
+/// compiled languages and still leave room for Python and JavaScript ones.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// The guest's own compute time per call (probe time not counted).
+    pub deadline: Duration,
+    /// Wall-clock bound of a whole call, probes included.
+    pub call_timeout: Duration,
+    /// Bytes per linear memory of an instance.
+    pub memory_bytes: usize,
+    /// Upper bound on a probe's timeout, whatever the guest asks for.
+    pub probe_timeout_cap: Duration,
+    /// Probes one call may make.
+    pub max_probes_per_call: u32,
+    /// Ready instances kept per module for reuse (0: a fresh instance per
+    /// call).
+    pub idle_instances: usize,
+    /// Component instance slots of the pooling allocator: must exceed the
+    /// controller's concurrent checks plus the idle instances of all
+    /// modules.
+    pub max_instances: u32,
+    /// Guest reasons (and validate-config messages) are cut to this many
+    /// bytes.
+    pub max_reason_bytes: usize,
+    /// Bytes of stdout and of stderr logged per call.
+    pub max_output_bytes: usize,
+    /// Largest component a `.wasm.gz` module may inflate to; past it the
+    /// load fails like any other (a gzip bomb costs the time to inflate
+    /// this much, not the memory). The default, 64 MiB, is 3.5 times the
+    /// largest example guest (Python, 18.5 MB).
+    pub max_gunzipped_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            deadline: Duration::from_millis(100),
+            call_timeout: Duration::from_secs(5),
+            memory_bytes: 64 << 20,
+            probe_timeout_cap: Duration::from_secs(2),
+            max_probes_per_call: 16,
+            idle_instances: 4,
+            max_instances: 100,
+            max_reason_bytes: 1024,
+            max_output_bytes: 4096,
+            max_gunzipped_bytes: 64 << 20,
+        }
+    }
+}
+
+/// How to build a [`WasmRuntime`].
+#[derive(Clone, Debug)]
+pub struct WasmConfig {
+    /// Load every `*.wasm` and `*.wasm.gz` here (and reload on change, see
+    /// `watch`).
+    pub modules_dir: Option<PathBuf>,
+    /// Compiled-code cache; `None` compiles on every start.
+    pub cache_dir: Option<PathBuf>,
+    /// Watch `modules_dir` for changes.
+    pub watch: bool,
+    pub limits: Limits,
+}
+
+impl Default for WasmConfig {
+    fn default() -> Self {
+        WasmConfig {
+            modules_dir: None,
+            cache_dir: Some(default_cache_dir()),
+            watch: true,
+            limits: Limits::default(),
+        }
+    }
+}
+
+/// A module load succeeded (and is now serving) or failed (and the previous
+/// version, if any, keeps serving), or a serving module's file went away.
+///
+/// Loads during [`WasmRuntime::new`] happen before anyone can subscribe:
+/// read [`WasmRuntime::modules`] and [`WasmRuntime::load_errors`] for those.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ModuleEvent {
+    /// The module's file name.
+    pub module: String,
+    pub ok: bool,
+    /// The content the event is about (absent when the file went away).
+    pub sha256: Option<String>,
+    /// How a successful load got its code (absent for failures).
+    pub compiled: Option<CompileSource>,
+    /// Human-readable; suitable for a Kubernetes Event.
+    pub message: String,
+}
+
+/// A loaded module version.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ModuleInfo {
+    pub module: String,
+    /// Of the file as stored (what `sha256sum FILE` prints; for a
+    /// `.wasm.gz`, of the compressed bytes). `sha256` pins compare with it.
+    pub sha256: String,
+    pub source: PathBuf,
+    /// Size of the component (for a `.wasm.gz`, once gunzipped).
+    pub size: usize,
+    pub compiled: CompileSource,
+    /// Time to gunzip (`.wasm.gz`) and compile, or load from the cache.
+    pub load_time: Duration,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum WasmError {
+    #[error("cannot set up the WebAssembly engine: {0}")]
+    Engine(String),
+    #[error("cannot watch {dir}: {message}")]
+    Watch { dir: PathBuf, message: String },
+    #[error("invalid module name {0:?}: expected a file name such as check.wasm or check.wasm.gz")]
+    ModuleName(String),
+    #[error("module {module} is not loaded: {why}")]
+    NotLoaded { module: String, why: String },
+    #[error("module {module}: {message}")]
+    Load { module: String, message: String },
+    #[error("module {module} has sha256 {actual}, but the configuration pins {expected}")]
+    PinMismatch {
+        module: String,
+        expected: String,
+        actual: String,
+    },
+    #[error("module {module} rejects its configuration: {message}")]
+    ConfigRejected { module: String, message: String },
+}
+
+/// Runs WebAssembly membership checkers.
+pub struct WasmRuntime {
+    rt: Arc<Runtime>,
+    _ticker: engine::Ticker,
+    _watcher: Option<notify::RecommendedWatcher>,
+}
+
+impl std::fmt::Debug for WasmRuntime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WasmRuntime")
+            .field("modules_dir", &self.rt.dir)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Quiet time after a directory event before rescanning: the kubelet's swap
+/// is several renames and unlinks.
+const DEBOUNCE: Duration = Duration::from_millis(200);
+/// Longest a burst of events can postpone a rescan.
+const MAX_DEBOUNCE: Duration = Duration::from_secs(2);
+/// A rescan also runs this often without events, in case one was missed.
+const RESCAN_INTERVAL: Duration = Duration::from_secs(60);
+
+/// Runs a future to completion on a private current-thread runtime on a
+/// scoped thread: usable from synchronous code, including code that is
+/// itself running inside a tokio runtime.
+fn block_on<F: std::future::Future + Send>(future: F) -> F::Output
+where
+    F::Output: Send,
+{
+    thread::scope(|s| {
+        s.spawn(|| {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a current-thread tokio runtime")
+                .block_on(future)
+        })
+        .join()
+        .expect("wasm helper thread panicked")
+    })
+}
+
+/// `name` as a module key: a plain file name, `.wasm` appended unless it
+/// ends in `.wasm` or `.wasm.gz`. A name means that one file: `check.wasm`
+/// does not find `check.wasm.gz` (see [`WasmRuntime::checker_async`]).
+fn module_key(name: &str) -> Result<String, WasmError> {
+    if name.is_empty() || name.starts_with('.') || name.contains(['/', '\\', '\0']) {
+        return Err(WasmError::ModuleName(name.to_string()));
+    }
+    Ok(if modules::is_module_file(name) {
+        name.to_string()
+    } else {
+        format!("{name}.wasm")
+    })
+}
+
+/// Cuts `s` to at most `max` bytes (on a char boundary), saying so.
+pub(crate) fn truncate(mut s: String, max: usize) -> String {
+    if s.len() <= max {
+        return s;
+    }
+    let total = s.len();
+    let mut cut = max;
+    while !s.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    s.truncate(cut);
+    s.push_str(&format!("… ({} bytes truncated)", total - cut));
+    s
+}
+
+impl WasmRuntime {
+    /// Builds the engine, loads every module of `modules_dir` (compiling or
+    /// reading the cache) and starts watching the directory.
+    ///
+    /// Modules that fail to load do not fail this call: they are reported
+    /// (see [`WasmRuntime::load_errors`]) and checkers asking for them are
+    /// refused.
+    pub fn new(config: WasmConfig) -> Result<Self, WasmError> {
+        let engine =
+            engine::build(&config.limits).map_err(|e| WasmError::Engine(format!("{e:#}")))?;
+        let cache = config
+            .cache_dir
+            .map(|dir| cache::CodeCache::new(dir, engine::fingerprint(&engine)));
+        let ticker =
+            engine::Ticker::start(engine.clone()).map_err(|e| WasmError::Engine(e.to_string()))?;
+        let rt = Arc::new(
+            Runtime::new(engine, cache, config.limits, config.modules_dir.clone())
+                .map_err(|e| WasmError::Engine(format!("{e:#}")))?,
+        );
+        block_on(rt.rescan());
+        let watcher = match (&config.modules_dir, config.watch) {
+            (Some(dir), true) => Some(watch(rt.clone(), dir)?),
+            _ => None,
+        };
+        Ok(WasmRuntime {
+            rt,
+            _ticker: ticker,
+            _watcher: watcher,
+        })
+    }
+
+    /// Module load events from now on.
+    pub fn subscribe(&self) -> broadcast::Receiver<ModuleEvent> {
+        self.rt.events.subscribe()
+    }
+
+    /// The module versions currently serving.
+    pub fn modules(&self) -> Vec<ModuleInfo> {
+        self.rt.infos()
+    }
+
+    /// Modules whose latest load failed, with the reason.
+    pub async fn load_errors(&self) -> Vec<(String, String)> {
+        self.rt.load_errors().await
+    }
+
+    /// Failure counters per module and kind (zeros included).
+    pub fn failures(&self) -> Vec<FailureCount> {
+        self.rt.counters.failures()
+    }
+
+    /// Guest `check` calls attempted per module.
+    pub fn calls(&self) -> Vec<(String, u64)> {
+        self.rt.counters.calls()
+    }
+
+    pub fn limits(&self) -> &Limits {
+        &self.rt.limits
+    }
+
+    /// Rescans `modules_dir` now (the watcher does this on its own).
+    pub async fn rescan(&self) {
+        self.rt.rescan().await
+    }
+
+    /// Loads one `.wasm` (or `.wasm.gz`) file, named by its file name,
+    /// outside any directory.
+    pub async fn load_file(&self, path: &Path) -> Result<ModuleInfo, WasmError> {
+        let module = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        module_key(&module)?;
+        self.rt
+            .load_file(path)
+            .await
+            .map_err(|message| WasmError::Load { module, message })
+    }
+
+    /// A checker running `module` with `config`. Refused when the module is
+    /// not loaded, does not match `sha256`, or rejects the configuration
+    /// (its `validate-config` runs here, once per module version and
+    /// configuration).
+    pub async fn checker_async(
+        &self,
+        module: &str,
+        config: &serde_json::Value,
+        sha256: Option<&str>,
+    ) -> Result<WasmChecker, WasmError> {
+        let module = module_key(module)?;
+        let Some(version) = self.rt.current(&module) else {
+            // Names are exact (the pin, the metrics and the Events are about
+            // one file), but say so when the other spelling is loaded.
+            let other = match module.strip_suffix(".gz") {
+                Some(plain) => plain.to_string(),
+                None => format!("{module}.gz"),
+            };
+            let hint = match self.rt.current(&other) {
+                Some(_) => format!(" ({other} is loaded: name that one)"),
+                None => String::new(),
+            };
+            let why = match (self.rt.last_error(&module).await, &self.rt.dir) {
+                (Some(e), _) => e,
+                (None, Some(dir)) => format!("no such file in {}{hint}", dir.display()),
+                (None, None) => "no modulesDir is configured".to_string(),
+            };
+            return Err(WasmError::NotLoaded { module, why });
+        };
+        let pin = sha256.map(|s| s.trim().to_ascii_lowercase());
+        if let Some(pin) = &pin
+            && *pin != version.sha256
+        {
+            return Err(WasmError::PinMismatch {
+                module,
+                expected: pin.clone(),
+                actual: version.sha256.clone(),
+            });
+        }
+        let config = serde_json::to_string(config).expect("a JSON value serialises");
+        if let Err(message) = version.validate(&self.rt, &config).await {
+            return Err(WasmError::ConfigRejected { module, message });
+        }
+        let spec = Arc::new(CheckerSpec {
+            counters: self.rt.counters.module(&module),
+            module,
+            config,
+            pin,
+        });
+        self.rt.register(&spec);
+        Ok(WasmChecker {
+            rt: self.rt.clone(),
+            spec,
+        })
+    }
+
+    /// [`WasmRuntime::checker_async`] for synchronous callers (building the
+    /// checker tree from the configuration file).
+    pub fn checker(
+        &self,
+        module: &str,
+        config: &serde_json::Value,
+        sha256: Option<&str>,
+    ) -> Result<Arc<dyn Checker>, String> {
+        block_on(self.checker_async(module, config, sha256))
+            .map(|c| Arc::new(c) as Arc<dyn Checker>)
+            .map_err(|e| e.to_string())
+    }
+}
+
+/// Watches `dir` (the directory itself, not its files: the kubelet replaces
+/// the `..data` symlink, not the files) and rescans after a quiet period.
+fn watch(rt: Arc<Runtime>, dir: &Path) -> Result<notify::RecommendedWatcher, WasmError> {
+    use std::sync::mpsc::{RecvTimeoutError, channel};
+    let watch_error = |e: notify::Error| WasmError::Watch {
+        dir: dir.to_path_buf(),
+        message: e.to_string(),
+    };
+    let (tx, rx) = channel::<()>();
+    let mut watcher = notify::recommended_watcher(move |_event: notify::Result<notify::Event>| {
+        let _ = tx.send(());
+    })
+    .map_err(watch_error)?;
+    watcher
+        .watch(dir, notify::RecursiveMode::NonRecursive)
+        .map_err(watch_error)?;
+    thread::Builder::new()
+        .name("portwise-wasm-watch".into())
+        .spawn(move || {
+            let runtime = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::error!("module watcher cannot start: {e}");
+                    return;
+                }
+            };
+            loop {
+                match rx.recv_timeout(RESCAN_INTERVAL) {
+                    Ok(()) => {
+                        let started = std::time::Instant::now();
+                        loop {
+                            match rx.recv_timeout(DEBOUNCE) {
+                                Ok(()) if started.elapsed() < MAX_DEBOUNCE => continue,
+                                Ok(()) | Err(RecvTimeoutError::Timeout) => break,
+                                Err(RecvTimeoutError::Disconnected) => return,
+                            }
+                        }
+                    }
+                    Err(RecvTimeoutError::Timeout) => {}
+                    // The watcher (owned by the WasmRuntime) is gone.
+                    Err(RecvTimeoutError::Disconnected) => return,
+                }
+                runtime.block_on(rt.rescan());
+            }
+        })
+        .map_err(|e| WasmError::Watch {
+            dir: dir.to_path_buf(),
+            message: e.to_string(),
+        })?;
+    Ok(watcher)
+}
+
+/// A membership checker backed by a WebAssembly module. Always calls the
+/// module's current version, so a hot swap takes effect on the next check.
+pub struct WasmChecker {
+    rt: Arc<Runtime>,
+    spec: Arc<CheckerSpec>,
+}
+
+impl WasmChecker {
+    pub fn module(&self) -> &str {
+        &self.spec.module
+    }
+
+    /// The configuration handed to the guest, as JSON.
+    pub fn config(&self) -> &str {
+        &self.spec.config
+    }
+}
+
+impl std::fmt::Debug for WasmChecker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WasmChecker")
+            .field("module", &self.spec.module)
+            .field("config", &self.spec.config)
+            .field("sha256", &self.spec.pin)
+            .finish()
+    }
+}
+
+impl Checker for WasmChecker {
+    fn check<'a>(&'a self, subject: &'a Subject) -> BoxFuture<'a, Verdict> {
+        Box::pin(self.rt.check(&self.spec, subject))
+    }
+}
+
+/// Lets `membership::build` resolve `wasm` expressions without depending on
+/// wasmtime.
+impl portwise_checkers::WasmCheckers for WasmRuntime {
+    fn checker(
+        &self,
+        module: &str,
+        config: &serde_json::Value,
+        sha256: Option<&str>,
+    ) -> Result<Arc<dyn Checker>, String> {
+        WasmRuntime::checker(self, module, config, sha256)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn module_names_are_plain_file_names() {
+        assert_eq!(module_key("ready-role.wasm").unwrap(), "ready-role.wasm");
+        assert_eq!(module_key("ready-role").unwrap(), "ready-role.wasm");
+        assert_eq!(
+            module_key("ready-role.wasm.gz").unwrap(),
+            "ready-role.wasm.gz"
+        );
+        assert_eq!(module_key("ready-role.gz").unwrap(), "ready-role.gz.wasm");
+        for bad in ["", "../x.wasm", "a/b.wasm", ".hidden.wasm", "..data"] {
+            assert!(module_key(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn truncate_keeps_short_strings_and_marks_cut_ones() {
+        assert_eq!(truncate("short".into(), 10), "short");
+        let cut = truncate("x".repeat(5000), 1024);
+        assert!(cut.starts_with(&"x".repeat(1024)));
+        assert!(cut.ends_with("(3976 bytes truncated)"), "{cut}");
+        // Never splits a multi-byte character.
+        assert_eq!(truncate("ééé".into(), 3), "é… (4 bytes truncated)");
+    }
+}
