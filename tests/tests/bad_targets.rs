@@ -12,7 +12,7 @@
 //! and a healthy pod of another Service is published promptly while 50 bad
 //! ones keep hanging.
 //!
-//! The unit tests in host/src/probe.rs cover the same behaviours against
+//! The unit tests in crates/probe/src/lib.rs cover the same behaviours against
 //! one probe at a time; this is the end-to-end version under concurrency.
 //!
 //! Also here: pods whose addresses would get a slice refused (3.2), and a
