@@ -24,6 +24,16 @@
 //!
 //! Compiled code is cached on disk ([`cache`]) so a restart does not pay
 //! the compile again.
+//!
+//! Why a crate of its own: wasmtime is by far the largest dependency and
+//! running untrusted code is the riskiest job portwise has, so it is kept in
+//! one place that everything else reaches through
+//! [`portwise_checkers::WasmCheckers`]; the checker tree and the controller
+//! build and test without it. This crate may not depend on a Kubernetes
+//! client (`kube`), on `portwise-controller` or on a metrics library: it
+//! reports through [`WasmRuntime::subscribe`] and plain counters
+//! ([`WasmRuntime::failures`]), and the binary turns those into Events and
+//! metrics. `k8s-openapi` types are fine (guests see the Pod and Service).
 
 mod bindings;
 pub mod cache;
