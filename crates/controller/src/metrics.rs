@@ -14,6 +14,11 @@
 //! [`Metrics::forget_service`] drops them when the Service is deleted or no
 //! longer managed. Counters are never reset; Prometheus handles restarts.
 //!
+//! Guest failures are counted by the WebAssembly runtime itself (plain
+//! atomics, so that crate needs no metrics library and this one no
+//! wasmtime): `portwise_guest_failures` is a [`Collector`] that reads them
+//! through [`Metrics::read_guest_failures`] at every scrape.
+//!
 //! The exposition is OpenMetrics text (`Metrics::encode`), which Prometheus
 //! scrapes natively. Counter names gain their `_total` suffix and histograms
 //! their `_seconds` unit from the encoder, so the names registered below are
@@ -21,14 +26,16 @@
 
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
-    sync::{Arc, Mutex, PoisonError},
+    sync::{Arc, Mutex, PoisonError, RwLock},
     time::Duration,
 };
 
 use prometheus_client::{
-    encoding::{EncodeLabelSet, text::encode},
+    collector::Collector,
+    encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric, text::encode},
     metrics::{
-        counter::Counter,
+        MetricType,
+        counter::{ConstCounter, Counter},
         family::Family as MetricFamily,
         gauge::Gauge,
         histogram::{Histogram, exponential_buckets},
@@ -86,6 +93,52 @@ impl GuestFailure {
             GuestFailure::Invalid => "invalid",
             GuestFailure::Denied => "denied",
         }
+    }
+}
+
+/// Reads guest failure counts at scrape time: `(module, kind, count)` rows,
+/// each count since the process started. Rows of the same module and kind
+/// are added up (the runtime has more kinds than the metric has labels).
+pub type GuestFailureSource = Box<dyn Fn() -> Vec<(String, GuestFailure, u64)> + Send + Sync>;
+
+const GUEST_FAILURES_HELP: &str = "WebAssembly guest answers replaced by abstain, by module and kind \
+     (load|trap|deadline|memory|invalid|denied)";
+
+/// `portwise_guest_failures`: a counter family whose values live in the
+/// WebAssembly runtime, read from its [`GuestFailureSource`] on every scrape
+/// (no copy to keep in step). Without a source the family is declared and
+/// empty, as a registered family with no series would be.
+#[derive(Clone, Default)]
+struct GuestFailures {
+    source: Arc<RwLock<Option<GuestFailureSource>>>,
+}
+
+impl std::fmt::Debug for GuestFailures {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GuestFailures").finish_non_exhaustive()
+    }
+}
+
+impl Collector for GuestFailures {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let rows = match &*self.source.read().unwrap_or_else(PoisonError::into_inner) {
+            Some(source) => source(),
+            None => Vec::new(),
+        };
+        let mut totals = BTreeMap::<(String, &'static str), u64>::new();
+        for (module, kind, count) in rows {
+            *totals.entry((label(&module), kind.as_str())).or_default() += count;
+        }
+        // `Registry::register` appends the full stop to help texts; a
+        // collector writes its own.
+        let help = format!("{GUEST_FAILURES_HELP}.");
+        let mut family =
+            encoder.encode_descriptor("guest_failures", &help, None, MetricType::Counter)?;
+        for ((module, kind), count) in totals {
+            let labels = GuestFailureLabels { module, kind };
+            ConstCounter::new(count).encode(family.encode_family(&labels)?)?;
+        }
+        Ok(())
     }
 }
 
@@ -215,7 +268,7 @@ pub struct Metrics {
     check_duration: HistogramFamily<DecisionLabels>,
     native_cleanup_deletions: MetricFamily<KindLabels, Counter>,
     name_collisions: Counter,
-    guest_failures: MetricFamily<GuestFailureLabels, Counter>,
+    guest_failures: GuestFailures,
     module_loads: MetricFamily<ModuleLoadLabels, Counter>,
     reconcile_errors: MetricFamily<ErrorLabels, Counter>,
     reconcile_duration: Histogram,
@@ -274,13 +327,8 @@ impl Metrics {
             "EndpointSlice names already taken by another Service or manager",
             name_collisions.clone(),
         );
-        let guest_failures = MetricFamily::<GuestFailureLabels, Counter>::default();
-        registry.register(
-            "guest_failures",
-            "WebAssembly guest answers replaced by abstain, by module and kind \
-             (load|trap|deadline|memory|invalid|denied)",
-            guest_failures.clone(),
-        );
+        let guest_failures = GuestFailures::default();
+        registry.register_collector(Box::new(guest_failures.clone()));
         let module_loads = MetricFamily::<ModuleLoadLabels, Counter>::default();
         registry.register(
             "module_loads",
@@ -465,15 +513,18 @@ impl Metrics {
         self.name_collisions.inc();
     }
 
-    /// Counts one guest answer replaced by `abstain` (`module` is the file
-    /// name in the modules directory).
-    pub fn count_guest_failure(&self, module: &str, kind: GuestFailure) {
-        self.guest_failures
-            .get_or_create(&GuestFailureLabels {
-                module: label(module),
-                kind: kind.as_str(),
-            })
-            .inc();
+    /// Makes `portwise_guest_failures` report what `source` says at every
+    /// scrape (`module` is the file name in the modules directory); replaces
+    /// any earlier source.
+    pub fn read_guest_failures(
+        &self,
+        source: impl Fn() -> Vec<(String, GuestFailure, u64)> + Send + Sync + 'static,
+    ) {
+        *self
+            .guest_failures
+            .source
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = Some(Box::new(source));
     }
 
     /// Counts one module load.
@@ -743,8 +794,12 @@ mod tests {
         m.count_native_cleanup_deletion(CleanupKind::EndpointSlice);
         m.count_native_cleanup_deletion(CleanupKind::EndpointSlice);
         m.count_name_collision();
-        m.count_guest_failure("admin-check.wasm", GuestFailure::Deadline);
-        m.count_guest_failure("admin-check.wasm", GuestFailure::Denied);
+        m.read_guest_failures(|| {
+            vec![
+                ("admin-check.wasm".into(), GuestFailure::Deadline, 1),
+                ("admin-check.wasm".into(), GuestFailure::Denied, 1),
+            ]
+        });
         m.count_module_load("admin-check.wasm", ModuleLoad::Cached);
         m.count_reconcile_error("apply");
         m.count_write(WriteKind::Apply);
@@ -783,6 +838,33 @@ mod tests {
         ] {
             assert_eq!(sample(&text, series), Some(value), "{series} in\n{text}");
         }
+    }
+
+    #[test]
+    fn guest_failures_are_read_at_scrape_time_and_summed_per_label() {
+        let m = Metrics::new();
+        let counted = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let source = counted.clone();
+        m.read_guest_failures(move || {
+            let n = source.load(std::sync::atomic::Ordering::Relaxed);
+            // Two runtime kinds that share the `load` label.
+            vec![
+                ("a\"b.wasm".into(), GuestFailure::Load, n),
+                ("a\"b.wasm".into(), GuestFailure::Load, 1),
+            ]
+        });
+        let series = r#"portwise_guest_failures_total{module="a\"b.wasm",kind="load"}"#;
+        assert_eq!(sample(&m.encode(), series), Some(1.0));
+        counted.store(2, std::sync::atomic::Ordering::Relaxed);
+        let text = m.encode();
+        assert_eq!(sample(&text, series), Some(3.0), "{text}");
+        assert!(
+            text.contains(
+                "# HELP portwise_guest_failures WebAssembly guest answers replaced by abstain, \
+                 by module and kind (load|trap|deadline|memory|invalid|denied).\n"
+            ),
+            "{text}"
+        );
     }
 
     #[test]

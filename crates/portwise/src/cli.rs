@@ -266,8 +266,8 @@ fn report_wasm(
     managed_by: String,
 ) {
     use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-    use portwise_controller::metrics::{GuestFailure, ModuleLoad};
-    use portwise_wasm::{CompileSource, FailureKind};
+    use portwise_controller::metrics::ModuleLoad;
+    use portwise_wasm::CompileSource;
 
     let pod_ref = match (std::env::var("POD_NAME"), std::env::var("POD_NAMESPACE")) {
         (Ok(name), Ok(ns)) => Some(k8s_openapi::api::core::v1::ObjectReference {
@@ -334,14 +334,19 @@ fn report_wasm(
             }
         }
     });
-    // Guest failures are atomics in the runtime; mirror their growth.
-    tokio::spawn(async move {
-        let mut seen: std::collections::HashMap<(String, FailureKind), u64> = Default::default();
-        loop {
-            for f in rt.failures() {
-                let before = seen
-                    .insert((f.module.clone(), f.kind), f.count)
-                    .unwrap_or(0);
+    // Guest failures are atomics in the runtime, read at every scrape.
+    read_guest_failures(&metrics, rt);
+}
+
+/// Makes `portwise_guest_failures_total` read `rt`'s failure counters at
+/// scrape time, with the runtime's kinds mapped to the metric's labels.
+fn read_guest_failures(metrics: &portwise_controller::metrics::Metrics, rt: Arc<WasmRuntime>) {
+    use portwise_controller::metrics::GuestFailure;
+    use portwise_wasm::FailureKind;
+    metrics.read_guest_failures(move || {
+        rt.failures()
+            .into_iter()
+            .map(|f| {
                 let kind = match f.kind {
                     FailureKind::Load | FailureKind::Config => GuestFailure::Load,
                     FailureKind::Trap => GuestFailure::Trap,
@@ -350,12 +355,9 @@ fn report_wasm(
                     FailureKind::InvalidAnswer => GuestFailure::Invalid,
                     FailureKind::DeniedProbe => GuestFailure::Denied,
                 };
-                for _ in before..f.count {
-                    metrics.count_guest_failure(&f.module, kind);
-                }
-            }
-            tokio::time::sleep(Duration::from_secs(2)).await;
-        }
+                (f.module, kind, f.count)
+            })
+            .collect()
     });
 }
 
@@ -587,6 +589,42 @@ mod tests {
         assert_eq!(
             worst_case(&CheckerExpr::PodReady, Duration::from_secs(9)),
             Duration::ZERO
+        );
+    }
+
+    #[tokio::test]
+    async fn guest_failures_metric_reads_the_runtimes_counters_at_scrape_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let bad = dir.path().join("bad.wasm");
+        std::fs::write(&bad, b"not a component").unwrap();
+        let rt = Arc::new(
+            WasmRuntime::new(WasmConfig {
+                modules_dir: None,
+                cache_dir: None,
+                watch: false,
+                limits: Limits::default(),
+            })
+            .unwrap(),
+        );
+        let metrics = portwise_controller::metrics::Metrics::new();
+        read_guest_failures(&metrics, rt.clone());
+        let series = |text: &str, kind: &str| {
+            let prefix =
+                format!(r#"portwise_guest_failures_total{{module="bad.wasm",kind="{kind}"}} "#);
+            text.lines()
+                .find_map(|l| l.strip_prefix(prefix.as_str()).map(str::to_string))
+        };
+        assert_eq!(series(&metrics.encode(), "load"), None);
+        // A load failure is counted by the runtime (kind `load`) ...
+        rt.load_file(&bad).await.unwrap_err();
+        rt.load_file(&bad).await.unwrap_err();
+        // ... and the next scrape sees it, with the zeros of the other kinds.
+        let text = metrics.encode();
+        assert_eq!(series(&text, "load").as_deref(), Some("2"), "{text}");
+        assert_eq!(series(&text, "trap").as_deref(), Some("0"), "{text}");
+        assert!(
+            text.contains("# TYPE portwise_guest_failures counter\n"),
+            "{text}"
         );
     }
 }

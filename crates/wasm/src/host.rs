@@ -22,7 +22,7 @@ use k8s_openapi::{
     api::core::v1::{Pod, Service},
     apimachinery::pkg::apis::meta::v1::ObjectMeta,
 };
-use wasmtime::{ResourceLimiter, component::ResourceTable};
+use wasmtime::{ResourceLimiter, StoreLimits, StoreLimitsBuilder, component::ResourceTable};
 use wasmtime_wasi::{
     WasiCtx, WasiCtxView, WasiView,
     cli::{IsTerminal, StdoutStream},
@@ -136,10 +136,7 @@ impl HostState {
         HostState {
             wasi: wasi.build(),
             table: ResourceTable::new(),
-            limiter: MemoryLimiter {
-                max_bytes: limits.memory_bytes,
-                denied: None,
-            },
+            limiter: MemoryLimiter::new(limits.memory_bytes),
             call: CallState::default(),
             stdout,
             stderr,
@@ -360,14 +357,36 @@ impl WasiView for HostState {
     }
 }
 
-/// Memory limit per linear memory. Refusing growth (rather than trapping in
-/// the host) lets the guest's allocator fail its own way, usually with an
-/// `unreachable` trap; `denied` tells the caller that this was the cause.
+/// Memory limit per linear memory, enforced by wasmtime's [`StoreLimits`].
+/// Refusing growth (rather than trapping in the host) lets the guest's
+/// allocator fail its own way, usually with an `unreachable` trap.
+///
+/// `StoreLimits` cannot say afterwards that it refused anything, and that is
+/// what turns such a trap into a `memory` failure rather than a `trap`: this
+/// wrapper delegates every decision to it and only records a refusal of our
+/// limit in `denied`.
 #[derive(Debug)]
 pub(crate) struct MemoryLimiter {
+    limits: StoreLimits,
     max_bytes: usize,
     /// The last refused growth: (current, desired) bytes.
     pub denied: Option<(usize, usize)>,
+}
+
+/// Tables hold function references; a checker needs few.
+const MAX_TABLE_ELEMENTS: usize = 1_000_000;
+
+impl MemoryLimiter {
+    pub(crate) fn new(max_bytes: usize) -> Self {
+        MemoryLimiter {
+            limits: StoreLimitsBuilder::new()
+                .memory_size(max_bytes)
+                .table_elements(MAX_TABLE_ELEMENTS)
+                .build(),
+            max_bytes,
+            denied: None,
+        }
+    }
 }
 
 impl ResourceLimiter for MemoryLimiter {
@@ -375,23 +394,44 @@ impl ResourceLimiter for MemoryLimiter {
         &mut self,
         current: usize,
         desired: usize,
-        _maximum: Option<usize>,
+        maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
-        if desired > self.max_bytes {
+        let allowed = self.limits.memory_growing(current, desired, maximum)?;
+        // Only our limit is a memory failure; growth past the module's own
+        // declared maximum fails in wasmtime anyway and stays a trap.
+        if !allowed && desired > self.max_bytes {
             self.denied = Some((current, desired));
-            return Ok(false);
         }
-        Ok(true)
+        Ok(allowed)
     }
 
     fn table_growing(
         &mut self,
-        _current: usize,
+        current: usize,
         desired: usize,
-        _maximum: Option<usize>,
+        maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
-        // Tables hold function references; a checker needs few.
-        Ok(desired <= 1_000_000)
+        self.limits.table_growing(current, desired, maximum)
+    }
+
+    fn memory_grow_failed(&mut self, error: wasmtime::Error) -> wasmtime::Result<()> {
+        self.limits.memory_grow_failed(error)
+    }
+
+    fn table_grow_failed(&mut self, error: wasmtime::Error) -> wasmtime::Result<()> {
+        self.limits.table_grow_failed(error)
+    }
+
+    fn instances(&self) -> usize {
+        self.limits.instances()
+    }
+
+    fn tables(&self) -> usize {
+        self.limits.tables()
+    }
+
+    fn memories(&self) -> usize {
+        self.limits.memories()
     }
 }
 
@@ -599,10 +639,7 @@ mod tests {
 
     #[test]
     fn limiter_refuses_growth_past_the_limit_and_remembers_it() {
-        let mut l = MemoryLimiter {
-            max_bytes: 1 << 20,
-            denied: None,
-        };
+        let mut l = MemoryLimiter::new(1 << 20);
         assert!(l.memory_growing(0, 1 << 20, None).unwrap());
         assert!(l.denied.is_none());
         assert!(!l.memory_growing(1 << 20, 2 << 20, None).unwrap());

@@ -24,6 +24,16 @@
 //!
 //! Compiled code is cached on disk ([`cache`]) so a restart does not pay
 //! the compile again.
+//!
+//! Why a crate of its own: wasmtime is by far the largest dependency and
+//! running untrusted code is the riskiest job portwise has, so it is kept in
+//! one place that everything else reaches through
+//! [`portwise_checkers::WasmCheckers`]; the checker tree and the controller
+//! build and test without it. This crate may not depend on a Kubernetes
+//! client (`kube`), on `portwise-controller` or on a metrics library: it
+//! reports through [`WasmRuntime::subscribe`] and plain counters
+//! ([`WasmRuntime::failures`]), and the binary turns those into Events and
+//! metrics. `k8s-openapi` types are fine (guests see the Pod and Service).
 
 mod bindings;
 pub mod cache;
@@ -39,7 +49,7 @@ use std::{
     time::Duration,
 };
 
-use notify::Watcher;
+use notify_debouncer_mini::{DebounceEventResult, Debouncer};
 use tokio::sync::broadcast;
 
 pub use cache::{CompileSource, default_cache_dir};
@@ -182,8 +192,11 @@ pub enum WasmError {
 pub struct WasmRuntime {
     rt: Arc<Runtime>,
     _ticker: engine::Ticker,
-    _watcher: Option<notify::RecommendedWatcher>,
+    _watcher: Option<Watcher>,
 }
+
+/// The directory watch; dropping it stops the watch and its thread.
+type Watcher = Debouncer<notify::RecommendedWatcher>;
 
 impl std::fmt::Debug for WasmRuntime {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -196,8 +209,6 @@ impl std::fmt::Debug for WasmRuntime {
 /// Quiet time after a directory event before rescanning: the kubelet's swap
 /// is several renames and unlinks.
 const DEBOUNCE: Duration = Duration::from_millis(200);
-/// Longest a burst of events can postpone a rescan.
-const MAX_DEBOUNCE: Duration = Duration::from_secs(2);
 /// A rescan also runs this often without events, in case one was missed.
 const RESCAN_INTERVAL: Duration = Duration::from_secs(60);
 
@@ -401,18 +412,31 @@ impl WasmRuntime {
 
 /// Watches `dir` (the directory itself, not its files: the kubelet replaces
 /// the `..data` symlink, not the files) and rescans after a quiet period.
-fn watch(rt: Arc<Runtime>, dir: &Path) -> Result<notify::RecommendedWatcher, WasmError> {
+///
+/// The debouncing is `notify-debouncer-mini`'s: it reports a path once no
+/// event came for it for [`DEBOUNCE`], and a path that keeps changing again
+/// every [`DEBOUNCE`], so a burst cannot postpone a rescan for ever. This thread
+/// only turns its batches into rescans, one per batch however many queued
+/// while the last rescan ran, and rescans every [`RESCAN_INTERVAL`] without
+/// events in case one was missed.
+fn watch(rt: Arc<Runtime>, dir: &Path) -> Result<Watcher, WasmError> {
     use std::sync::mpsc::{RecvTimeoutError, channel};
     let watch_error = |e: notify::Error| WasmError::Watch {
         dir: dir.to_path_buf(),
         message: e.to_string(),
     };
     let (tx, rx) = channel::<()>();
-    let mut watcher = notify::recommended_watcher(move |_event: notify::Result<notify::Event>| {
-        let _ = tx.send(());
-    })
-    .map_err(watch_error)?;
-    watcher
+    let mut debouncer =
+        notify_debouncer_mini::new_debouncer(DEBOUNCE, move |events: DebounceEventResult| {
+            if let Err(e) = &events {
+                tracing::warn!("module watcher: {e}");
+            }
+            // An error may mean missed events: rescan then too.
+            let _ = tx.send(());
+        })
+        .map_err(watch_error)?;
+    debouncer
+        .watcher()
         .watch(dir, notify::RecursiveMode::NonRecursive)
         .map_err(watch_error)?;
     thread::Builder::new()
@@ -430,18 +454,10 @@ fn watch(rt: Arc<Runtime>, dir: &Path) -> Result<notify::RecommendedWatcher, Was
             };
             loop {
                 match rx.recv_timeout(RESCAN_INTERVAL) {
-                    Ok(()) => {
-                        let started = std::time::Instant::now();
-                        loop {
-                            match rx.recv_timeout(DEBOUNCE) {
-                                Ok(()) if started.elapsed() < MAX_DEBOUNCE => continue,
-                                Ok(()) | Err(RecvTimeoutError::Timeout) => break,
-                                Err(RecvTimeoutError::Disconnected) => return,
-                            }
-                        }
-                    }
+                    // Batches that queued up meanwhile are covered by this rescan.
+                    Ok(()) => while rx.try_recv().is_ok() {},
                     Err(RecvTimeoutError::Timeout) => {}
-                    // The watcher (owned by the WasmRuntime) is gone.
+                    // The debouncer (owned by the WasmRuntime) is gone.
                     Err(RecvTimeoutError::Disconnected) => return,
                 }
                 runtime.block_on(rt.rescan());
@@ -451,7 +467,7 @@ fn watch(rt: Arc<Runtime>, dir: &Path) -> Result<notify::RecommendedWatcher, Was
             dir: dir.to_path_buf(),
             message: e.to_string(),
         })?;
-    Ok(watcher)
+    Ok(debouncer)
 }
 
 /// A membership checker backed by a WebAssembly module. Always calls the

@@ -1,0 +1,261 @@
+//! Dispatching a call into a guest: `check` (every membership decision)
+//! and `validate-config` (once per version and configuration), each within
+//! its deadlines, and sorting whatever went wrong into a [`FailureKind`].
+//! A call never fails: a failure is an `abstain` with a reason, counted.
+
+use wasmtime::Trap;
+
+use super::{CheckerSpec, Failure, ModuleVersion, Runtime, pool::Ready};
+use crate::{
+    Limits,
+    bindings::{self, WitDecision, WitPod, WitService, WitTarget, WitVerdict},
+    failures::FailureKind,
+    host::{CallLabels, HostState},
+    truncate,
+};
+use portwise_core::membership::{Decision, Subject, Verdict};
+
+impl ModuleVersion {
+    /// Runs `validate-config` once per configuration for this version.
+    pub(crate) async fn validate(&self, rt: &Runtime, config: &str) -> Result<(), String> {
+        if let Some(known) = self
+            .validated
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(config)
+        {
+            return known.clone();
+        }
+        let result = match self.call_validate(rt, config).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(message)) => Err(truncate(message, rt.limits.max_reason_bytes)),
+            Err(failure) => Err(format!("validate-config failed: {failure}")),
+        };
+        self.validated
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(config.to_string(), result.clone());
+        result
+    }
+
+    async fn call_validate(
+        &self,
+        rt: &Runtime,
+        config: &str,
+    ) -> Result<Result<(), String>, Failure> {
+        let mut ready = self.take(rt).await?;
+        let labels = CallLabels {
+            module: self.label.clone(),
+            ..Default::default()
+        };
+        ready.store.data_mut().begin_call(None, labels);
+        ready.store.set_epoch_deadline(1);
+        let call = ready
+            .guest
+            .portwise_membership_checker()
+            .call_validate_config(&mut ready.store, config);
+        let outcome = tokio::time::timeout(rt.limits.call_timeout, call).await;
+        self.settle(ready, outcome, rt)
+    }
+
+    async fn call_check(
+        &self,
+        rt: &Runtime,
+        config: &str,
+        subject: &Subject,
+        service: WitService<'_>,
+        pod: WitPod<'_>,
+        target: WitTarget<'_>,
+    ) -> Result<WitVerdict, Failure> {
+        let labels = CallLabels {
+            module: self.label.clone(),
+            service: Some(subject.service.clone()),
+            pod: Some(subject.pod.clone()),
+            port: if subject.port.name.is_empty() {
+                subject.port.port.to_string()
+            } else {
+                subject.port.name.clone()
+            },
+        };
+        let mut ready = self.take(rt).await?;
+        ready
+            .store
+            .data_mut()
+            .begin_call(Some(subject.address), labels);
+        ready.store.set_epoch_deadline(1);
+        let call = ready.guest.portwise_membership_checker().call_check(
+            &mut ready.store,
+            config,
+            service,
+            pod,
+            target,
+        );
+        let outcome = tokio::time::timeout(rt.limits.call_timeout, call).await;
+        self.settle(ready, outcome, rt)
+    }
+
+    /// Logs the guest's output, returns a healthy instance to the pool and
+    /// turns everything else into a [`Failure`] (dropping the instance).
+    fn settle<R>(
+        &self,
+        ready: Ready,
+        outcome: Result<wasmtime::Result<R>, tokio::time::error::Elapsed>,
+        rt: &Runtime,
+    ) -> Result<R, Failure> {
+        let limits = &rt.limits;
+        let stderr_tail = ready.store.data().flush_output();
+        match outcome {
+            Ok(Ok(value)) => {
+                self.put_back(ready, rt);
+                Ok(value)
+            }
+            Ok(Err(e)) => {
+                let mut failure = classify(&e, ready.store.data(), limits);
+                if let Some(tail) = stderr_tail
+                    && failure.kind != FailureKind::Deadline
+                {
+                    failure.message = format!("{} (stderr: {tail})", failure.message);
+                }
+                Err(failure)
+            }
+            Err(_) => Err(Failure::new(
+                FailureKind::Deadline,
+                format!("call did not finish within {:?}", limits.call_timeout),
+            )),
+        }
+    }
+}
+
+/// Sorts a wasmtime error from a call into a failure kind.
+pub(super) fn classify(e: &wasmtime::Error, state: &HostState, limits: &Limits) -> Failure {
+    let memory = state.limiter.denied.map(|(current, desired)| {
+        format!(
+            "memory limit: growth from {} to {} KiB refused (limit {} KiB)",
+            current / 1024,
+            desired / 1024,
+            limits.memory_bytes / 1024
+        )
+    });
+    // Trap's Display starts with "wasm trap: "; the kind already says so.
+    let what = |trap: &Trap| {
+        trap.to_string()
+            .trim_start_matches("wasm trap: ")
+            .to_string()
+    };
+    match e.downcast_ref::<Trap>() {
+        Some(Trap::Interrupt) => Failure::new(
+            FailureKind::Deadline,
+            format!("ran past its compute deadline of {:?}", limits.deadline),
+        ),
+        Some(trap) => match memory {
+            Some(m) => Failure::new(FailureKind::Memory, format!("{m}, then: {}", what(trap))),
+            None => Failure::new(FailureKind::Trap, what(trap)),
+        },
+        None => match memory {
+            Some(m) => Failure::new(FailureKind::Memory, format!("{m}: {e:#}")),
+            // No trap: the guest returned, but its answer could not be lifted
+            // (invalid UTF-8, out-of-bounds pointers, bad discriminants).
+            None => Failure::new(FailureKind::InvalidAnswer, truncate(format!("{e:#}"), 512)),
+        },
+    }
+}
+
+fn verdict(answer: WitVerdict, max_reason: usize) -> Verdict {
+    let decision = match answer.decision {
+        WitDecision::Include => Decision::Include,
+        WitDecision::Exclude => Decision::Exclude,
+        WitDecision::Abstain => Decision::Abstain,
+    };
+    Verdict {
+        decision,
+        reason: answer.reason.map(|r| truncate(r, max_reason)),
+    }
+}
+
+impl Runtime {
+    /// One guest decision, never failing: every failure is an abstain with a
+    /// reason, counted by kind.
+    pub(crate) async fn check(&self, spec: &CheckerSpec, subject: &Subject) -> Verdict {
+        spec.counters.call();
+        match self.try_check(spec, subject).await {
+            Ok(verdict) => verdict,
+            Err(failure) => {
+                spec.counters.fail(failure.kind);
+                match failure.kind {
+                    FailureKind::Load | FailureKind::Config => {
+                        tracing::debug!(module = %spec.module, "{failure}")
+                    }
+                    _ => tracing::warn!(
+                        module = %spec.module,
+                        pod = subject.pod.metadata.name.as_deref().unwrap_or(""),
+                        port = %subject.port.name,
+                        "guest failed, abstaining: {failure}"
+                    ),
+                }
+                Verdict::abstain().because(format!("wasm {}: {failure}", spec.module))
+            }
+        }
+    }
+
+    async fn try_check(&self, spec: &CheckerSpec, subject: &Subject) -> Result<Verdict, Failure> {
+        let version = self
+            .current(&spec.module)
+            .ok_or_else(|| Failure::new(FailureKind::Load, "module is not loaded"))?;
+        if let Some(pin) = &spec.pin
+            && *pin != version.sha256
+        {
+            return Err(Failure::new(
+                FailureKind::Load,
+                format!(
+                    "content sha256 {} does not match the pinned {pin}",
+                    version.sha256
+                ),
+            ));
+        }
+        version
+            .validate(self, &spec.config)
+            .await
+            .map_err(|m| Failure::new(FailureKind::Config, m))?;
+        let computed = bindings::Computed::new(subject);
+        let lists = bindings::Lists::new(subject, &computed);
+        let service = bindings::service(&subject.service, &lists);
+        let pod = bindings::pod(&subject.pod, &lists);
+        let target = bindings::target(subject, &computed);
+        let (pod_name, port_name, address) = (pod.name, target.port_name, target.address);
+        let answer = version
+            .call_check(self, &spec.config, subject, service, pod, target)
+            .await?;
+        let verdict = verdict(answer, self.limits.max_reason_bytes);
+        tracing::debug!(
+            module = %spec.module,
+            pod = pod_name,
+            port = port_name,
+            address,
+            decision = ?verdict.decision,
+            reason = verdict.reason.as_deref().unwrap_or(""),
+            "guest verdict"
+        );
+        Ok(verdict)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn verdict_reasons_are_truncated_on_a_char_boundary() {
+        let v = verdict(
+            WitVerdict {
+                decision: WitDecision::Include,
+                reason: Some("é".repeat(1000)),
+            },
+            11,
+        );
+        assert_eq!(v.decision, Decision::Include);
+        let reason = v.reason.unwrap();
+        assert!(reason.starts_with("éééé"), "{reason}");
+        assert!(reason.contains("truncated"), "{reason}");
+        assert!(reason.len() < 80);
+    }
+}

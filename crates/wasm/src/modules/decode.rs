@@ -1,0 +1,180 @@
+//! What a module file holds, before wasmtime sees it: a `.wasm.gz` is
+//! gunzipped (bounded), anything that is certainly not a component is
+//! refused with a message saying what it is instead, and content is named by
+//! its sha256. Pure functions of bytes and names, so they are tested
+//! without an engine.
+
+use sha2::{Digest, Sha256};
+
+/// Whether a directory entry is a module: `*.wasm` or `*.wasm.gz`.
+pub(crate) fn is_module_file(name: &str) -> bool {
+    name.ends_with(".wasm") || is_gzipped(name)
+}
+
+/// Whether a module is stored gzip-compressed: by its name only, so what a
+/// file is never depends on guessing from its bytes.
+pub(super) fn is_gzipped(name: &str) -> bool {
+    name.ends_with(".wasm.gz")
+}
+
+/// `n` bytes for a message: whole MiB when it is a whole number of them.
+fn bytes_text(n: usize) -> String {
+    if n >= 1 << 20 && n.is_multiple_of(1 << 20) {
+        format!("{} MiB", n >> 20)
+    } else {
+        format!("{n} bytes")
+    }
+}
+
+/// The content of a `.wasm.gz`, refusing to inflate past `max` bytes.
+///
+/// One pass that stops reading at `max + 1` bytes: a gzip bomb costs at
+/// most the time and memory of inflating `max` bytes, then is refused.
+/// Concatenated gzip members are read as one stream, as `gunzip` does.
+pub(crate) fn gunzip(gz: &[u8], max: usize) -> Result<Vec<u8>, String> {
+    use flate2::read::MultiGzDecoder;
+    use std::io::Read;
+    let limit = u64::try_from(max).unwrap_or(u64::MAX).saturating_add(1);
+    let mut wasm = Vec::new();
+    MultiGzDecoder::new(gz)
+        .take(limit)
+        .read_to_end(&mut wasm)
+        .map_err(|e| format!("not a valid gzip file: {e}"))?;
+    if wasm.len() > max {
+        return Err(format!(
+            "gunzips to more than {}, the limit for a module's gunzipped size",
+            bytes_text(max)
+        ));
+    }
+    Ok(wasm)
+}
+
+/// Refuses what is certainly not a component, with a message that says what
+/// it is instead.
+pub(super) fn check_header(bytes: &[u8]) -> Result<(), String> {
+    if bytes.starts_with(&[0x1f, 0x8b]) {
+        return Err(
+            "gzip-compressed, not WebAssembly: only a file named *.wasm.gz is gunzipped (once)"
+                .into(),
+        );
+    }
+    if bytes.len() < 8 || &bytes[..4] != b"\0asm" {
+        return Err("not a WebAssembly file (no \\0asm header)".into());
+    }
+    if bytes[4..8] == [1, 0, 0, 0] {
+        return Err(
+            "a core WebAssembly module, not a component: build for wasm32-wasip2, or wrap it with \
+                    `wasm-tools component new` and the WASI preview1 adapter"
+                .into(),
+        );
+    }
+    Ok(())
+}
+
+pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Instant;
+
+    #[test]
+    fn header_check_explains_what_the_file_is() {
+        assert!(
+            check_header(b"hello world")
+                .unwrap_err()
+                .contains("not a WebAssembly file")
+        );
+        assert!(
+            check_header(b"\0asm\x01\0\0\0rest")
+                .unwrap_err()
+                .contains("core WebAssembly module")
+        );
+        assert!(check_header(b"\0asm\x0d\0\x01\0rest").is_ok());
+    }
+
+    fn gzip(parts: &[&[u8]]) -> Vec<u8> {
+        use std::io::Write;
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+        for part in parts {
+            gz.write_all(part).unwrap();
+        }
+        gz.finish().unwrap()
+    }
+
+    #[test]
+    fn only_wasm_and_wasm_gz_files_are_modules() {
+        for name in ["a.wasm", "a.wasm.gz"] {
+            assert!(is_module_file(name), "{name}");
+        }
+        for name in [
+            "a.gz",
+            "a.wasm.gz.tmp",
+            "a.wasmgz",
+            "a.tar.gz",
+            "a.wasm.zst",
+        ] {
+            assert!(!is_module_file(name), "{name}");
+        }
+        assert!(is_gzipped("a.wasm.gz") && !is_gzipped("a.wasm"));
+    }
+
+    #[test]
+    fn gunzip_returns_the_content_up_to_and_including_the_cap() {
+        let wasm = b"\0asm\x0d\0\x01\0component bytes".repeat(1000);
+        assert_eq!(gunzip(&gzip(&[&wasm]), 1 << 20).unwrap(), wasm);
+        // Exactly at the cap is allowed.
+        assert_eq!(gunzip(&gzip(&[&wasm]), wasm.len()).unwrap(), wasm);
+        // Concatenated members are one stream, as for `gunzip`.
+        let mut two = gzip(&[&wasm[..100]]);
+        two.extend(gzip(&[&wasm[100..]]));
+        assert_eq!(gunzip(&two, 1 << 20).unwrap(), wasm);
+    }
+
+    #[test]
+    fn gunzip_refuses_content_past_the_cap_naming_it() {
+        let wasm = vec![7u8; 4096];
+        let e = gunzip(&gzip(&[&wasm]), 4095).unwrap_err();
+        assert!(e.contains("gunzips to more than 4095 bytes"), "{e}");
+        // A bomb: 100 MiB of zeros is about 100 KB gzipped. Refused at the
+        // cap, after inflating (not keeping) 64 MiB.
+        let zeros = vec![0u8; 1 << 20];
+        let bomb = gzip(&vec![&zeros[..]; 100]);
+        assert!(bomb.len() < 200_000, "{}", bomb.len());
+        let started = Instant::now();
+        let e = gunzip(&bomb, 64 << 20).unwrap_err();
+        assert!(e.contains("gunzips to more than 64 MiB, the limit"), "{e}");
+        eprintln!(
+            "100 MiB bomb ({} KB gzipped) refused in {:.0} ms",
+            bomb.len() / 1024,
+            started.elapsed().as_secs_f64() * 1e3
+        );
+    }
+
+    #[test]
+    fn corrupt_gzip_is_a_clear_error() {
+        let good = gzip(&[b"\0asm\x0d\0\x01\0rest of the component"]);
+        let mut bad_crc = good.clone();
+        let n = bad_crc.len();
+        bad_crc[n - 8] ^= 0xff;
+        let mut bad_data = good.clone();
+        bad_data[12] ^= 0xff;
+        for (what, bytes) in [
+            ("plain wasm", &b"\0asm\x0d\0\x01\0rest"[..]),
+            ("truncated", &good[..good.len() / 2]),
+            ("bad checksum", &bad_crc[..]),
+            ("bad data", &bad_data[..]),
+        ] {
+            let e = gunzip(bytes, 1 << 20).unwrap_err();
+            assert!(e.starts_with("not a valid gzip file: "), "{what}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_gzipped_file_not_named_gz_is_explained() {
+        let e = check_header(&gzip(&[b"\0asm\x0d\0\x01\0"])).unwrap_err();
+        assert!(e.contains("*.wasm.gz"), "{e}");
+    }
+}

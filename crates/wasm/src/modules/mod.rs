@@ -1,0 +1,203 @@
+//! Loaded modules and the calls into them: the shared core of a
+//! [`crate::WasmRuntime`] and the glue between its four jobs, one file each.
+//!
+//! A module is a `.wasm` file, or a gzip-compressed `.wasm.gz` one (the
+//! name decides, not the content); each successful load of its content is a
+//! [`ModuleVersion`] with its own `InstancePre`, its own small pool of ready
+//! instances and its own record of validated configurations. Checkers look
+//! the current version up by name on every call, so a reload swaps versions
+//! under running checkers; a failed reload leaves the current version alone.
+//!
+//! Instances are reused while they behave. Any failure (trap, deadline,
+//! unreadable answer, cancelled call) drops the instance: its state is
+//! unknown, and a trapped component instance cannot be entered again anyway.
+//!
+//! - [`decode`]: what a module file holds (gunzip, header checks, hash);
+//! - [`pool`]: instances of a version and the slots they occupy;
+//! - [`reload`]: the directory rescan and the install of new content;
+//! - [`call`]: dispatching `check` and `validate-config` into a guest and
+//!   sorting what went wrong.
+
+mod call;
+mod decode;
+mod pool;
+mod reload;
+
+use std::{
+    collections::HashMap,
+    path::PathBuf,
+    sync::{Arc, Mutex, RwLock, Weak, atomic::AtomicUsize},
+};
+
+use tokio::sync::{Semaphore, broadcast};
+use wasmtime::{Engine, component::Linker};
+
+use crate::{
+    Limits, ModuleEvent, ModuleInfo,
+    bindings::MembershipChecker,
+    cache::{CodeCache, CompileSource},
+    failures::{Counters, FailureKind, ModuleCounters},
+    host::HostState,
+};
+
+pub(crate) use decode::is_module_file;
+pub(crate) use pool::ModuleVersion;
+use reload::ScanState;
+
+/// Why a call produced no verdict of the guest's own making.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Failure {
+    pub kind: FailureKind,
+    pub message: String,
+}
+
+impl Failure {
+    fn new(kind: FailureKind, message: impl Into<String>) -> Self {
+        Failure {
+            kind,
+            message: message.into(),
+        }
+    }
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.kind, self.message)
+    }
+}
+
+/// What a checker built on a module needs: the module, its configuration
+/// and an optional content pin. Registered (weakly) with the runtime so a
+/// reload can validate the configurations in use before swapping.
+#[derive(Debug)]
+pub(crate) struct CheckerSpec {
+    pub module: String,
+    /// The configuration as JSON text, exactly as handed to the guest.
+    pub config: String,
+    pub pin: Option<String>,
+    pub counters: Arc<ModuleCounters>,
+}
+
+/// The shared core of a [`crate::WasmRuntime`].
+pub(crate) struct Runtime {
+    pub engine: Engine,
+    pub linker: Linker<HostState>,
+    pub cache: Option<CodeCache>,
+    pub limits: Arc<Limits>,
+    pub counters: Counters,
+    pub dir: Option<PathBuf>,
+    pub events: broadcast::Sender<ModuleEvent>,
+    modules: RwLock<HashMap<String, Arc<ModuleVersion>>>,
+    scan: tokio::sync::Mutex<ScanState>,
+    users: Mutex<Vec<Weak<CheckerSpec>>>,
+    /// Live instances (busy or idle), at most the pooling allocator's
+    /// component instance slots: when they run out, calls wait for one
+    /// instead of failing to instantiate.
+    slots: Arc<Semaphore>,
+    /// Calls waiting for a slot; while there are any, finished instances
+    /// are dropped instead of pooled.
+    waiting: AtomicUsize,
+}
+
+impl Runtime {
+    pub(crate) fn new(
+        engine: Engine,
+        cache: Option<CodeCache>,
+        limits: Limits,
+        dir: Option<PathBuf>,
+    ) -> wasmtime::Result<Self> {
+        let mut linker = Linker::new(&engine);
+        wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
+        MembershipChecker::add_to_linker::<HostState, wasmtime::component::HasSelf<HostState>>(
+            &mut linker,
+            |s| s,
+        )?;
+        let slots = Arc::new(Semaphore::new(limits.max_instances.max(1) as usize));
+        Ok(Runtime {
+            engine,
+            linker,
+            cache,
+            limits: Arc::new(limits),
+            counters: Counters::default(),
+            dir,
+            events: broadcast::channel(64).0,
+            modules: RwLock::new(HashMap::new()),
+            scan: tokio::sync::Mutex::new(ScanState::default()),
+            users: Mutex::new(Vec::new()),
+            slots,
+            waiting: AtomicUsize::new(0),
+        })
+    }
+
+    pub(crate) fn current(&self, module: &str) -> Option<Arc<ModuleVersion>> {
+        self.modules
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(module)
+            .cloned()
+    }
+
+    /// A slot for a new instance. When none is free, idle instances of all
+    /// modules are dropped first; then the call waits (within its timeout)
+    pub(crate) fn infos(&self) -> Vec<ModuleInfo> {
+        let modules = self.modules.read().unwrap_or_else(|e| e.into_inner());
+        let mut infos: Vec<_> = modules.values().map(|m| m.info()).collect();
+        infos.sort_by(|a, b| a.module.cmp(&b.module));
+        infos
+    }
+
+    /// The last load failure of a module, if its latest load failed.
+    pub(crate) async fn last_error(&self, module: &str) -> Option<String> {
+        self.scan.lock().await.errors.get(module).cloned()
+    }
+
+    pub(crate) async fn load_errors(&self) -> Vec<(String, String)> {
+        let scan = self.scan.lock().await;
+        let mut errors: Vec<_> = scan
+            .errors
+            .iter()
+            .map(|(m, e)| (m.clone(), e.clone()))
+            .collect();
+        errors.sort();
+        errors
+    }
+
+    pub(crate) fn register(&self, spec: &Arc<CheckerSpec>) {
+        let mut users = self.users.lock().unwrap_or_else(|e| e.into_inner());
+        users.retain(|u| u.strong_count() > 0);
+        users.push(Arc::downgrade(spec));
+    }
+
+    fn users_of(&self, module: &str) -> Vec<Arc<CheckerSpec>> {
+        let mut users = self.users.lock().unwrap_or_else(|e| e.into_inner());
+        users.retain(|u| u.strong_count() > 0);
+        users
+            .iter()
+            .filter_map(Weak::upgrade)
+            .filter(|u| u.module == module)
+            .collect()
+    }
+
+    fn report(
+        &self,
+        module: &str,
+        ok: bool,
+        sha256: Option<&str>,
+        compiled: Option<CompileSource>,
+        message: String,
+    ) {
+        if ok {
+            tracing::info!(module, sha256, "{message}");
+        } else {
+            tracing::warn!(module, sha256, "{message}");
+        }
+        // No receivers is fine: nobody asked to hear about it.
+        let _ = self.events.send(ModuleEvent {
+            module: module.to_string(),
+            ok,
+            sha256: sha256.map(str::to_string),
+            compiled,
+            message,
+        });
+    }
+}

@@ -1,0 +1,213 @@
+//! Instances of a module version, and the slots they occupy.
+//!
+//! Instantiating a component costs more than most calls, so each version
+//! keeps a few ready instances for reuse. Every live instance holds a slot
+//! of the pooling allocator ([`Runtime::slot`]): when slots run out, idle
+//! instances of all modules are dropped first, then calls wait for one
+//! instead of failing to instantiate.
+
+use std::{
+    collections::HashMap,
+    path::PathBuf,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use tokio::sync::OwnedSemaphorePermit;
+use wasmtime::{Store, UpdateDeadline};
+
+use super::{Failure, Runtime, call::classify};
+use crate::{
+    ModuleInfo,
+    bindings::{MembershipChecker, MembershipCheckerPre},
+    cache::CompileSource,
+    engine::ticks,
+    failures::{FailureKind, ModuleCounters},
+    host::{CallLabels, HostState},
+};
+
+/// Compute time an instantiation may take (start functions), at least.
+const INSTANTIATE_BUDGET: Duration = Duration::from_secs(1);
+
+/// An instance ready for a call.
+pub(super) struct Ready {
+    pub(super) store: Store<HostState>,
+    pub(super) guest: MembershipChecker,
+    /// One of [`Runtime::slots`], held as long as the instance lives.
+    _slot: OwnedSemaphorePermit,
+}
+
+/// One loaded content of one module.
+pub(crate) struct ModuleVersion {
+    pub name: String,
+    /// `name`, shared with every call's log labels.
+    pub(super) label: Arc<str>,
+    /// Of the file as stored (compressed, for a `.wasm.gz`).
+    pub sha256: String,
+    pub source: PathBuf,
+    /// Of the component (gunzipped).
+    pub size: usize,
+    pub compiled: CompileSource,
+    pub load_time: Duration,
+    pub(super) pre: MembershipCheckerPre<HostState>,
+    pub(super) idle: Mutex<Vec<Ready>>,
+    pub(super) validated: Mutex<HashMap<String, Result<(), String>>>,
+    pub(super) counters: Arc<ModuleCounters>,
+}
+
+impl std::fmt::Debug for ModuleVersion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ModuleVersion")
+            .field("name", &self.name)
+            .field("sha256", &self.sha256)
+            .finish()
+    }
+}
+
+impl ModuleVersion {
+    pub(super) fn info(&self) -> ModuleInfo {
+        ModuleInfo {
+            module: self.name.clone(),
+            sha256: self.sha256.clone(),
+            source: self.source.clone(),
+            size: self.size,
+            compiled: self.compiled,
+            load_time: self.load_time,
+        }
+    }
+
+    pub(super) fn put_back(&self, ready: Ready, rt: &Runtime) {
+        // A call waiting for a slot gets this one rather than the pool.
+        if rt.waiting.load(Ordering::Acquire) > 0 {
+            return;
+        }
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        if idle.len() < rt.limits.idle_instances {
+            idle.push(ready);
+        }
+    }
+
+    pub(super) async fn take(&self, rt: &Runtime) -> Result<Ready, Failure> {
+        let ready = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        match ready {
+            Some(ready) => Ok(ready),
+            None => {
+                let slot = rt.slot().await?;
+                self.instantiate(rt, slot).await
+            }
+        }
+    }
+
+    async fn instantiate(
+        &self,
+        rt: &Runtime,
+        slot: OwnedSemaphorePermit,
+    ) -> Result<Ready, Failure> {
+        let mut store = Store::new(
+            &rt.engine,
+            HostState::new(rt.limits.clone(), self.counters.clone()),
+        );
+        store.limiter(|s| &mut s.limiter);
+        // Runs when the epoch deadline passes while the guest executes: stop
+        // it once its compute time is used up, otherwise yield to the async
+        // runtime and look again a tick later.
+        store.epoch_deadline_callback(|ctx| {
+            let left = ctx
+                .data()
+                .call
+                .compute_deadline
+                .saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                Ok(UpdateDeadline::Interrupt)
+            } else {
+                Ok(UpdateDeadline::Yield(ticks(left).min(5)))
+            }
+        });
+        let labels = CallLabels {
+            module: self.label.clone(),
+            ..Default::default()
+        };
+        store.data_mut().begin_call(None, labels);
+        // Start functions of language runtimes may initialise a while.
+        store.data_mut().call.compute_deadline =
+            Instant::now() + rt.limits.deadline.max(INSTANTIATE_BUDGET);
+        store.set_epoch_deadline(1);
+        let outcome = tokio::time::timeout(
+            rt.limits.call_timeout,
+            self.pre.instantiate_async(&mut store),
+        )
+        .await;
+        store.data().flush_output();
+        match outcome {
+            Ok(Ok(guest)) => Ok(Ready {
+                store,
+                guest,
+                _slot: slot,
+            }),
+            Ok(Err(e)) => {
+                let failure = classify(&e, store.data(), &rt.limits);
+                let kind = if failure.kind == FailureKind::Memory {
+                    FailureKind::Memory
+                } else {
+                    FailureKind::Load
+                };
+                Err(Failure::new(
+                    kind,
+                    format!("cannot instantiate: {}", failure.message),
+                ))
+            }
+            Err(_) => Err(Failure::new(
+                FailureKind::Deadline,
+                "instantiation timed out",
+            )),
+        }
+    }
+}
+
+impl Runtime {
+    /// for a busy instance to finish.
+    pub(super) async fn slot(&self) -> Result<OwnedSemaphorePermit, Failure> {
+        if let Ok(slot) = self.slots.clone().try_acquire_owned() {
+            return Ok(slot);
+        }
+        for version in self
+            .modules
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+        {
+            version
+                .idle
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clear();
+        }
+        if let Ok(slot) = self.slots.clone().try_acquire_owned() {
+            return Ok(slot);
+        }
+        struct Waiting<'a>(&'a AtomicUsize);
+        impl Drop for Waiting<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+        self.waiting.fetch_add(1, Ordering::AcqRel);
+        let _waiting = Waiting(&self.waiting);
+        match tokio::time::timeout(self.limits.call_timeout, self.slots.clone().acquire_owned())
+            .await
+        {
+            Ok(Ok(slot)) => Ok(slot),
+            Ok(Err(_)) => unreachable!("the slot semaphore is never closed"),
+            Err(_) => Err(Failure::new(
+                FailureKind::Deadline,
+                format!(
+                    "all {} instance slots stayed busy for {:?}",
+                    self.limits.max_instances, self.limits.call_timeout
+                ),
+            )),
+        }
+    }
+}

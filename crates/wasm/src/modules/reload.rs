@@ -1,0 +1,286 @@
+//! Bringing the loaded modules in line with the modules directory: the
+//! rescan (which files changed, which went away) and the install of new
+//! content (gunzip, compile or load from the cache, link, check pins and the
+//! configurations in use), which either makes the new version current or
+//! leaves the serving one alone and says why.
+
+use std::{
+    collections::{HashMap, HashSet},
+    fs,
+    path::{Path, PathBuf},
+    sync::{Arc, Mutex},
+    time::{Duration, Instant, SystemTime},
+};
+
+use super::{
+    ModuleVersion, Runtime,
+    decode::{check_header, gunzip, is_gzipped, is_module_file, sha256_hex},
+};
+use crate::{
+    ModuleInfo, bindings::MembershipCheckerPre, cache::CompileSource, failures::FailureKind,
+    truncate,
+};
+
+/// A file's identity as far as rescans care: where its content lives (the
+/// kubelet swaps `..data` to a new directory), its size and mtime.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Stamp {
+    target: Option<PathBuf>,
+    len: u64,
+    modified: Option<SystemTime>,
+}
+
+#[derive(Default)]
+pub(super) struct ScanState {
+    stamps: HashMap<String, Stamp>,
+    /// Modules present at some point and gone from the directory now.
+    removed: HashSet<String>,
+    /// The last load failure per module, while it is the latest news.
+    pub(super) errors: HashMap<String, String>,
+}
+
+impl Runtime {
+    /// Gunzips (a `.wasm.gz`), compiles (or loads from cache) and links a
+    /// module's content. `stored` and `sha256` are the file as stored.
+    fn compile(
+        &self,
+        name: &str,
+        source: &Path,
+        stored: &[u8],
+        sha256: &str,
+    ) -> Result<ModuleVersion, String> {
+        let started = Instant::now();
+        // The cache is keyed by the component's own hash, so `x.wasm` and
+        // any `x.wasm.gz` of it share one entry.
+        let gunzipped;
+        let (bytes, code_sha256) = if is_gzipped(name) {
+            gunzipped = gunzip(stored, self.limits.max_gunzipped_bytes)?;
+            let code_sha256 = sha256_hex(&gunzipped);
+            (&gunzipped[..], code_sha256)
+        } else {
+            (stored, sha256.to_string())
+        };
+        check_header(bytes)?;
+        let (component, compiled, _) = match &self.cache {
+            Some(cache) => cache.load(&self.engine, &code_sha256, bytes),
+            None => wasmtime::component::Component::from_binary(&self.engine, bytes)
+                .map(|c| (c, CompileSource::Compiled, Duration::ZERO)),
+        }
+        .map_err(|e| {
+            format!(
+                "not a valid component: {}",
+                truncate(format!("{e:#}"), 1024)
+            )
+        })?;
+        let load_time = started.elapsed();
+        let instance_pre = self
+            .linker
+            .instantiate_pre(&component)
+            .map_err(|e| format!("imports something portwise does not provide: {e:#}"))?;
+        let pre = MembershipCheckerPre::new(instance_pre).map_err(|e| {
+            format!("not a portwise membership checker (world portwise:membership/membership-checker@0.1.x): {e:#}")
+        })?;
+        Ok(ModuleVersion {
+            name: name.to_string(),
+            label: name.into(),
+            sha256: sha256.to_string(),
+            source: source.to_path_buf(),
+            size: bytes.len(),
+            compiled,
+            load_time,
+            pre,
+            idle: Mutex::new(Vec::new()),
+            validated: Mutex::new(HashMap::new()),
+            counters: self.counters.module(name),
+        })
+    }
+
+    /// Loads new content for `name` and makes it current, unless it fails to
+    /// compile, does not match a pin in use, or rejects a configuration in
+    /// use: then the current version (if any) keeps serving.
+    async fn install(
+        &self,
+        scan: &mut ScanState,
+        name: &str,
+        source: &Path,
+        bytes: &[u8],
+    ) -> Result<ModuleInfo, String> {
+        let sha256 = sha256_hex(bytes);
+        let counters = self.counters.module(name);
+        let fail = |scan: &mut ScanState, message: String| {
+            counters.fail(FailureKind::Load);
+            let serving = match self.current(name) {
+                Some(v) => format!("; still serving sha256 {}", &v.sha256[..12]),
+                None => String::new(),
+            };
+            let message = format!(
+                "module {name} (sha256 {}): {message}{serving}",
+                &sha256[..12]
+            );
+            scan.errors.insert(name.to_string(), message.clone());
+            self.report(name, false, Some(&sha256), None, message.clone());
+            Err(message)
+        };
+        // Compiling blocks; keep it off the async runtime's core threads.
+        let compiled = block_in_place_or_inline(|| self.compile(name, source, bytes, &sha256));
+        let version = match compiled {
+            Ok(v) => v,
+            Err(message) => return fail(scan, message),
+        };
+        let users = self.users_of(name);
+        if let Some(pin) = users
+            .iter()
+            .filter_map(|u| u.pin.as_deref())
+            .find(|pin| *pin != sha256)
+        {
+            return fail(
+                scan,
+                format!("content does not match the sha256 {pin} pinned in the configuration"),
+            );
+        }
+        let mut configs: Vec<&str> = users.iter().map(|u| u.config.as_str()).collect();
+        configs.sort_unstable();
+        configs.dedup();
+        for config in configs {
+            if let Err(message) = version.validate(self, config).await {
+                return fail(
+                    scan,
+                    format!(
+                        "rejects configuration {}: {message}",
+                        truncate(config.to_string(), 200)
+                    ),
+                );
+            }
+        }
+        let info = version.info();
+        let compiled = version.compiled;
+        let how = match compiled {
+            CompileSource::Compiled => "compiled",
+            CompileSource::Cached => "loaded from the compiled-code cache",
+        };
+        let message = format!(
+            "module {name} (sha256 {}) {how} in {:.1} ms and serving",
+            &sha256[..12],
+            version.load_time.as_secs_f64() * 1000.0
+        );
+        self.modules
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(name.to_string(), Arc::new(version));
+        scan.errors.remove(name);
+        self.report(name, true, Some(&sha256), Some(compiled), message);
+        Ok(info)
+    }
+
+    /// Loads one file under its file name.
+    pub(crate) async fn load_file(&self, path: &Path) -> Result<ModuleInfo, String> {
+        let name = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .ok_or_else(|| format!("{}: not a file name", path.display()))?
+            .to_string();
+        let bytes = fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let mut scan = self.scan.lock().await;
+        if let Some(current) = self.current(&name)
+            && current.sha256 == sha256_hex(&bytes)
+        {
+            return Ok(current.info());
+        }
+        self.install(&mut scan, &name, path, &bytes).await
+    }
+
+    /// Brings the loaded modules in line with the directory. Unchanged files
+    /// (same resolved path, size and mtime) are not even read; changed files
+    /// with unchanged content are read and hashed but not reloaded.
+    pub(crate) async fn rescan(&self) {
+        let Some(dir) = &self.dir else { return };
+        let mut scan = self.scan.lock().await;
+        let entries = match fs::read_dir(dir) {
+            Ok(entries) => entries,
+            Err(e) => {
+                tracing::warn!(dir = %dir.display(), "cannot read modulesDir: {e}");
+                return;
+            }
+        };
+        let mut present = HashSet::new();
+        for entry in entries.flatten() {
+            let Some(name) = entry.file_name().to_str().map(str::to_string) else {
+                continue;
+            };
+            // Skip the kubelet's `..data` and `..2026_...` entries and any
+            // hidden temporary file.
+            if name.starts_with('.') || !is_module_file(&name) {
+                continue;
+            }
+            let path = dir.join(&name);
+            // Follows symlinks: a dangling link in the middle of a swap is
+            // skipped now and picked up by the event that completes the swap.
+            let Ok(meta) = fs::metadata(&path) else {
+                continue;
+            };
+            if !meta.is_file() {
+                continue;
+            }
+            present.insert(name.clone());
+            let stamp = Stamp {
+                target: fs::canonicalize(&path).ok(),
+                len: meta.len(),
+                modified: meta.modified().ok(),
+            };
+            if scan.stamps.get(&name) == Some(&stamp) {
+                continue;
+            }
+            let bytes = match fs::read(&path) {
+                Ok(bytes) => bytes,
+                Err(e) => {
+                    tracing::warn!(module = %name, "cannot read {}: {e}", path.display());
+                    continue;
+                }
+            };
+            scan.stamps.insert(name.clone(), stamp);
+            if self
+                .current(&name)
+                .is_some_and(|v| v.sha256 == sha256_hex(&bytes))
+            {
+                continue;
+            }
+            let _ = self.install(&mut scan, &name, &path, &bytes).await;
+        }
+        scan.stamps.retain(|name, _| present.contains(name));
+        let loaded: Vec<String> = self
+            .modules
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .keys()
+            .cloned()
+            .collect();
+        for name in loaded {
+            if present.contains(&name) {
+                scan.removed.remove(&name);
+            } else if scan.removed.insert(name.clone()) {
+                self.report(
+                    &name,
+                    false,
+                    None,
+                    None,
+                    format!(
+                        "module {name} is gone from {}; still serving the last loaded version",
+                        dir.display()
+                    ),
+                );
+            }
+        }
+    }
+}
+
+/// Runs a blocking closure without stalling the async runtime: on a
+/// multi-threaded runtime the worker hands its other tasks off first; on a
+/// current-thread runtime (or none) it simply runs.
+fn block_in_place_or_inline<R>(f: impl FnOnce() -> R) -> R {
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(f)
+        }
+        _ => f(),
+    }
+}
