@@ -3,7 +3,8 @@
 //! Everything here is a function of its inputs: the configuration model and
 //! its validation ([`config`]), which pods back which Service port
 //! ([`align`]), the verdict algebra and the pod-object facts
-//! ([`membership`]), and the slice planner ([`plan`]).
+//! ([`membership`]), the slice planner ([`plan`]), and the decision of one
+//! reconcile ([`reconcile`]).
 //!
 //! Why a crate of its own: the data flow is watch → align → check → plan →
 //! apply, and the middle is where the rules users rely on live. Keeping it
@@ -17,3 +18,4 @@ pub mod align;
 pub mod config;
 pub mod membership;
 pub mod plan;
+pub mod reconcile;

@@ -1,0 +1,374 @@
+//! The I/O shell of one reconcile: read the caches, let the core decide
+//! ([`portwise_core::reconcile::decide`]), then carry the decision out:
+//! Events, judging through the checkers, planning, server-side apply,
+//! native cleanup, legacy Endpoints and metrics. Whether a Service is ours
+//! to serve and what follows from it is not decided here.
+
+use std::{
+    collections::{BTreeMap, HashSet},
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use k8s_openapi::api::{
+    core::v1::{Node, Pod, Service},
+    discovery::v1::EndpointSlice,
+};
+use kube::{
+    Resource, ResourceExt,
+    core::PartialObjectMeta,
+    runtime::{
+        controller::Action,
+        events::{Event as KubeEvent, EventType, Recorder},
+        reflector::{ObjectRef, Store},
+    },
+};
+use tokio::sync::watch;
+use tracing::{debug, info, warn};
+
+use portwise_core::{
+    config::Config,
+    plan::{self, MANAGED_BY_LABEL, is_ours},
+    reconcile::{self as decision, Decision, Once, Release, Requeue, Serve},
+};
+
+use crate::{
+    Error, Judge,
+    apply::SliceWriter,
+    cache::{GroupIndex, SyncGate},
+    metrics::Metrics,
+    migrate,
+};
+
+/// Everything a reconcile reads: caches, indexes, the checker, writers.
+pub(crate) struct Context {
+    pub(crate) config: Arc<Config>,
+    pub(crate) pods: Store<Pod>,
+    pub(crate) slices: Store<EndpointSlice>,
+    pub(crate) nodes: Option<Store<PartialObjectMeta<Node>>>,
+    pub(crate) pod_groups: Arc<GroupIndex>,
+    /// slices by the Service they belong to (owner or service-name label)
+    pub(crate) slice_owners: Arc<GroupIndex>,
+    pub(crate) judge: Judge,
+    pub(crate) writer: SliceWriter,
+    pub(crate) recorder: Recorder,
+    pub(crate) metrics: Metrics,
+    pub(crate) leader: Option<watch::Receiver<bool>>,
+    /// Services whose selector warning was emitted (per transition).
+    pub(crate) selector_warned: Mutex<HashSet<String>>,
+    /// Services whose ExternalName event was emitted.
+    pub(crate) external_warned: Mutex<HashSet<String>>,
+    pub(crate) migration: migrate::Migrator,
+    /// Every watch has listed once: the caches are complete.
+    pub(crate) synced: SyncGate,
+    /// Services reconciled at once (`None`: no bound). A FIFO semaphore
+    /// instead of kube-runtime's own concurrency limit, which parks the
+    /// Services it cannot start yet in a hash set and takes the first in
+    /// hash order when a slot frees: under sustained load (probe-heavy
+    /// Services due again every resync) the same Services win every time
+    /// and the rest starve, so a pod change in another Service went
+    /// unpublished for 10–30 s in `./bench` row 5. Here every Service waits
+    /// its turn in arrival order.
+    pub(crate) reconcile_slots: Option<Arc<tokio::sync::Semaphore>>,
+}
+
+impl Context {
+    pub(crate) fn is_leader(&self) -> bool {
+        self.leader.as_ref().is_none_or(|rx| *rx.borrow())
+    }
+
+    fn pods_in_group(&self, ns: &str, group: &str) -> Vec<Arc<Pod>> {
+        self.pod_groups
+            .members(ns, group)
+            .into_iter()
+            .filter_map(|name| self.pods.get(&ObjectRef::new(&name).within(ns)))
+            .collect()
+    }
+
+    fn slice_by_name(&self, ns: &str, name: &str) -> Option<Arc<EndpointSlice>> {
+        self.writer
+            .overlay(ns, name, self.slices.get(&ObjectRef::new(name).within(ns)))
+    }
+
+    /// Live slices this manager owns for `svc`, read through our own recent
+    /// writes so a reconcile that races the watch does not write twice.
+    fn owned_slices(&self, svc: &Service) -> Vec<Arc<EndpointSlice>> {
+        let ns = svc.namespace().unwrap_or_default();
+        let mut names: Vec<String> = self.slice_owners.members(&ns, &svc.name_any());
+        names.extend(self.writer.recent_names(&ns));
+        names.sort();
+        names.dedup();
+        names
+            .into_iter()
+            .filter_map(|n| self.slice_by_name(&ns, &n))
+            .filter(|s| is_ours(s, svc, &self.config.managed_by))
+            .collect()
+    }
+
+    fn zone_of(&self, node: &str) -> Option<String> {
+        let nodes = self.nodes.as_ref()?;
+        let meta = nodes.get(&ObjectRef::new(node))?;
+        meta.labels().get("topology.kubernetes.io/zone").cloned()
+    }
+
+    async fn event(&self, svc: &Service, type_: EventType, reason: &str, note: String) {
+        let ev = KubeEvent {
+            type_,
+            reason: reason.into(),
+            note: Some(truncate(note, 1000)),
+            action: "Reconcile".into(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&ev, &svc.object_ref(&())).await {
+            warn!(service = %svc.name_any(), error = %e, "could not publish Event {reason}");
+        }
+    }
+}
+
+fn truncate(mut s: String, max: usize) -> String {
+    if s.len() > max {
+        let mut cut = max;
+        while !s.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        s.truncate(cut);
+    }
+    s
+}
+/// Marks a once-per-transition warning for `uid` as the decision says;
+/// `true` when the Event is due now (raised and not marked before).
+fn latch(marks: &Mutex<HashSet<String>>, uid: &str, once: Once) -> bool {
+    match once {
+        Once::Raise => marks.lock().unwrap().insert(uid.to_string()),
+        Once::Rearm => {
+            marks.lock().unwrap().remove(uid);
+            false
+        }
+        Once::Keep => false,
+    }
+}
+
+/// Reconciles one Service: decide from the caches, then judge its pods per
+/// port and family, plan the slices, write what differs, clean up native
+/// leftovers; or take back what we published.
+pub(crate) async fn reconcile(svc: Arc<Service>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let started = Instant::now();
+    if !ctx.is_leader() {
+        return Ok(Action::await_change());
+    }
+    // Never plan from a partial cache: a Service seen before its pods would
+    // publish empty slices.
+    if !ctx.synced.synced() {
+        debug!(pending = ctx.synced.pending(), "caches not synced yet");
+        return Ok(Action::requeue(Duration::from_millis(250)));
+    }
+    let ns = svc.namespace().unwrap_or_default();
+    let uid = svc.uid().unwrap_or_default();
+
+    let decided = {
+        let pods_in_group = |group: &str| ctx.pods_in_group(&ns, group);
+        let owned = || ctx.owned_slices(&svc);
+        decision::decide(&decision::Input {
+            service: &svc,
+            config: &ctx.config,
+            pods_in_group: &pods_in_group,
+            owned: &owned,
+        })
+    };
+
+    let warnings = decided.warnings();
+    if latch(&ctx.external_warned, &uid, warnings.external_name) {
+        ctx.event(
+            &svc,
+            EventType::Warning,
+            "ExternalNameIgnored",
+            "portwise ignores ExternalName Services: they have no endpoints".into(),
+        )
+        .await;
+    }
+    if let Decision::Serve(s) = &decided
+        && s.forget_migration
+    {
+        ctx.migration.forget(&uid);
+    }
+    if latch(&ctx.selector_warned, &uid, warnings.selector) {
+        ctx.event(
+            &svc,
+            EventType::Warning,
+            "SelectorIgnored",
+            "Service has a spec.selector: the native EndpointSlice controller also publishes for it. \
+             portwise serves it too so a migration is seamless; remove the selector to hand it over."
+                .into(),
+        )
+        .await;
+    }
+
+    let requeue = match decided.requeue() {
+        Requeue::OnChange => Action::await_change(),
+        Requeue::AfterResync => Action::requeue(ctx.config.resync_period),
+    };
+    match decided {
+        Decision::Release(release) => {
+            self::release(&ctx, &svc, &release).await?;
+            if release.forget_metrics {
+                ctx.metrics.forget_service(&ns, &svc.name_any());
+            }
+            Ok(requeue)
+        }
+        Decision::Serve(serve) => {
+            if !self::serve(&ctx, &svc, serve).await? {
+                return Ok(Action::await_change());
+            }
+            ctx.metrics.observe_reconcile(started.elapsed());
+            Ok(requeue)
+        }
+    }
+}
+
+/// Judges, plans and writes a served Service. `false`: the Lease was lost
+/// while judging, nothing was written.
+async fn serve(ctx: &Context, svc: &Arc<Service>, mut serve: Serve) -> Result<bool, Error> {
+    let ns = svc.namespace().unwrap_or_default();
+    let name = svc.name_any();
+    let judged = ctx
+        .judge
+        .judge(svc, std::mem::take(&mut serve.subjects))
+        .await;
+
+    // The planner's inputs borrow non-Send closures; keep them out of the
+    // awaits below.
+    let plan = {
+        let owned = ctx.owned_slices(svc);
+        let zones = |node: &str| ctx.zone_of(node);
+        let lookup = |n: &str| ctx.slice_by_name(&ns, n);
+        plan::plan(&plan::PlanInput {
+            service: svc,
+            managed_by: &ctx.config.managed_by,
+            max_endpoints_per_slice: ctx.config.max_endpoints_per_slice,
+            judged: &judged,
+            zones: if ctx.nodes.is_some() {
+                Some(&zones)
+            } else {
+                None
+            },
+            owned: &owned,
+            lookup: &lookup,
+        })
+    };
+
+    for c in &plan.collisions {
+        ctx.metrics.count_name_collision();
+        ctx.event(
+            svc,
+            EventType::Warning,
+            "EndpointSliceNameCollision",
+            format!(
+                "EndpointSlice {} already exists and belongs to {}; portwise will not overwrite it",
+                c.name, c.holder
+            ),
+        )
+        .await;
+    }
+
+    // Judging can take a while; if we lost the Lease meanwhile, another
+    // replica may already be writing.
+    if !ctx.is_leader() {
+        return Ok(false);
+    }
+    ctx.writer
+        .execute(&ns, &plan.applies, &plan.deletes, &ctx.metrics)
+        .await
+        .map_err(|source| Error::Apply {
+            service: format!("{ns}/{name}"),
+            source,
+        })?;
+
+    // Metrics: what is published now.
+    let mut published: BTreeMap<(String, String), usize> = BTreeMap::new();
+    for ((port, family), n) in &plan.summary.endpoints {
+        published.insert((port.clone(), family.clone()), *n);
+    }
+    ctx.metrics
+        .set_service(&ns, &name, &published, plan.summary.slices);
+
+    if serve.cleans_up_native(&plan) {
+        let native: Vec<Arc<EndpointSlice>> = ctx
+            .slice_owners
+            .members(&ns, &name)
+            .into_iter()
+            .filter_map(|n| ctx.slices.get(&ObjectRef::new(&n).within(&ns)))
+            .filter(|s| {
+                s.labels().get(MANAGED_BY_LABEL).map(String::as_str)
+                    == Some(migrate::NATIVE_MANAGER)
+            })
+            .collect();
+        let cleaned = ctx
+            .migration
+            .cleanup(svc, &native, &ctx.metrics)
+            .await
+            .map_err(|source| Error::Migrate {
+                service: format!("{ns}/{name}"),
+                source,
+            })?;
+        if cleaned.deleted_anything() {
+            ctx.event(
+                svc,
+                EventType::Normal,
+                "NativeEndpointsCleanedUp",
+                cleaned.describe(),
+            )
+            .await;
+        }
+    }
+
+    if serve.publish_legacy_endpoints {
+        let desired = plan::plan_endpoints(svc, &plan.members, &ctx.config.managed_by);
+        if let Err(e) = ctx.migration.publish_endpoints(svc, desired).await {
+            match e {
+                migrate::Error::NotOurs(holder) => {
+                    ctx.event(
+                        svc,
+                        EventType::Warning,
+                        "EndpointsOwnedByOther",
+                        format!("Endpoints {name} belongs to {holder}; portwise does not adopt it"),
+                    )
+                    .await
+                }
+                other => {
+                    return Err(Error::Migrate {
+                        service: format!("{ns}/{name}"),
+                        source: other,
+                    });
+                }
+            }
+        }
+    }
+    Ok(true)
+}
+
+/// Takes back what we published for a Service that left our management:
+/// our legacy Endpoints, then every slice we own.
+async fn release(ctx: &Context, svc: &Service, release: &Release) -> Result<(), Error> {
+    let ns = svc.namespace().unwrap_or_default();
+    if release.remove_legacy_endpoints {
+        ctx.migration
+            .remove_our_endpoints(svc)
+            .await
+            .map_err(|source| Error::Migrate {
+                service: format!("{ns}/{}", svc.name_any()),
+                source,
+            })?;
+    }
+    let owned = &release.delete_slices;
+    if owned.is_empty() {
+        return Ok(());
+    }
+    info!(service = %svc.name_any(), slices = owned.len(), "Service no longer managed: removing its slices");
+    ctx.writer
+        .execute(&ns, &[], owned, &ctx.metrics)
+        .await
+        .map_err(|source| Error::Apply {
+            service: format!("{ns}/{}", svc.name_any()),
+            source,
+        })
+}
