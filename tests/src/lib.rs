@@ -26,15 +26,21 @@
 mod addresses;
 mod control_plane;
 pub mod faults;
+mod identity;
 mod listeners;
 mod namespace;
 mod objects;
 mod observe;
+mod ops;
 mod portwise;
 mod writes;
 
 pub use addresses::{PodIps, next_ips};
 pub use control_plane::ControlPlane;
+pub use identity::{
+    PORTWISE_USER, impersonating, kubeconfig_variant, kubectl, kubectl_as, portwise_identity,
+    service_account_token, token_kubeconfig, unreachable_kubeconfig, write_kubeconfig,
+};
 pub use listeners::{Concurrency, HttpListener, HttpMode, Request, TcpListener};
 pub use namespace::{TEST_MANAGER, TestNs};
 pub use objects::{HOLD_FINALIZER, PodBuilder, ServiceBuilder, pod, service};
@@ -42,7 +48,10 @@ pub use observe::{
     ByPort, EndpointView, by_port, endpoint_of, endpoint_views, endpoints_by_port, events_for,
     expect_eq, slice_invariants, slices_for, slices_managed_by, stays_for, wait_for,
 };
-pub use portwise::{BinaryOutcome, Portwise, guests_dir, portwise_bin, run_binary_to_exit};
+pub use ops::{Metrics, Sample, http_get};
+pub use portwise::{
+    BinaryOutcome, Launch, Portwise, free_port, guests_dir, portwise_bin, run_binary_to_exit,
+};
 pub use writes::{Write, WriteCounter};
 
 use std::time::Duration;

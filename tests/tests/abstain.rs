@@ -40,7 +40,7 @@ async fn abstain_keeps_last_published_across_restart() -> Result<()> {
     .await?;
 
     // While portwise is down: a turns unready, c turns ready, d appears.
-    pw.kill().await;
+    pw.kill().await?;
     ns.set_ready("a", false).await?;
     ns.set_ready("c", true).await?;
     ns.create_pod(pod("d").annotation(GROUP_KEY, "g").ips(next_ips().v4()))

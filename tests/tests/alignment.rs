@@ -196,8 +196,11 @@ async fn groups_do_not_cross_namespaces() -> Result<()> {
         .await?;
     ns2.create_pod(pod("there").annotation(GROUP_KEY, "g").ips(next_ips().v4()))
         .await?;
-    let _pw =
-        Portwise::start_watching(cp, &[ns1.name(), ns2.name()], &config("podReady"), false).await?;
+    let _pw = Portwise::builder(cp)
+        .namespaces(&[ns1.name(), ns2.name()])
+        .config(&config("podReady"))
+        .start()
+        .await?;
 
     wait_for(SETTLE, || async {
         expect_eq(

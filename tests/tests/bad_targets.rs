@@ -95,7 +95,7 @@ async fn misbehaving_targets_end_on_time_and_do_not_hold_up_others() -> Result<(
     ns.create_pod(pod("good-0").annotation(GROUP_KEY, "good").ips(good0.v4()))
         .await?;
     let _good0_http = HttpListener::start(good0.v4, 8080).await?;
-    let mut pw = PortwiseProc::start(cp.kubeconfig(), &[ns.name()], &config(MEMBERSHIP)).await?;
+    let mut pw = Portwise::spawn_binary(&ns, &config(MEMBERSHIP)).await?;
     wait_for(SETTLE, || async {
         expect_eq(
             members(&endpoints_by_port(&ns, "good").await?, "http"),
@@ -178,7 +178,7 @@ async fn misbehaving_targets_end_on_time_and_do_not_hold_up_others() -> Result<(
     tokio::time::sleep(Duration::from_secs(4)).await;
     pw.check_running()?;
     let (rss_after, rss_peak) = pw.memory_kib()?;
-    let metrics = pw.metrics().await?;
+    let metrics = pw.metrics_text().await?;
 
     let mut report = Vec::new();
     for kind in HTTP_KINDS.iter().chain([&Misbehaviour::Blackhole]) {

@@ -84,7 +84,7 @@ async fn seed_example_via_binary() -> Result<()> {
         .map(|s| s.metadata.name)
         .collect();
 
-    pw.kill().await;
+    pw.kill().await?;
     ns.annotate_pod("a", PORTS_KEY, Some("http,https")).await?;
     ns.delete_pod("d").await?;
     pw.start_again().await?;

@@ -79,7 +79,7 @@ enum Slices {
 
 /// Waits until the live slices hold `expected` in `slices` slices and the
 /// metrics say exactly what the apiserver holds.
-async fn agree(pw: &Proc, ns: &TestNs, expected: &Figures, slices: Slices) -> Result<()> {
+async fn agree(pw: &Portwise, ns: &TestNs, expected: &Figures, slices: Slices) -> Result<()> {
     wait_for(SETTLE, || async {
         let (live, live_slices) = live(ns, "web").await?;
         let (said, said_slices) = reported(&pw.scrape().await?, ns.name(), "web")?;
@@ -157,12 +157,13 @@ async fn metrics_agree_with_the_live_slices() -> Result<()> {
     .collect();
     ns.create_pods(pods).await?;
 
-    let mut pw = Proc::start(
-        "portwise-metrics",
-        cp.kubeconfig(),
-        &config_with(SEED_MEMBERSHIP, "maxEndpointsPerSlice: 2\n"),
-        &["--namespace", ns.name()],
-    )?;
+    let mut pw = Portwise::builder(cp)
+        .name("portwise-metrics")
+        .namespace(ns.name())
+        .config(&config_with(SEED_MEMBERSHIP, "maxEndpointsPerSlice: 2\n"))
+        .binary()
+        .start()
+        .await?;
     let ready_after = pw.wait_ready().await?;
     let (code, body) = pw.get("/healthz").await?;
     expect_eq((code, body.trim()), (200, "ok"))?;
