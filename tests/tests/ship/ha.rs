@@ -111,7 +111,7 @@ async fn one_leader(leases: &Api<Lease>, replicas: &[&Replica], within: Duration
 async fn two_processes_one_writer_failover_and_handover() -> Result<()> {
     let cp = ControlPlane::shared().await?;
     let ns = TestNs::new(cp, "ship-ha").await?;
-    seed(&ns).await?;
+    seed_scenario(&ns).create().await?;
     let leases: Api<Lease> = ns.api();
     let dir = tempfile::Builder::new().prefix("portwise-ha-").tempdir()?;
     let audit = AuditMark::now(cp)?;

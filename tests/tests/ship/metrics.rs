@@ -9,8 +9,6 @@ use std::collections::BTreeMap;
 use anyhow::{Result, ensure};
 use portwise_tests::*;
 
-use crate::support::*;
-
 /// (port, family) → endpoints, from the live slices.
 type Figures = BTreeMap<(String, String), f64>;
 
@@ -147,11 +145,8 @@ async fn metrics_agree_with_the_live_slices() -> Result<()> {
     ]
     .into_iter()
     .map(|(name, ports)| {
-        pod(name)
+        seed_pod(name, ports)
             .annotation(GROUP_KEY, "g")
-            .annotation(PORTS_KEY, ports)
-            .container_port("http", 8080, "TCP")
-            .container_port("https", 8443, "TCP")
             .ips(next_ips().dual())
     })
     .collect();

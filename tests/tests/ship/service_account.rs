@@ -146,7 +146,7 @@ async fn runs_as_its_service_account_and_can_do_nothing_more() -> Result<()> {
         PORTWISE_USER,
     )?;
 
-    seed(&ns).await?;
+    seed_scenario(&ns).create().await?;
     // Denied for real with its token, not only per can-i.
     for args in [
         vec!["get", "secrets", "-n", n],

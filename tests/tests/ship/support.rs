@@ -1,7 +1,7 @@
-//! What the shipping tests share: the seed example, kustomize output split
+//! What the shipping tests share: kustomize output split
 //! by kind, the Lease, and the apiserver's audit log read per acting user.
-//! kubectl, the identities and the `portwise` process itself come from the
-//! support library (`identity`, `Portwise`).
+//! kubectl, the identities, the seed example and the `portwise` process
+//! itself come from the support library (`identity`, `scenario`, `Portwise`).
 
 use std::path::{Path, PathBuf};
 
@@ -10,60 +10,12 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
 use portwise_tests::*;
 
-/// The seed example's membership: ready pods, per port as the pod's
-/// `port-mapper.example.com/ports` annotation lists.
-pub const SEED_MEMBERSHIP: &str =
-    "{all: [podReady, {portNames: {annotation: port-mapper.example.com/ports}}]}";
-
 /// The repository root.
 pub fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("tests/ has a parent")
         .to_path_buf()
-}
-
-/// The seed example: Service `my-service` (http 8080, https 8443) and Ready
-/// pods a–d serving http / http,https / http,https / https.
-pub async fn seed(ns: &TestNs) -> Result<()> {
-    ns.create_service(
-        service("my-service")
-            .annotation(GROUP_KEY, "my-group")
-            .port("http", 8080)
-            .port("https", 8443),
-    )
-    .await?;
-    let pods = [
-        ("a", "http"),
-        ("b", "http,https"),
-        ("c", "http,https"),
-        ("d", "https"),
-    ]
-    .into_iter()
-    .map(|(name, ports)| {
-        pod(name)
-            .annotation(GROUP_KEY, "my-group")
-            .annotation(PORTS_KEY, ports)
-            .container_port("http", 8080, "TCP")
-            .container_port("https", 8443, "TCP")
-            .ips(next_ips().v4())
-    })
-    .collect();
-    ns.create_pods(pods).await?;
-    Ok(())
-}
-
-/// Whether `my-service`'s slices hold exactly these pods now.
-pub async fn seed_is(ns: &TestNs, http: &[&str], https: &[&str]) -> Result<()> {
-    expect_eq(
-        endpoints_by_port(ns, "my-service").await?,
-        by_port([(("http", V4), http), (("https", V4), https)]),
-    )
-}
-
-/// Waits until `my-service`'s slices hold exactly these pods.
-pub async fn expect_seed(ns: &TestNs, http: &[&str], https: &[&str]) -> Result<()> {
-    wait_for(SETTLE, || seed_is(ns, http, https)).await
 }
 
 /// `kubectl kustomize DIR` (a path relative to the repository, or absolute).
