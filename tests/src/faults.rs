@@ -11,13 +11,10 @@
 //! a real cluster's Service address would.
 //!
 //! The other helpers:
-//! * [`portwise_identity`]: a kubeconfig for the `portwise` ServiceAccount
-//!   with deploy/'s least-privilege RBAC. Faults must hit portwise as a
-//!   non-admin: `system:masters` is exempt from the apiserver's inflight
-//!   limits, and its requests are the only ones the audit policy of an
-//!   isolated control plane records in full.
-//! * [`PortwiseProc`]: the real binary as a subprocess, with its pid (for
-//!   `kill -9`, SIGSTOP, RSS and CPU), its log, and its metrics port.
+//! * portwise itself runs as the binary through [`crate::Portwise`] (its
+//!   pid for `kill -9`, SIGSTOP, RSS and CPU; its log; its metrics port),
+//!   as the `portwise` ServiceAccount of [`crate::identity::portwise_identity`]:
+//!   faults must hit portwise as a non-admin.
 //! * [`Audit`]: the apiserver's audit log, read between two marks.
 //! * [`BadTarget`]: probe targets that misbehave on purpose, measuring how
 //!   long each probe connection lived and how many bytes it was sent.
@@ -26,7 +23,7 @@ use std::{
     collections::BTreeMap,
     io::{BufRead, BufReader, Seek, SeekFrom},
     net::{IpAddr, SocketAddr},
-    path::{Path, PathBuf},
+    path::PathBuf,
     process::Stdio,
     sync::{
         Arc, Mutex,
@@ -41,14 +38,10 @@ use kube::api::ListParams;
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
     net::{TcpSocket, TcpStream},
-    process::Child,
     task::JoinHandle,
 };
 
 use crate::{ByPort, ControlPlane, TestNs, control_plane::repo_root};
-
-/// The user portwise runs as in the fault tests (deploy/kustomize/rbac.yaml).
-pub const PORTWISE_USER: &str = "system:serviceaccount:portwise-system:portwise";
 
 /// Audit policy of an isolated control plane: every request portwise makes
 /// (to count them, 429s included: the audit filter wraps the inflight
@@ -256,25 +249,6 @@ pub async fn start_control_plane(cp: &ControlPlane) -> Result<()> {
     Ok(())
 }
 
-/// `kubectl` of the control plane, as admin.
-pub async fn kubectl(cp: &ControlPlane, args: &[&str]) -> Result<String> {
-    let out = tokio::process::Command::new(cp.dir().join("bin/kubectl"))
-        .arg("--kubeconfig")
-        .arg(cp.kubeconfig())
-        .args(args)
-        .current_dir(repo_root())
-        .stdin(Stdio::null())
-        .output()
-        .await?;
-    ensure!(
-        out.status.success(),
-        "kubectl {args:?}: {}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
 /// An admin client that does not retry 429/503/504 (kube's default does,
 /// with backoff): for load generators that must not stall.
 pub async fn client_without_retries(cp: &ControlPlane, agent: &str) -> Result<kube::Client> {
@@ -292,237 +266,6 @@ pub fn apiserver_port(cp: &ControlPlane) -> Result<u16> {
         .trim()
         .parse()
         .context("APISERVER_PORT")
-}
-
-/// Installs deploy/'s namespace and least-privilege RBAC and writes a
-/// kubeconfig for the `portwise` ServiceAccount (a 2h token). Idempotent.
-pub async fn portwise_identity(cp: &ControlPlane) -> Result<PathBuf> {
-    kubectl(
-        cp,
-        &[
-            "apply",
-            "-f",
-            "deploy/kustomize/namespace.yaml",
-            "-f",
-            "deploy/kustomize/rbac.yaml",
-        ],
-    )
-    .await?;
-    let token = kubectl(
-        cp,
-        &[
-            "-n",
-            "portwise-system",
-            "create",
-            "token",
-            "portwise",
-            "--duration=2h",
-        ],
-    )
-    .await?;
-    let port = apiserver_port(cp)?;
-    let ca = cp.dir().join("pki/ca.crt");
-    let path = cp.dir().join("portwise-sa.kubeconfig");
-    std::fs::write(
-        &path,
-        format!(
-            "apiVersion: v1\nkind: Config\n\
-             clusters:\n- name: c\n  cluster:\n    server: https://127.0.0.1:{port}\n    certificate-authority: {}\n\
-             users:\n- name: portwise\n  user:\n    token: {}\n\
-             contexts:\n- name: c\n  context: {{cluster: c, user: portwise}}\n\
-             current-context: c\n",
-            ca.display(),
-            token.trim()
-        ),
-    )?;
-    Ok(path)
-}
-
-// ---- portwise as a process -------------------------------------------------
-
-/// The real `portwise` binary, run as a child process.
-pub struct PortwiseProc {
-    child: Option<Child>,
-    kubeconfig: PathBuf,
-    namespaces: Vec<String>,
-    config: String,
-    dir: tempfile::TempDir,
-    metrics_port: u16,
-    extra: Vec<String>,
-    starts: usize,
-}
-
-impl PortwiseProc {
-    /// Starts `portwise run` as `kubeconfig`'s user, watching `namespaces`.
-    pub async fn start(kubeconfig: &Path, namespaces: &[&str], config_yaml: &str) -> Result<Self> {
-        Self::start_with(kubeconfig, namespaces, config_yaml, &[]).await
-    }
-
-    /// [`PortwiseProc::start`] with extra command-line flags.
-    pub async fn start_with(
-        kubeconfig: &Path,
-        namespaces: &[&str],
-        config_yaml: &str,
-        extra: &[&str],
-    ) -> Result<Self> {
-        let mut p = Self {
-            child: None,
-            kubeconfig: kubeconfig.to_path_buf(),
-            namespaces: namespaces.iter().map(|s| s.to_string()).collect(),
-            config: config_yaml.to_string(),
-            dir: tempfile::Builder::new()
-                .prefix("portwise-proc-")
-                .tempdir()?,
-            metrics_port: free_port()?,
-            extra: extra.iter().map(|s| s.to_string()).collect(),
-            starts: 0,
-        };
-        p.launch()?;
-        Ok(p)
-    }
-
-    fn launch(&mut self) -> Result<()> {
-        self.starts += 1;
-        let config_path = self.dir.path().join("config.yaml");
-        std::fs::write(&config_path, &self.config)?;
-        let log_path = self.dir.path().join("portwise.log");
-        let mut log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&log_path)?;
-        use std::io::Write as _;
-        writeln!(log, "==== start #{} ====", self.starts)?;
-        let mut cmd = tokio::process::Command::new(crate::portwise_bin()?);
-        cmd.arg("run")
-            .arg("--config")
-            .arg(&config_path)
-            .arg("--metrics-addr")
-            .arg(format!("127.0.0.1:{}", self.metrics_port));
-        for ns in &self.namespaces {
-            cmd.arg("--namespace").arg(ns);
-        }
-        cmd.args(&self.extra)
-            .env("KUBECONFIG", &self.kubeconfig)
-            .env(
-                "RUST_LOG",
-                std::env::var("PORTWISE_FAULT_LOG").unwrap_or_else(|_| "info".into()),
-            )
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .kill_on_drop(true);
-        self.child = Some(cmd.spawn().context("spawning portwise")?);
-        Ok(())
-    }
-
-    pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().and_then(|c| c.id())
-    }
-
-    /// Sends `sig` (e.g. `libc::SIGSTOP`, `libc::SIGCONT`).
-    pub fn signal(&self, sig: i32) -> Result<()> {
-        let pid = self.pid().context("portwise is not running")?;
-        // SAFETY: signalling our own child by pid.
-        let rc = unsafe { libc::kill(pid as i32, sig) };
-        ensure!(rc == 0, "kill({pid}, {sig}) failed");
-        Ok(())
-    }
-
-    /// `kill -9`, and reaps the process.
-    pub async fn kill9(&mut self) -> Result<()> {
-        if let Some(mut c) = self.child.take() {
-            c.start_kill()?;
-            c.wait().await?;
-        }
-        Ok(())
-    }
-
-    /// SIGTERM; fails unless portwise exits 0 within 30s.
-    pub async fn stop(&mut self) -> Result<()> {
-        let Some(mut c) = self.child.take() else {
-            return Ok(());
-        };
-        if let Some(pid) = c.id() {
-            // SAFETY: signalling our own child by pid.
-            unsafe { libc::kill(pid as i32, libc::SIGTERM) };
-        }
-        match tokio::time::timeout(Duration::from_secs(30), c.wait()).await {
-            Ok(s) => ensure!(s?.success(), "portwise exited with an error after SIGTERM"),
-            Err(_) => {
-                let _ = c.kill().await;
-                bail!("portwise did not exit within 30s of SIGTERM");
-            }
-        }
-        Ok(())
-    }
-
-    /// Starts a new process with the same configuration.
-    pub fn start_again(&mut self) -> Result<()> {
-        ensure!(self.child.is_none(), "portwise is still running");
-        self.launch()
-    }
-
-    /// Fails if portwise exited on its own.
-    pub fn check_running(&mut self) -> Result<()> {
-        match self.child.as_mut() {
-            None => bail!("portwise is not running"),
-            Some(c) => match c.try_wait()? {
-                Some(s) => bail!("portwise exited on its own with {s}"),
-                None => Ok(()),
-            },
-        }
-    }
-
-    /// Everything every run of this process logged so far.
-    pub fn logs(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("portwise.log")).unwrap_or_default()
-    }
-
-    /// Log lines of the current run only.
-    pub fn current_logs(&self) -> String {
-        let all = self.logs();
-        let marker = format!("==== start #{} ====", self.starts);
-        all.split_once(&marker)
-            .map(|(_, rest)| rest.to_string())
-            .unwrap_or(all)
-    }
-
-    /// `/metrics` of this process (Prometheus text).
-    pub async fn metrics(&self) -> Result<String> {
-        http_get_text(
-            SocketAddr::from(([127, 0, 0, 1], self.metrics_port)),
-            "/metrics",
-        )
-        .await
-    }
-
-    /// Resident set size now and at its peak (VmRSS, VmHWM), in KiB.
-    pub fn memory_kib(&self) -> Result<(u64, u64)> {
-        let pid = self.pid().context("portwise is not running")?;
-        proc_memory_kib(pid)
-    }
-
-    /// CPU time (user + system) used so far.
-    pub fn cpu_time(&self) -> Result<Duration> {
-        let pid = self.pid().context("portwise is not running")?;
-        proc_cpu_time(pid)
-    }
-}
-
-impl Drop for PortwiseProc {
-    fn drop(&mut self) {
-        if let Some(c) = self.child.as_mut() {
-            let _ = c.start_kill();
-        }
-        // Shown by the harness for failing tests only.
-        eprintln!("---- portwise log ----\n{}", tail(&self.logs(), 400));
-    }
-}
-
-/// A port on 127.0.0.1 that was free a moment ago.
-pub fn free_port() -> Result<u16> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
-    Ok(l.local_addr()?.port())
 }
 
 /// VmRSS and VmHWM of `pid`, in KiB.
@@ -550,22 +293,6 @@ pub fn proc_cpu_time(pid: u32) -> Result<Duration> {
     // SAFETY: sysconf has no preconditions.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
     Ok(Duration::from_millis(ticks * 1000 / hz))
-}
-
-/// Minimal HTTP/1.1 GET over plain TCP; returns the body.
-pub async fn http_get_text(addr: SocketAddr, path: &str) -> Result<String> {
-    let mut s = tokio::time::timeout(Duration::from_secs(5), TcpStream::connect(addr)).await??;
-    s.write_all(
-        format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes(),
-    )
-    .await?;
-    let mut buf = Vec::new();
-    tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut buf)).await??;
-    let text = String::from_utf8_lossy(&buf).into_owned();
-    Ok(text
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or(text))
 }
 
 /// Destroys (`ss -K`) the established TCP connections `pid` holds to

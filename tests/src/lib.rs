@@ -10,12 +10,13 @@
 //! use portwise_tests::*;
 //! let cp = ControlPlane::shared().await?;
 //! let ns = TestNs::new(cp, "seed").await?;
-//! ns.create_service(service("my-service").annotation(GROUP_KEY, "g").port("http", 8080)).await?;
-//! ns.create_pod(pod("a").annotation(GROUP_KEY, "g").ips(next_ips().v4())).await?;
-//! let _pw = Portwise::start(&ns, &config("podReady")).await?;
-//! wait_for(SETTLE, || async {
-//!     expect_eq(endpoints_by_port(&ns, "my-service").await?, by_port([(("http", V4), &["a"][..])]))
-//! }).await?;
+//! let _pw = Scenario::new(&ns)
+//!     .service(service("my-service").annotation(GROUP_KEY, "g").port("http", 8080))
+//!     .pod(pod("a").annotation(GROUP_KEY, "g").ips(next_ips().v4()))
+//!     .config(&config("podReady"))
+//!     .expect("my-service", by_port([(("http", V4), &["a"][..])]))
+//!     .start()
+//!     .await?;
 //! # Ok(()) }
 //! ```
 //!
@@ -26,15 +27,22 @@
 mod addresses;
 mod control_plane;
 pub mod faults;
+mod identity;
 mod listeners;
 mod namespace;
 mod objects;
 mod observe;
+mod ops;
 mod portwise;
+mod scenario;
 mod writes;
 
 pub use addresses::{PodIps, next_ips};
 pub use control_plane::ControlPlane;
+pub use identity::{
+    PORTWISE_USER, impersonating, kubeconfig_variant, kubectl, kubectl_as, portwise_identity,
+    service_account_token, token_kubeconfig, unreachable_kubeconfig, write_kubeconfig,
+};
 pub use listeners::{Concurrency, HttpListener, HttpMode, Request, TcpListener};
 pub use namespace::{TEST_MANAGER, TestNs};
 pub use objects::{HOLD_FINALIZER, PodBuilder, ServiceBuilder, pod, service};
@@ -42,7 +50,14 @@ pub use observe::{
     ByPort, EndpointView, by_port, endpoint_of, endpoint_views, endpoints_by_port, events_for,
     expect_eq, slice_invariants, slices_for, slices_managed_by, stays_for, wait_for,
 };
-pub use portwise::{BinaryOutcome, Portwise, guests_dir, portwise_bin, run_binary_to_exit};
+pub use ops::{Metrics, Sample, http_get};
+pub use portwise::{
+    BinaryOutcome, Launch, Portwise, free_port, guests_dir, portwise_bin, run_binary_to_exit,
+};
+pub use scenario::{
+    SEED_MEMBERSHIP, Scenario, expect_endpoints, expect_seed, seed_is, seed_pod, seed_scenario,
+    seed_slices,
+};
 pub use writes::{Write, WriteCounter};
 
 use std::time::Duration;

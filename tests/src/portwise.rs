@@ -1,32 +1,197 @@
-//! Running the controller under test.
+//! Running the controller under test: the one launcher every test, the
+//! bench, the load driver and the demo use.
 //!
-//! Most scenarios run portwise in-process (`portwise::controller::run`)
+//! Most scenarios run portwise in-process (`portwise_controller::run`)
 //! watching only the test's namespace: fast to start, and its logs land in
-//! the test's output. Restart and kill scenarios, and the config-file checks,
-//! run the real `portwise` binary as a subprocess, since what they test is
-//! the process boundary itself.
+//! the test's output. Restart and kill scenarios, the fault and shipping
+//! tests, the config-file checks and the drivers run the real `portwise`
+//! binary as a subprocess, since what they test is the process boundary
+//! itself (its pid for SIGKILL, SIGSTOP, RSS and CPU; its identity; its
+//! operations port; its log).
+//!
+//! ```no_run
+//! # async fn demo(ns: &portwise_tests::TestNs, kc: &std::path::Path) -> anyhow::Result<()> {
+//! use portwise_tests::*;
+//! // In-process (the default), watching `ns`:
+//! let _pw = Portwise::start(ns, &config("podReady")).await?;
+//! // The binary, as another identity, with extra flags:
+//! let mut pw = Portwise::builder(ns.cp())
+//!     .namespace(ns.name())
+//!     .config(&config("podReady"))
+//!     .identity(kc)
+//!     .args(&["--leader-elect"])
+//!     .name("pw-a")
+//!     .start()
+//!     .await?;
+//! pw.wait_ready().await?;
+//! pw.freeze()?;
+//! pw.thaw()?;
+//! pw.kill().await?;
+//! pw.start_again().await?;
+//! let _took = pw.stop().await?;
+//! # Ok(()) }
+//! ```
 
 use std::{
+    net::SocketAddr,
     path::{Path, PathBuf},
     process::Stdio,
-    time::Duration,
+    time::{Duration, Instant},
 };
 
-use anyhow::{Context, Result, anyhow, bail};
+use anyhow::{Context, Result, anyhow, bail, ensure};
 use tokio::{process::Child, sync::oneshot};
 
-use crate::{ControlPlane, TestNs};
+use crate::{ControlPlane, SETTLE, TestNs, ops::Metrics};
 
-/// A running (or stopped) portwise.
-pub struct Portwise {
+/// How long a graceful stop may take before it counts as a failure.
+const STOP_WITHIN: Duration = Duration::from_secs(30);
+/// How much of a binary's log is echoed when its handle is dropped.
+const LOG_TAIL: usize = 400;
+/// How much of it an error (an early exit, a failed stop) quotes.
+const ERROR_TAIL: usize = 60;
+
+/// How to launch portwise; made by [`Portwise::builder`], consumed by
+/// [`Launch::start`].
+#[derive(Clone, Debug)]
+pub struct Launch {
     cp: &'static ControlPlane,
+    name: String,
     namespaces: Vec<String>,
     config: String,
     binary: bool,
+    kubeconfig: Option<PathBuf>,
+    args: Vec<String>,
+    bin: Option<PathBuf>,
+    dir: Option<PathBuf>,
+    log_filter: Option<String>,
+    echo_logs: bool,
+}
+
+impl Launch {
+    /// Watch `ns` (repeat for several). None: every namespace.
+    pub fn namespace(mut self, ns: &str) -> Self {
+        self.namespaces.push(ns.to_string());
+        self
+    }
+
+    /// Watch these namespaces (empty: every namespace).
+    pub fn namespaces(mut self, namespaces: &[&str]) -> Self {
+        self.namespaces
+            .extend(namespaces.iter().map(|s| s.to_string()));
+        self
+    }
+
+    /// The config file's YAML.
+    pub fn config(mut self, yaml: &str) -> Self {
+        self.config = yaml.to_string();
+        self
+    }
+
+    /// Run the real binary even when the `in-process` feature is on.
+    pub fn binary(mut self) -> Self {
+        self.binary = true;
+        self
+    }
+
+    /// Act as `kubeconfig`'s identity (default: the admin kubeconfig).
+    /// Only a process has one of its own, so this implies [`Launch::binary`].
+    pub fn identity(mut self, kubeconfig: &Path) -> Self {
+        self.kubeconfig = Some(kubeconfig.to_path_buf());
+        self.binary = true;
+        self
+    }
+
+    /// Extra `portwise run` flags; implies [`Launch::binary`].
+    pub fn args(mut self, args: &[&str]) -> Self {
+        self.args.extend(args.iter().map(|s| s.to_string()));
+        self.binary = true;
+        self
+    }
+
+    /// Names this portwise in its log, its files and failure messages
+    /// (default `portwise`).
+    pub fn name(mut self, name: &str) -> Self {
+        self.name = name.to_string();
+        self
+    }
+
+    /// The binary to run (default: [`portwise_bin`]); implies
+    /// [`Launch::binary`].
+    pub fn bin(mut self, bin: &Path) -> Self {
+        self.bin = Some(bin.to_path_buf());
+        self.binary = true;
+        self
+    }
+
+    /// Keep the config and log as `DIR/NAME.yaml` and `DIR/NAME.log`
+    /// (default: a temporary directory, removed with the handle).
+    pub fn dir(mut self, dir: &Path) -> Self {
+        self.dir = Some(dir.to_path_buf());
+        self
+    }
+
+    /// The binary's `RUST_LOG` (default: `$PORTWISE_CHILD_LOG`, else
+    /// `$RUST_LOG`, else `info`).
+    pub fn log_filter(mut self, filter: &str) -> Self {
+        self.log_filter = Some(filter.to_string());
+        self
+    }
+
+    /// Do not echo the binary's log when the handle is dropped (the test
+    /// harness shows that echo for failing tests only; a driver would print
+    /// it every time).
+    pub fn quiet(mut self) -> Self {
+        self.echo_logs = false;
+        self
+    }
+
+    /// Starts it.
+    pub async fn start(mut self) -> Result<Portwise> {
+        // Without the in-process controller there is only the binary.
+        self.binary |= !cfg!(feature = "in-process");
+        let (dir, tmp) = match &self.dir {
+            Some(d) => {
+                std::fs::create_dir_all(d)?;
+                (d.clone(), None)
+            }
+            None => {
+                let t = tempfile::Builder::new()
+                    .prefix(&format!("{}-run-", self.name))
+                    .tempdir()?;
+                (t.path().to_path_buf(), Some(t))
+            }
+        };
+        let metrics = if self.binary {
+            Some(SocketAddr::from(([127, 0, 0, 1], free_port()?)))
+        } else {
+            None
+        };
+        let mut pw = Portwise {
+            launch: self,
+            run: None,
+            dir,
+            _tmp: tmp,
+            metrics,
+            starts: 0,
+            started: Instant::now(),
+        };
+        pw.launch().await?;
+        Ok(pw)
+    }
+}
+
+/// A running (or stopped) portwise.
+pub struct Portwise {
+    launch: Launch,
     run: Option<Running>,
     /// Holds the config file and the binary's log.
-    dir: tempfile::TempDir,
+    dir: PathBuf,
+    _tmp: Option<tempfile::TempDir>,
+    /// The binary's operations port (`--metrics-addr`), the same every run.
+    metrics: Option<SocketAddr>,
     starts: usize,
+    started: Instant,
 }
 
 enum Running {
@@ -45,53 +210,97 @@ enum Running {
 }
 
 impl Portwise {
+    /// How to launch portwise on `cp`: in-process when the `in-process`
+    /// feature is on (the default), else as the binary; watching every
+    /// namespace until told otherwise.
+    pub fn builder(cp: &'static ControlPlane) -> Launch {
+        Launch {
+            cp,
+            name: "portwise".into(),
+            namespaces: Vec::new(),
+            config: String::new(),
+            binary: false,
+            kubeconfig: None,
+            args: Vec::new(),
+            bin: None,
+            dir: None,
+            log_filter: None,
+            echo_logs: true,
+        }
+    }
+
     /// Starts portwise watching only `ns`, in-process when the `in-process`
     /// feature is on (the default), else as the binary.
     pub async fn start(ns: &TestNs, config_yaml: &str) -> Result<Self> {
-        Self::start_watching(
-            ns.cp(),
-            &[ns.name()],
-            config_yaml,
-            !cfg!(feature = "in-process"),
-        )
-        .await
+        Self::builder(ns.cp())
+            .namespace(ns.name())
+            .config(config_yaml)
+            .start()
+            .await
     }
 
     /// Starts the real `portwise` binary watching only `ns`.
     pub async fn spawn_binary(ns: &TestNs, config_yaml: &str) -> Result<Self> {
-        Self::start_watching(ns.cp(), &[ns.name()], config_yaml, true).await
+        Self::builder(ns.cp())
+            .namespace(ns.name())
+            .config(config_yaml)
+            .binary()
+            .start()
+            .await
     }
 
-    /// Starts portwise watching `namespaces` (empty: all).
-    pub async fn start_watching(
-        cp: &'static ControlPlane,
-        namespaces: &[&str],
-        config_yaml: &str,
-        binary: bool,
-    ) -> Result<Self> {
-        let mut pw = Self {
-            cp,
-            namespaces: namespaces.iter().map(|s| s.to_string()).collect(),
-            config: config_yaml.to_string(),
-            binary,
-            run: None,
-            dir: tempfile::Builder::new().prefix("portwise-run-").tempdir()?,
-            starts: 0,
-        };
-        pw.launch().await?;
-        Ok(pw)
+    pub fn name(&self) -> &str {
+        &self.launch.name
+    }
+
+    /// When the current run was started.
+    pub fn started_at(&self) -> Instant {
+        self.started
+    }
+
+    /// The binary's pid (`None` in-process or when stopped).
+    pub fn pid(&self) -> Option<u32> {
+        match &self.run {
+            Some(Running::Binary { child }) => child.id(),
+            _ => None,
+        }
+    }
+
+    /// The binary's log file.
+    pub fn log_path(&self) -> PathBuf {
+        self.dir.join(format!("{}.log", self.launch.name))
     }
 
     /// The binary's combined stdout and stderr so far (all runs).
     pub fn logs(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("portwise.log")).unwrap_or_default()
+        std::fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+
+    /// Log lines of the current run only.
+    pub fn current_logs(&self) -> String {
+        let all = self.logs();
+        all.split_once(&self.start_marker())
+            .map(|(_, rest)| rest.to_string())
+            .unwrap_or(all)
+    }
+
+    fn start_marker(&self) -> String {
+        format!("==== {} start #{} ====", self.launch.name, self.starts)
     }
 
     /// Graceful stop: the shutdown future (in-process) or SIGTERM (binary).
-    /// Fails if portwise does not stop within 30s or stopped with an error.
-    pub async fn stop(&mut self) -> Result<()> {
+    /// Fails if portwise does not stop within 30s or stopped with an error
+    /// (portwise promises exit 0). Returns how long it took.
+    pub async fn stop(&mut self) -> Result<Duration> {
+        self.stop_within(STOP_WITHIN).await
+    }
+
+    /// [`Portwise::stop`] with another deadline.
+    pub async fn stop_within(&mut self, within: Duration) -> Result<Duration> {
+        let started = Instant::now();
+        let name = self.launch.name.clone();
         match self.run.take() {
-            None => Ok(()),
+            None => Ok(started.elapsed()),
             Some(Running::InProcess {
                 shutdown,
                 kill,
@@ -100,56 +309,78 @@ impl Portwise {
                 if let Some(tx) = shutdown {
                     let _ = tx.send(());
                 }
-                let res = tokio::time::timeout(Duration::from_secs(30), done).await;
+                let res = tokio::time::timeout(within, done).await;
                 drop(kill);
                 match res {
-                    Err(_) => bail!("portwise did not stop within 30s of shutdown"),
-                    Ok(Err(_)) => bail!("portwise's thread panicked"),
-                    Ok(Ok(res)) => res,
+                    Err(_) => bail!("{name} did not stop within {within:?} of shutdown"),
+                    Ok(Err(_)) => bail!("{name}'s thread panicked"),
+                    Ok(Ok(res)) => res.map(|()| started.elapsed()),
                 }
             }
             Some(Running::Binary { mut child }) => {
                 if let Some(pid) = child.id() {
-                    // SAFETY: signalling our own child by pid.
+                    // SAFETY: signalling our own child by pid; not reaped yet.
                     unsafe { libc::kill(pid as i32, libc::SIGTERM) };
                 }
-                match tokio::time::timeout(Duration::from_secs(30), child.wait()).await {
+                match tokio::time::timeout(within, child.wait()).await {
                     Err(_) => {
                         let _ = child.kill().await;
                         bail!(
-                            "portwise did not exit within 30s of SIGTERM\n{}",
-                            self.logs()
+                            "{name} did not exit within {within:?} of SIGTERM\n{}",
+                            self.log_tail(ERROR_TAIL)
                         )
                     }
                     Ok(status) => {
                         let status = status?;
-                        if !status.success() {
-                            bail!(
-                                "portwise exited with {status} after SIGTERM\n{}",
-                                self.logs()
-                            );
-                        }
-                        Ok(())
+                        ensure!(
+                            status.success(),
+                            "{name} exited with {status} after SIGTERM, expected 0\n{}",
+                            self.log_tail(ERROR_TAIL)
+                        );
+                        Ok(started.elapsed())
                     }
                 }
             }
         }
     }
 
-    /// Abrupt stop: SIGKILL (binary) or dropping the task mid-flight.
-    pub async fn kill(&mut self) {
+    /// Abrupt stop: SIGKILL, and reaps the process (binary), or drops the
+    /// controller's tasks mid-flight (in-process).
+    pub async fn kill(&mut self) -> Result<()> {
         match self.run.take() {
             None => {}
             Some(Running::InProcess { kill, done, .. }) => {
                 if let Some(tx) = kill {
                     let _ = tx.send(());
                 }
-                let _ = tokio::time::timeout(Duration::from_secs(30), done).await;
+                let _ = tokio::time::timeout(STOP_WITHIN, done).await;
             }
             Some(Running::Binary { mut child }) => {
-                let _ = child.kill().await;
+                // Fails only when it has exited already; gone either way.
+                let _ = child.start_kill();
+                child.wait().await?;
             }
         }
+        Ok(())
+    }
+
+    /// Sends `sig` to the binary.
+    pub fn signal(&self, sig: i32) -> Result<()> {
+        let pid = self.pid().context("portwise is not running as a process")?;
+        // SAFETY: signalling our own child by pid; not reaped yet.
+        let rc = unsafe { libc::kill(pid as i32, sig) };
+        ensure!(rc == 0, "kill({pid}, {sig}) failed");
+        Ok(())
+    }
+
+    /// SIGSTOP: the process stays, its connections open, and does nothing.
+    pub fn freeze(&self) -> Result<()> {
+        self.signal(libc::SIGSTOP)
+    }
+
+    /// SIGCONT after [`Portwise::freeze`].
+    pub fn thaw(&self) -> Result<()> {
+        self.signal(libc::SIGCONT)
     }
 
     /// Stops gracefully and starts again with the same config.
@@ -161,80 +392,172 @@ impl Portwise {
     /// Stops gracefully and starts again with a new config.
     pub async fn restart_with(&mut self, config_yaml: &str) -> Result<()> {
         self.stop().await?;
-        self.config = config_yaml.to_string();
+        self.launch.config = config_yaml.to_string();
         self.launch().await
     }
 
-    /// Starts again after `stop` or `kill`.
+    /// Starts again after `stop` or `kill`: same config, flags and port.
     pub async fn start_again(&mut self) -> Result<()> {
         if self.run.is_some() {
-            bail!("portwise is still running");
+            bail!("{} is still running", self.launch.name);
         }
         self.launch().await
     }
 
     /// Fails if portwise has exited on its own (it should run until stopped).
     pub fn check_running(&mut self) -> Result<()> {
+        let name = self.launch.name.clone();
         match &mut self.run {
-            None => bail!("portwise is not running"),
+            None => bail!("{name} is not running"),
             Some(Running::InProcess { done, .. }) => match done.try_recv() {
-                Ok(Ok(())) => bail!("portwise exited on its own without an error"),
-                Ok(Err(e)) => bail!("portwise exited on its own: {e:#}"),
-                Err(oneshot::error::TryRecvError::Closed) => bail!("portwise's thread panicked"),
+                Ok(Ok(())) => bail!("{name} exited on its own without an error"),
+                Ok(Err(e)) => bail!("{name} exited on its own: {e:#}"),
+                Err(oneshot::error::TryRecvError::Closed) => bail!("{name}'s thread panicked"),
                 Err(oneshot::error::TryRecvError::Empty) => Ok(()),
             },
             Some(Running::Binary { child }) => match child.try_wait()? {
-                Some(status) => bail!("portwise exited on its own with {status}\n{}", self.logs()),
+                Some(status) => bail!(
+                    "{name} exited on its own with {status}\n{}",
+                    self.log_tail(ERROR_TAIL)
+                ),
                 None => Ok(()),
             },
         }
     }
 
+    /// The binary's operations port (`/metrics`, `/healthz`, `/readyz`).
+    pub fn metrics_addr(&self) -> Result<SocketAddr> {
+        self.metrics
+            .context("portwise in-process has no operations port")
+    }
+
+    /// GET on its operations port: (status, body).
+    pub async fn get(&self, path: &str) -> Result<(u16, String)> {
+        crate::ops::http_get(self.metrics_addr()?, path).await
+    }
+
+    /// Its `/metrics` as text.
+    pub async fn metrics_text(&self) -> Result<String> {
+        let (status, body) = self.get("/metrics").await?;
+        ensure!(status == 200, "{} /metrics answered {status}", self.name());
+        Ok(body)
+    }
+
+    /// Its `/metrics`, parsed.
+    pub async fn scrape(&self) -> Result<Metrics> {
+        Ok(Metrics::parse(&self.metrics_text().await?))
+    }
+
+    /// Waits until `/readyz` answers 200 (caches synced); fails at once if
+    /// the process exits meanwhile. Returns how long that took.
+    pub async fn wait_ready(&mut self) -> Result<Duration> {
+        let started = Instant::now();
+        loop {
+            self.check_running()?;
+            let last = match self.get("/readyz").await {
+                Ok((200, _)) => return Ok(started.elapsed()),
+                Ok((status, body)) => format!("/readyz {status}: {}", body.trim()),
+                Err(e) => format!("{e:#}"),
+            };
+            if started.elapsed() > SETTLE {
+                bail!("{} not ready within {SETTLE:?}: {last}", self.name());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Resident set size now and at its peak (VmRSS, VmHWM), in KiB.
+    pub fn memory_kib(&self) -> Result<(u64, u64)> {
+        let pid = self.pid().context("portwise is not running as a process")?;
+        crate::faults::proc_memory_kib(pid)
+    }
+
+    /// CPU time (user + system) used so far.
+    pub fn cpu_time(&self) -> Result<Duration> {
+        let pid = self.pid().context("portwise is not running as a process")?;
+        crate::faults::proc_cpu_time(pid)
+    }
+
+    fn log_tail(&self, n: usize) -> String {
+        let logs = self.logs();
+        let lines: Vec<&str> = logs.lines().collect();
+        lines[lines.len().saturating_sub(n)..].join("\n")
+    }
+
     async fn launch(&mut self) -> Result<()> {
         self.starts += 1;
-        self.run = Some(if self.binary {
-            self.launch_binary().await?
+        self.started = Instant::now();
+        self.run = Some(if self.launch.binary {
+            self.launch_binary()?
         } else {
-            self.launch_in_process().await?
+            self.launch_in_process()?
         });
         Ok(())
     }
 
-    async fn launch_binary(&mut self) -> Result<Running> {
-        let config_path = self.dir.path().join(format!("config-{}.yaml", self.starts));
-        std::fs::write(&config_path, &self.config)?;
-        let log_path = self.dir.path().join("portwise.log");
-        let log = std::fs::OpenOptions::new()
+    fn launch_binary(&mut self) -> Result<Running> {
+        let l = &self.launch;
+        let config_path = self.dir.join(format!("{}.yaml", l.name));
+        std::fs::write(&config_path, &l.config)?;
+        let mut log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
-            .open(&log_path)?;
-        let mut cmd = tokio::process::Command::new(portwise_bin()?);
+            .open(self.log_path())?;
+        use std::io::Write as _;
+        writeln!(log, "{}", self.start_marker())?;
+        let bin = match &l.bin {
+            Some(b) => b.clone(),
+            None => portwise_bin()?,
+        };
+        let filter = match &l.log_filter {
+            Some(f) => f.clone(),
+            None => std::env::var("PORTWISE_CHILD_LOG")
+                .or_else(|_| std::env::var("RUST_LOG"))
+                .unwrap_or_else(|_| "info".into()),
+        };
+        let mut cmd = tokio::process::Command::new(&bin);
         cmd.arg("run").arg("--config").arg(&config_path);
-        for ns in &self.namespaces {
+        for ns in &l.namespaces {
             cmd.arg("--namespace").arg(ns);
         }
-        cmd.env("KUBECONFIG", self.cp.kubeconfig())
+        if let Some(addr) = self.metrics {
+            cmd.arg("--metrics-addr").arg(addr.to_string());
+        }
+        cmd.args(&l.args)
             .env(
-                "RUST_LOG",
-                std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
+                "KUBECONFIG",
+                l.kubeconfig.as_deref().unwrap_or(l.cp.kubeconfig()),
             )
+            // The test's own environment must not configure the process:
+            // what it is told comes from here.
+            .env_remove("PORTWISE_LOG")
+            .env_remove("POD_NAME")
+            .env_remove("POD_NAMESPACE")
+            .env("RUST_LOG", filter)
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)
             .kill_on_drop(true);
-        let child = cmd.spawn().context("spawning portwise")?;
+        let child = cmd
+            .spawn()
+            .with_context(|| format!("spawning {}", bin.display()))?;
         Ok(Running::Binary { child })
     }
 
     #[cfg(feature = "in-process")]
-    async fn launch_in_process(&mut self) -> Result<Running> {
+    fn launch_in_process(&mut self) -> Result<Running> {
+        let l = &self.launch;
+        ensure!(
+            l.kubeconfig.is_none() && l.args.is_empty(),
+            "an identity or flags need the binary"
+        );
         // Parse here so a bad test config fails the test at once; the thread
         // parses its own copy (Config need not be Send).
-        portwise_core::config::Config::from_yaml(&self.config)
-            .map_err(|e| anyhow!("test config rejected: {e}\n{}", self.config))?;
-        let cp = self.cp;
-        let yaml = self.config.clone();
-        let namespaces = self.namespaces.clone();
+        portwise_core::config::Config::from_yaml(&l.config)
+            .map_err(|e| anyhow!("test config rejected: {e}\n{}", l.config))?;
+        let cp = l.cp;
+        let yaml = l.config.clone();
+        let namespaces = l.namespaces.clone();
         let label = namespaces.join(",");
         let (shutdown_tx, shutdown_rx) = oneshot::channel::<()>();
         let (kill_tx, kill_rx) = oneshot::channel::<()>();
@@ -288,8 +611,8 @@ impl Portwise {
     }
 
     #[cfg(not(feature = "in-process"))]
-    async fn launch_in_process(&mut self) -> Result<Running> {
-        self.launch_binary().await
+    fn launch_in_process(&mut self) -> Result<Running> {
+        self.launch_binary()
     }
 }
 
@@ -304,10 +627,20 @@ impl Drop for Portwise {
             None => {}
         }
         // The harness shows captured output only for failing tests.
-        if self.binary {
-            eprintln!("---- portwise binary log ----\n{}", self.logs());
+        if self.launch.binary && self.launch.echo_logs {
+            eprintln!(
+                "---- {} log (last {LOG_TAIL} lines) ----\n{}",
+                self.launch.name,
+                self.log_tail(LOG_TAIL)
+            );
         }
     }
+}
+
+/// A port on 127.0.0.1 that was free a moment ago.
+pub fn free_port() -> Result<u16> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(l.local_addr()?.port())
 }
 
 /// Where `guests/build` puts the example guests: `$PORTWISE_GUESTS_DIR`,
@@ -365,11 +698,7 @@ pub async fn run_binary_to_exit(
     std::fs::write(&config_path, config_yaml)?;
     let kubeconfig = match std::env::var_os("PORTWISE_TEST_KUBECONFIG") {
         Some(k) => PathBuf::from(k),
-        None => {
-            let k = dir.path().join("kubeconfig");
-            std::fs::write(&k, UNREACHABLE_KUBECONFIG)?;
-            k
-        }
+        None => crate::identity::unreachable_kubeconfig(&dir.path().join("kubeconfig"))?,
     };
     let config_str = config_path.to_string_lossy().to_string();
     let args: Vec<String> = args
@@ -410,18 +739,3 @@ pub async fn run_binary_to_exit(
         stderr: err.await?,
     })
 }
-
-const UNREACHABLE_KUBECONFIG: &str = "\
-apiVersion: v1
-kind: Config
-clusters:
-- name: none
-  cluster: {server: 'https://127.0.0.1:1', insecure-skip-tls-verify: true}
-users:
-- name: none
-  user: {token: none}
-contexts:
-- name: none
-  context: {cluster: none, user: none}
-current-context: none
-";

@@ -28,19 +28,18 @@ async fn abstain_keeps_last_published_across_restart() -> Result<()> {
     }
     // The real binary: a new process has nothing but the live slices to go by.
     let mut pw = Portwise::spawn_binary(&ns, &config("podReady")).await?;
-    wait_for(SETTLE, || async {
-        expect_eq(
-            endpoints_by_port(&ns, "web").await?,
-            by_port([
-                (("http", V4), &["a", "b"][..]),
-                (("https", V4), &["a", "b"][..]),
-            ]),
-        )
-    })
+    expect_endpoints(
+        &ns,
+        "web",
+        by_port([
+            (("http", V4), &["a", "b"][..]),
+            (("https", V4), &["a", "b"][..]),
+        ]),
+    )
     .await?;
 
     // While portwise is down: a turns unready, c turns ready, d appears.
-    pw.kill().await;
+    pw.kill().await?;
     ns.set_ready("a", false).await?;
     ns.set_ready("c", true).await?;
     ns.create_pod(pod("d").annotation(GROUP_KEY, "g").ips(next_ips().v4()))
@@ -76,25 +75,23 @@ async fn abstain_keeps_last_published_across_restart() -> Result<()> {
 
     // A deleted pod is no candidate: abstain cannot keep it.
     ns.delete_pod("b").await?;
-    wait_for(SETTLE, || async {
-        expect_eq(
-            endpoints_by_port(&ns, "web").await?,
-            by_port([(("http", V4), &["a"][..]), (("https", V4), &["c", "d"][..])]),
-        )
-    })
+    expect_endpoints(
+        &ns,
+        "web",
+        by_port([(("http", V4), &["a"][..]), (("https", V4), &["c", "d"][..])]),
+    )
     .await?;
 
     // Decisive again: http follows readiness.
     pw.restart_with(&config("podReady")).await?;
-    wait_for(SETTLE, || async {
-        expect_eq(
-            endpoints_by_port(&ns, "web").await?,
-            by_port([
-                (("http", V4), &["c", "d"][..]),
-                (("https", V4), &["c", "d"][..]),
-            ]),
-        )
-    })
+    expect_endpoints(
+        &ns,
+        "web",
+        by_port([
+            (("http", V4), &["c", "d"][..]),
+            (("https", V4), &["c", "d"][..]),
+        ]),
+    )
     .await?;
     pw.stop().await?;
     Ok(())
@@ -106,27 +103,21 @@ async fn abstain_keeps_last_published_across_restart() -> Result<()> {
 async fn abstain_inside_combinators() -> Result<()> {
     let cp = ControlPlane::shared().await?;
     let ns = TestNs::new(cp, "abstain-any").await?;
-    ns.create_service(service("web").annotation(GROUP_KEY, "g").port("http", 8080))
+    let _pw = Scenario::new(&ns)
+        .service(service("web").annotation(GROUP_KEY, "g").port("http", 8080))
+        .pod(pod("a").annotation(GROUP_KEY, "g").ips(next_ips().v4()))
+        .pod(
+            pod("b")
+                .annotation(GROUP_KEY, "g")
+                .ready(false)
+                .ips(next_ips().v4()),
+        )
+        .config(&config("{any: [podReady, abstain]}"))
+        .start()
         .await?;
-    ns.create_pod(pod("a").annotation(GROUP_KEY, "g").ips(next_ips().v4()))
-        .await?;
-    ns.create_pod(
-        pod("b")
-            .annotation(GROUP_KEY, "g")
-            .ready(false)
-            .ips(next_ips().v4()),
-    )
-    .await?;
-    let _pw = Portwise::start(&ns, &config("{any: [podReady, abstain]}")).await?;
 
     // b: any(exclude, abstain) = abstain and never published: stays out.
-    wait_for(SETTLE, || async {
-        expect_eq(
-            endpoints_by_port(&ns, "web").await?,
-            by_port([(("http", V4), &["a"][..])]),
-        )
-    })
-    .await?;
+    expect_endpoints(&ns, "web", by_port([(("http", V4), &["a"][..])])).await?;
     // a turns unready: abstain, it was published, so it stays.
     ns.set_ready("a", false).await?;
     stays_for(Duration::from_secs(8), || async {
@@ -138,12 +129,6 @@ async fn abstain_inside_combinators() -> Result<()> {
     .await?;
     // b turns ready: include.
     ns.set_ready("b", true).await?;
-    wait_for(SETTLE, || async {
-        expect_eq(
-            endpoints_by_port(&ns, "web").await?,
-            by_port([(("http", V4), &["a", "b"][..])]),
-        )
-    })
-    .await?;
+    expect_endpoints(&ns, "web", by_port([(("http", V4), &["a", "b"][..])])).await?;
     Ok(())
 }

@@ -33,19 +33,18 @@ fn warnings(events: &[Event]) -> i32 {
 async fn external_name_ignored_with_event() -> Result<()> {
     let cp = ControlPlane::shared().await?;
     let ns = TestNs::new(cp, "extname").await?;
-    ns.create_service(
-        service("ext")
-            .annotation(GROUP_KEY, "g")
-            .external_name("db.example.com")
-            .port("http", 8080),
-    )
-    .await?;
-    // A managed neighbour proves portwise has looked at this namespace.
-    ns.create_service(service("web").annotation(GROUP_KEY, "g").port("http", 8080))
+    let _pw = Scenario::new(&ns)
+        .service(
+            service("ext")
+                .annotation(GROUP_KEY, "g")
+                .external_name("db.example.com")
+                .port("http", 8080),
+        )
+        // A managed neighbour proves portwise has looked at this namespace.
+        .service(service("web").annotation(GROUP_KEY, "g").port("http", 8080))
+        .pod(pod("a").annotation(GROUP_KEY, "g").ips(next_ips().v4()))
+        .start()
         .await?;
-    ns.create_pod(pod("a").annotation(GROUP_KEY, "g").ips(next_ips().v4()))
-        .await?;
-    let _pw = Portwise::start(&ns, &config("podReady")).await?;
 
     wait_for(SETTLE, || async {
         expect_eq(
@@ -77,16 +76,16 @@ async fn external_name_ignored_with_event() -> Result<()> {
 async fn selector_service_warned_once_and_served() -> Result<()> {
     let cp = ControlPlane::shared().await?;
     let ns = TestNs::new(cp, "selector").await?;
-    ns.create_service(
-        service("web")
-            .annotation(GROUP_KEY, "g")
-            .selector("app", "nothing-matches")
-            .port("http", 8080),
-    )
-    .await?;
-    ns.create_pod(pod("a").annotation(GROUP_KEY, "g").ips(next_ips().v4()))
+    let _pw = Scenario::new(&ns)
+        .service(
+            service("web")
+                .annotation(GROUP_KEY, "g")
+                .selector("app", "nothing-matches")
+                .port("http", 8080),
+        )
+        .pod(pod("a").annotation(GROUP_KEY, "g").ips(next_ips().v4()))
+        .start()
         .await?;
-    let _pw = Portwise::start(&ns, &config("podReady")).await?;
 
     wait_for(SETTLE, || async {
         expect_eq(
@@ -168,13 +167,7 @@ async fn label_and_annotation_keys() -> Result<()> {
     );
     let _pw = Portwise::start(&ns, &cfg).await?;
 
-    wait_for(SETTLE, || async {
-        expect_eq(
-            endpoints_by_port(&ns, "by-label").await?,
-            by_port([(("http", V4), &["member"][..])]),
-        )
-    })
-    .await?;
+    expect_endpoints(&ns, "by-label", by_port([(("http", V4), &["member"][..])])).await?;
     stays_for(Duration::from_secs(5), || async {
         let s = slices_managed_by(&ns, "by-annotation", None).await?;
         ensure!(s.is_empty(), "unmanaged Service got slices: {s:?}");
@@ -196,8 +189,11 @@ async fn groups_do_not_cross_namespaces() -> Result<()> {
         .await?;
     ns2.create_pod(pod("there").annotation(GROUP_KEY, "g").ips(next_ips().v4()))
         .await?;
-    let _pw =
-        Portwise::start_watching(cp, &[ns1.name(), ns2.name()], &config("podReady"), false).await?;
+    let _pw = Portwise::builder(cp)
+        .namespaces(&[ns1.name(), ns2.name()])
+        .config(&config("podReady"))
+        .start()
+        .await?;
 
     wait_for(SETTLE, || async {
         expect_eq(
@@ -226,40 +222,37 @@ async fn candidate_rules() -> Result<()> {
     ns.create_service(service("web").annotation(GROUP_KEY, "g").port("http", 8080))
         .await?;
     let g = |name: &str| pod(name).annotation(GROUP_KEY, "g");
-    ns.create_pod(g("running").ips(next_ips().v4())).await?;
-    ns.create_pod(g("unready").ready(false).ips(next_ips().v4()))
-        .await?;
-    ns.create_pod(g("succeeded").phase("Succeeded").ips(next_ips().v4()))
-        .await?;
-    ns.create_pod(g("failed").phase("Failed").ips(next_ips().v4()))
-        .await?;
-    ns.create_pod(g("no-ip").ips(Vec::<String>::new())).await?;
-    ns.create_pod(g("pending").no_status()).await?;
-    ns.create_pod(
-        pod("other-group")
-            .annotation(GROUP_KEY, "h")
-            .ips(next_ips().v4()),
-    )
-    .await?;
-    ns.create_pod(pod("no-key").ips(next_ips().v4())).await?;
-    let _pw = Portwise::start(&ns, &config("include")).await?;
-
-    wait_for(SETTLE, || async {
-        expect_eq(
-            endpoints_by_port(&ns, "web").await?,
-            by_port([(("http", V4), &["running", "unready"][..])]),
+    let _pw = Scenario::new(&ns)
+        .pod(g("running").ips(next_ips().v4()))
+        .pod(g("unready").ready(false).ips(next_ips().v4()))
+        .pod(g("succeeded").phase("Succeeded").ips(next_ips().v4()))
+        .pod(g("failed").phase("Failed").ips(next_ips().v4()))
+        .pod(g("no-ip").ips(Vec::<String>::new()))
+        .pod(g("pending").no_status())
+        .pod(
+            pod("other-group")
+                .annotation(GROUP_KEY, "h")
+                .ips(next_ips().v4()),
         )
-    })
+        .pod(pod("no-key").ips(next_ips().v4()))
+        .config(&config("include"))
+        .start()
+        .await?;
+
+    expect_endpoints(
+        &ns,
+        "web",
+        by_port([(("http", V4), &["running", "unready"][..])]),
+    )
     .await?;
     // A pod that joins the group later, and one that leaves it.
     ns.annotate_pod("other-group", GROUP_KEY, Some("g")).await?;
     ns.annotate_pod("running", GROUP_KEY, None).await?;
-    wait_for(SETTLE, || async {
-        expect_eq(
-            endpoints_by_port(&ns, "web").await?,
-            by_port([(("http", V4), &["other-group", "unready"][..])]),
-        )
-    })
+    expect_endpoints(
+        &ns,
+        "web",
+        by_port([(("http", V4), &["other-group", "unready"][..])]),
+    )
     .await?;
     Ok(())
 }
@@ -282,13 +275,7 @@ async fn service_being_deleted_gets_no_new_slices() -> Result<()> {
             .await?;
     }
     let _pw = Portwise::start(&ns, &config_with("podReady", "maxEndpointsPerSlice: 2\n")).await?;
-    wait_for(SETTLE, || async {
-        expect_eq(
-            endpoints_by_port(&ns, "web").await?,
-            by_port([(("http", V4), &["a", "b"][..])]),
-        )
-    })
-    .await?;
+    expect_endpoints(&ns, "web", by_port([(("http", V4), &["a", "b"][..])])).await?;
     let names: Vec<_> = slices_for(&ns, "web")
         .await?
         .into_iter()
@@ -348,22 +335,21 @@ async fn service_being_deleted_gets_no_new_slices() -> Result<()> {
 async fn service_port_changes_follow() -> Result<()> {
     let cp = ControlPlane::shared().await?;
     let ns = TestNs::new(cp, "ports-change").await?;
-    ns.create_service(
-        service("web")
-            .annotation(GROUP_KEY, "g")
-            .port("http", 8080)
-            .port("admin", 9090),
-    )
-    .await?;
-    ns.create_pod(pod("a").annotation(GROUP_KEY, "g").ips(next_ips().v4()))
-        .await?;
-    let _pw = Portwise::start(&ns, &config("podReady")).await?;
-    wait_for(SETTLE, || async {
-        expect_eq(
-            endpoints_by_port(&ns, "web").await?,
-            by_port([(("http", V4), &["a"][..]), (("admin", V4), &["a"][..])]),
+    let _pw = Scenario::new(&ns)
+        .service(
+            service("web")
+                .annotation(GROUP_KEY, "g")
+                .port("http", 8080)
+                .port("admin", 9090),
         )
-    })
+        .pod(pod("a").annotation(GROUP_KEY, "g").ips(next_ips().v4()))
+        .start()
+        .await?;
+    expect_endpoints(
+        &ns,
+        "web",
+        by_port([(("http", V4), &["a"][..]), (("admin", V4), &["a"][..])]),
+    )
     .await?;
 
     let ports = serde_json::json!({ "spec": { "ports": [

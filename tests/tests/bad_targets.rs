@@ -95,7 +95,7 @@ async fn misbehaving_targets_end_on_time_and_do_not_hold_up_others() -> Result<(
     ns.create_pod(pod("good-0").annotation(GROUP_KEY, "good").ips(good0.v4()))
         .await?;
     let _good0_http = HttpListener::start(good0.v4, 8080).await?;
-    let mut pw = PortwiseProc::start(cp.kubeconfig(), &[ns.name()], &config(MEMBERSHIP)).await?;
+    let mut pw = Portwise::spawn_binary(&ns, &config(MEMBERSHIP)).await?;
     wait_for(SETTLE, || async {
         expect_eq(
             members(&endpoints_by_port(&ns, "good").await?, "http"),
@@ -178,7 +178,7 @@ async fn misbehaving_targets_end_on_time_and_do_not_hold_up_others() -> Result<(
     tokio::time::sleep(Duration::from_secs(4)).await;
     pw.check_running()?;
     let (rss_after, rss_peak) = pw.memory_kib()?;
-    let metrics = pw.metrics().await?;
+    let metrics = pw.metrics_text().await?;
 
     let mut report = Vec::new();
     for kind in HTTP_KINDS.iter().chain([&Misbehaviour::Blackhole]) {
@@ -278,24 +278,18 @@ async fn pods_claiming_loopback_or_link_local_addresses_are_left_out() -> Result
     let good = next_ips();
     let good_http = HttpListener::start(good.v4, port).await?;
     let own = HttpListener::start(std::net::Ipv4Addr::LOCALHOST, port).await?;
-    ns.create_pod(pod("good").annotation(GROUP_KEY, "g").ips(good.v4()))
-        .await?;
-    ns.create_pod(pod("loop").annotation(GROUP_KEY, "g").ips(["127.0.0.1"]))
-        .await?;
-    ns.create_pod(
-        pod("metadata")
-            .annotation(GROUP_KEY, "g")
-            .ips(["169.254.169.254"]),
-    )
-    .await?;
-    let _pw = Portwise::start(&ns, &config("{httpGet: {path: /healthz, timeout: 1s}}")).await?;
-    wait_for(SETTLE, || async {
-        expect_eq(
-            endpoints_by_port(&ns, "web").await?,
-            by_port([(("http", V4), &["good"][..])]),
+    let _pw = Scenario::new(&ns)
+        .pod(pod("good").annotation(GROUP_KEY, "g").ips(good.v4()))
+        .pod(pod("loop").annotation(GROUP_KEY, "g").ips(["127.0.0.1"]))
+        .pod(
+            pod("metadata")
+                .annotation(GROUP_KEY, "g")
+                .ips(["169.254.169.254"]),
         )
-    })
-    .await?;
+        .config(&config("{httpGet: {path: /healthz, timeout: 1s}}"))
+        .start()
+        .await?;
+    expect_endpoints(&ns, "web", by_port([(("http", V4), &["good"][..])])).await?;
     // Several resyncs later, still only the good pod was probed.
     tokio::time::sleep(Duration::from_secs(5)).await;
     ensure!(good_http.request_count() > 1, "the good pod was not probed");
@@ -336,9 +330,10 @@ async fn a_refused_slice_leaves_the_other_ports_and_families_current() -> Result
     )
     .await?;
     let (a, b) = (next_ips(), next_ips());
-    ns.create_pod(pod("a").annotation(GROUP_KEY, "g").ips(a.dual()))
+    let _pw = Scenario::new(&ns)
+        .pod(pod("a").annotation(GROUP_KEY, "g").ips(a.dual()))
+        .start()
         .await?;
-    let _pw = Portwise::start(&ns, &config("podReady")).await?;
     let all = |admin_v4: &'static [&'static str], rest: &'static [&'static str]| {
         by_port([
             (("http", V4), rest),
@@ -416,22 +411,10 @@ async fn a_refused_slice_leaves_the_other_ports_and_families_current() -> Result
     let outcome = async {
         ns.create_pod(pod("b").annotation(GROUP_KEY, "g").ips(b.dual()))
             .await?;
-        wait_for(SETTLE, || async {
-            expect_eq(
-                endpoints_by_port(&ns, "web").await?,
-                all(&["a"], &["a", "b"]),
-            )
-        })
-        .await?;
+        expect_endpoints(&ns, "web", all(&["a"], &["a", "b"])).await?;
         // Once the policy goes, the held set catches up.
         bindings.delete(&name, &DeleteParams::default()).await?;
-        wait_for(SETTLE, || async {
-            expect_eq(
-                endpoints_by_port(&ns, "web").await?,
-                all(&["a", "b"], &["a", "b"]),
-            )
-        })
-        .await?;
+        expect_endpoints(&ns, "web", all(&["a", "b"], &["a", "b"])).await?;
         slice_invariants(&ns, "web", 100).await
     }
     .await;

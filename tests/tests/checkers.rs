@@ -41,22 +41,21 @@ async fn built_in_checkers_from_config() -> Result<()> {
     let _pw = Portwise::start(&ns, &config(membership)).await?;
 
     let everyone = &["leaving", "listed", "ready", "unready"][..];
-    wait_for(SETTLE, || async {
-        expect_eq(
-            endpoints_by_port(&ns, "web").await?,
-            by_port([
-                (("p1", V4), everyone),
-                (("p2", V4), &[][..]),
-                (("p3", V4), &["listed"][..]),
-                (("p4", V4), &["listed", "unready"][..]),
-                (("p5", V4), &["unready"][..]),
-                (("p6", V4), &["listed", "ready"][..]),
-                (("p7", V4), &[][..]),
-                (("p8", V4), everyone),
-                (("p9", V4), &[][..]),
-            ]),
-        )
-    })
+    expect_endpoints(
+        &ns,
+        "web",
+        by_port([
+            (("p1", V4), everyone),
+            (("p2", V4), &[][..]),
+            (("p3", V4), &["listed"][..]),
+            (("p4", V4), &["listed", "unready"][..]),
+            (("p5", V4), &["unready"][..]),
+            (("p6", V4), &["listed", "ready"][..]),
+            (("p7", V4), &[][..]),
+            (("p8", V4), everyone),
+            (("p9", V4), &[][..]),
+        ]),
+    )
     .await?;
     slice_invariants(&ns, "web", 100).await?;
     Ok(())
@@ -67,38 +66,35 @@ async fn built_in_checkers_from_config() -> Result<()> {
 async fn per_port_fallback() -> Result<()> {
     let cp = ControlPlane::shared().await?;
     let ns = TestNs::new(cp, "fallback").await?;
-    ns.create_service(
-        service("web")
-            .annotation(GROUP_KEY, "g")
-            .port("http", 80)
-            .port("admin", 81)
-            .port("metrics", 82),
-    )
-    .await?;
-    ns.create_pod(pod("a").annotation(GROUP_KEY, "g").ips(next_ips().v4()))
-        .await?;
-    ns.create_pod(
-        pod("b")
-            .annotation(GROUP_KEY, "g")
-            .ready(false)
-            .ips(next_ips().v4()),
-    )
-    .await?;
-    let _pw = Portwise::start(
-        &ns,
-        &config("{perPort: {ports: {admin: exclude}, fallback: include}}"),
-    )
-    .await?;
-    wait_for(SETTLE, || async {
-        expect_eq(
-            endpoints_by_port(&ns, "web").await?,
-            by_port([
-                (("http", V4), &["a", "b"][..]),
-                (("admin", V4), &[][..]),
-                (("metrics", V4), &["a", "b"][..]),
-            ]),
+    let _pw = Scenario::new(&ns)
+        .service(
+            service("web")
+                .annotation(GROUP_KEY, "g")
+                .port("http", 80)
+                .port("admin", 81)
+                .port("metrics", 82),
         )
-    })
+        .pod(pod("a").annotation(GROUP_KEY, "g").ips(next_ips().v4()))
+        .pod(
+            pod("b")
+                .annotation(GROUP_KEY, "g")
+                .ready(false)
+                .ips(next_ips().v4()),
+        )
+        .config(&config(
+            "{perPort: {ports: {admin: exclude}, fallback: include}}",
+        ))
+        .start()
+        .await?;
+    expect_endpoints(
+        &ns,
+        "web",
+        by_port([
+            (("http", V4), &["a", "b"][..]),
+            (("admin", V4), &[][..]),
+            (("metrics", V4), &["a", "b"][..]),
+        ]),
+    )
     .await?;
     Ok(())
 }

@@ -81,9 +81,10 @@ async fn two_hundred_fifty_pods_chunked_by_100() -> Result<()> {
 async fn placeholder_comes_and_goes() -> Result<()> {
     let cp = ControlPlane::shared().await?;
     let ns = TestNs::new(cp, "placeholder").await?;
-    ns.create_service(service("web").annotation(GROUP_KEY, "g").port("http", 8080))
+    let _pw = Scenario::new(&ns)
+        .service(service("web").annotation(GROUP_KEY, "g").port("http", 8080))
+        .start()
         .await?;
-    let _pw = Portwise::start(&ns, &config("podReady")).await?;
 
     let one_slice = |members: &'static [&'static str]| {
         let ns = &ns;

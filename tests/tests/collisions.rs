@@ -44,20 +44,12 @@ async fn name_collision_between_two_services() -> Result<()> {
     let cp = ControlPlane::shared().await?;
     let ns = TestNs::new(cp, "collide").await?;
     // "a" + port "b-http" and "a-b" + port "http" both make "a-b-http".
-    ns.create_service(service("a").annotation(GROUP_KEY, "g").port("b-http", 8080))
+    let _pw = Scenario::new(&ns)
+        .service(service("a").annotation(GROUP_KEY, "g").port("b-http", 8080))
+        .pods(["x", "y"].map(|name| pod(name).annotation(GROUP_KEY, "g").ips(next_ips().v4())))
+        .expect("a", by_port([(("b-http", V4), &["x", "y"][..])]))
+        .start()
         .await?;
-    for name in ["x", "y"] {
-        ns.create_pod(pod(name).annotation(GROUP_KEY, "g").ips(next_ips().v4()))
-            .await?;
-    }
-    let _pw = Portwise::start(&ns, &config("podReady")).await?;
-    wait_for(SETTLE, || async {
-        expect_eq(
-            endpoints_by_port(&ns, "a").await?,
-            by_port([(("b-http", V4), &["x", "y"][..])]),
-        )
-    })
-    .await?;
     let before = versions(&ns, "a", None).await?;
 
     ns.create_service(service("a-b").annotation(GROUP_KEY, "g").port("http", 8080))
@@ -114,11 +106,11 @@ async fn name_taken_by_another_manager() -> Result<()> {
         .await?;
     let before = versions(&ns, "web", Some("someone-else.example.com")).await?;
 
-    ns.create_service(service("web").annotation(GROUP_KEY, "g").port("http", 8080))
+    let _pw = Scenario::new(&ns)
+        .service(service("web").annotation(GROUP_KEY, "g").port("http", 8080))
+        .pod(pod("x").annotation(GROUP_KEY, "g").ips(next_ips().v4()))
+        .start()
         .await?;
-    ns.create_pod(pod("x").annotation(GROUP_KEY, "g").ips(next_ips().v4()))
-        .await?;
-    let _pw = Portwise::start(&ns, &config("podReady")).await?;
 
     wait_for(SETTLE, || async {
         if endpoints_by_port(&ns, "web").await? == by_port([(("http", V4), &["x"][..])]) {

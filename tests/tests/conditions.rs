@@ -15,20 +15,18 @@ async fn terminating_pod() -> Result<()> {
     let cp = ControlPlane::shared().await?;
     let ns = TestNs::new(cp, "terminating").await?;
     let node = ns.ensure_node("n1", "zone-a").await?;
-    ns.create_service(service("web").annotation(GROUP_KEY, "g").port("http", 8080))
-        .await?;
-    for name in ["a", "b"] {
+    let mut pw = Scenario::new(&ns)
+        .service(service("web").annotation(GROUP_KEY, "g").port("http", 8080))
         // nodeName + finalizer: a delete leaves the pod terminating.
-        ns.create_pod(
+        .pods(["a", "b"].map(|name| {
             pod(name)
                 .annotation(GROUP_KEY, "g")
                 .node(&node)
                 .held()
-                .ips(next_ips().v4()),
-        )
+                .ips(next_ips().v4())
+        }))
+        .start()
         .await?;
-    }
-    let mut pw = Portwise::start(&ns, &config("podReady")).await?;
 
     wait_for(SETTLE, || async {
         // Upstream sets all three conditions explicitly.
@@ -53,32 +51,14 @@ async fn terminating_pod() -> Result<()> {
     // notTerminating: the terminating pod leaves.
     pw.restart_with(&config("{all: [podReady, notTerminating]}"))
         .await?;
-    wait_for(SETTLE, || async {
-        expect_eq(
-            endpoints_by_port(&ns, "web").await?,
-            by_port([(("http", V4), &["a"][..])]),
-        )
-    })
-    .await?;
+    expect_endpoints(&ns, "web", by_port([(("http", V4), &["a"][..])])).await?;
 
     // With podReady alone again, a terminating pod that is no longer Ready
     // fails the checker and is not published either.
     pw.restart_with(&config("podReady")).await?;
-    wait_for(SETTLE, || async {
-        expect_eq(
-            endpoints_by_port(&ns, "web").await?,
-            by_port([(("http", V4), &["a", "b"][..])]),
-        )
-    })
-    .await?;
+    expect_endpoints(&ns, "web", by_port([(("http", V4), &["a", "b"][..])])).await?;
     ns.set_ready("b", false).await?;
-    wait_for(SETTLE, || async {
-        expect_eq(
-            endpoints_by_port(&ns, "web").await?,
-            by_port([(("http", V4), &["a"][..])]),
-        )
-    })
-    .await?;
+    expect_endpoints(&ns, "web", by_port([(("http", V4), &["a"][..])])).await?;
 
     // Finally gone for good.
     ns.release_pod("b").await?;

@@ -8,38 +8,35 @@ use portwise_tests::*;
 async fn dual_stack_service_gets_a_slice_set_per_family() -> Result<()> {
     let cp = ControlPlane::shared().await?;
     let ns = TestNs::new(cp, "dual").await?;
-    ns.create_service(
-        service("web")
-            .annotation(GROUP_KEY, "g")
-            .dual_stack()
-            .port("http", 8080),
-    )
-    .await?;
     let a = next_ips();
     let b = next_ips();
     let c = next_ips();
     let d = next_ips();
-    for (name, ips, ready) in [
-        ("a", a.dual(), true),
-        ("b", b.v4(), true),
-        ("c", c.v6(), true),
-        ("d", d.dual(), false),
-    ] {
-        ns.create_pod(pod(name).annotation(GROUP_KEY, "g").ips(ips).ready(ready))
-            .await?;
-    }
-    let _pw = Portwise::start(&ns, &config("podReady")).await?;
-
-    wait_for(SETTLE, || async {
-        expect_eq(
-            endpoints_by_port(&ns, "web").await?,
+    let _pw = Scenario::new(&ns)
+        .service(
+            service("web")
+                .annotation(GROUP_KEY, "g")
+                .dual_stack()
+                .port("http", 8080),
+        )
+        .pods(
+            [
+                ("a", a.dual(), true),
+                ("b", b.v4(), true),
+                ("c", c.v6(), true),
+                ("d", d.dual(), false),
+            ]
+            .map(|(name, ips, ready)| pod(name).annotation(GROUP_KEY, "g").ips(ips).ready(ready)),
+        )
+        .expect(
+            "web",
             by_port([
                 (("http", V4), &["a", "b"][..]),
                 (("http", V6), &["a", "c"][..]),
             ]),
         )
-    })
-    .await?;
+        .start()
+        .await?;
     // Each family's slice carries that family's address of the pod.
     expect_eq(
         endpoint_of(&ns, "web", "http", V4, "a").await?.addresses,
@@ -57,15 +54,14 @@ async fn dual_stack_service_gets_a_slice_set_per_family() -> Result<()> {
 
     // d becomes ready: it joins both families at once.
     ns.set_ready("d", true).await?;
-    wait_for(SETTLE, || async {
-        expect_eq(
-            endpoints_by_port(&ns, "web").await?,
-            by_port([
-                (("http", V4), &["a", "b", "d"][..]),
-                (("http", V6), &["a", "c", "d"][..]),
-            ]),
-        )
-    })
+    expect_endpoints(
+        &ns,
+        "web",
+        by_port([
+            (("http", V4), &["a", "b", "d"][..]),
+            (("http", V6), &["a", "c", "d"][..]),
+        ]),
+    )
     .await?;
     Ok(())
 }
@@ -76,25 +72,17 @@ async fn dual_stack_service_gets_a_slice_set_per_family() -> Result<()> {
 async fn ipv6_only_service_publishes_only_ipv6() -> Result<()> {
     let cp = ControlPlane::shared().await?;
     let ns = TestNs::new(cp, "v6only").await?;
-    ns.create_service(
-        service("web")
-            .annotation(GROUP_KEY, "g")
-            .family("IPv6")
-            .port("http", 8080),
-    )
-    .await?;
-    ns.create_pod(pod("a").annotation(GROUP_KEY, "g").ips(next_ips().dual()))
-        .await?;
-    ns.create_pod(pod("b").annotation(GROUP_KEY, "g").ips(next_ips().v4()))
-        .await?;
-    let _pw = Portwise::start(&ns, &config("podReady")).await?;
-
-    wait_for(SETTLE, || async {
-        expect_eq(
-            endpoints_by_port(&ns, "web").await?,
-            by_port([(("http", V6), &["a"][..])]),
+    let _pw = Scenario::new(&ns)
+        .service(
+            service("web")
+                .annotation(GROUP_KEY, "g")
+                .family("IPv6")
+                .port("http", 8080),
         )
-    })
-    .await?;
+        .pod(pod("a").annotation(GROUP_KEY, "g").ips(next_ips().dual()))
+        .pod(pod("b").annotation(GROUP_KEY, "g").ips(next_ips().v4()))
+        .expect("web", by_port([(("http", V6), &["a"][..])]))
+        .start()
+        .await?;
     Ok(())
 }

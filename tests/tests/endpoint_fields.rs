@@ -31,18 +31,13 @@ async fn endpoint_fields_from_pod_and_node() -> Result<()> {
     let a: Pod = ns
         .create_pod(g("a").node(&n1).subdomain("web").hostname("a-host"))
         .await?;
-    ns.create_pod(g("b").node(&n2).subdomain("elsewhere").hostname("b-host"))
+    let _pw = Scenario::new(&ns)
+        .pod(g("b").node(&n2).subdomain("elsewhere").hostname("b-host"))
+        .pod(g("c"))
+        .start()
         .await?;
-    ns.create_pod(g("c")).await?;
-    let _pw = Portwise::start(&ns, &config("podReady")).await?;
 
-    wait_for(SETTLE, || async {
-        expect_eq(
-            endpoints_by_port(&ns, "web").await?,
-            by_port([(("http", V4), &["a", "b", "c"][..])]),
-        )
-    })
-    .await?;
+    expect_endpoints(&ns, "web", by_port([(("http", V4), &["a", "b", "c"][..])])).await?;
     let ea = endpoint_of(&ns, "web", "http", V4, "a").await?;
     expect_eq(ea.target_kind.as_deref(), Some("Pod"))?;
     expect_eq(ea.target_namespace.as_deref(), Some(ns.name()))?;
@@ -198,21 +193,22 @@ async fn node_lookups_can_be_disabled() -> Result<()> {
     let cp = ControlPlane::shared().await?;
     let ns = TestNs::new(cp, "no-nodes").await?;
     let n1 = ns.ensure_node("n1", "zone-a").await?;
-    ns.create_service(
-        service("web")
-            .annotation(GROUP_KEY, "g")
-            .traffic_distribution("PreferSameZone")
-            .port("http", 8080),
-    )
-    .await?;
-    ns.create_pod(
-        pod("a")
-            .annotation(GROUP_KEY, "g")
-            .node(&n1)
-            .ips(next_ips().v4()),
-    )
-    .await?;
-    let _pw = Portwise::start(&ns, &config_with("podReady", "disableNodeLookups: true\n")).await?;
+    let _pw = Scenario::new(&ns)
+        .service(
+            service("web")
+                .annotation(GROUP_KEY, "g")
+                .traffic_distribution("PreferSameZone")
+                .port("http", 8080),
+        )
+        .pod(
+            pod("a")
+                .annotation(GROUP_KEY, "g")
+                .node(&n1)
+                .ips(next_ips().v4()),
+        )
+        .config(&config_with("podReady", "disableNodeLookups: true\n"))
+        .start()
+        .await?;
     wait_for(SETTLE, || async {
         let a = endpoint_of(&ns, "web", "http", V4, "a").await?;
         expect_eq(

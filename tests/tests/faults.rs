@@ -40,6 +40,20 @@ fn cfg(max_per_slice: usize) -> String {
     )
 }
 
+/// The binary watching `ns`, as `kubeconfig`'s identity (the ServiceAccount).
+async fn start_portwise(
+    ns: &TestNs,
+    kubeconfig: &std::path::Path,
+    config: &str,
+) -> Result<Portwise> {
+    Portwise::builder(ns.cp())
+        .namespace(ns.name())
+        .config(config)
+        .identity(kubeconfig)
+        .start()
+        .await
+}
+
 async fn web_service(ns: &TestNs) -> Result<()> {
     ns.create_service(
         service("web")
@@ -93,7 +107,7 @@ async fn apiserver_restart() -> Result<()> {
         ns.create_pods((0..40).map(|i| web_pod(i, i % 4 != 0)).collect())
             .await?;
         let kc = portwise_identity(cp).await?;
-        let mut pw = PortwiseProc::start(&kc, &[ns.name()], &cfg(20)).await?;
+        let mut pw = start_portwise(&ns, &kc, &cfg(20)).await?;
         let first = converged(&ns, 20, SETTLE).await?;
         println!("initial convergence: {first:?}");
 
@@ -190,11 +204,11 @@ async fn watch_expiry_relists() -> Result<()> {
         ns.create_pods((0..20).map(|i| web_pod(i, true)).collect())
             .await?;
         let kc = portwise_identity(cp).await?;
-        let mut pw = PortwiseProc::start(&kc, &[ns.name()], &cfg(100)).await?;
+        let mut pw = start_portwise(&ns, &kc, &cfg(100)).await?;
         converged(&ns, 100, SETTLE).await?;
         let pid = pw.pid().context("pid")?;
 
-        pw.signal(libc::SIGSTOP)?;
+        pw.freeze()?;
         // Cut its connections now, before anything changes: events sent
         // into a live socket while it is frozen would wait in the socket
         // buffer and be read on SIGCONT, moving its resourceVersion past the
@@ -237,7 +251,7 @@ async fn watch_expiry_relists() -> Result<()> {
         wait_for(SETTLE, || gone(&pods, &rv)).await?;
         let compacted_after = compacting.elapsed();
 
-        pw.signal(libc::SIGCONT)?;
+        pw.thaw()?;
         let thawed = Instant::now();
         let took = converged(&ns, 100, SETTLE).await?;
         pw.check_running()?;
@@ -349,7 +363,7 @@ async fn overload_backs_off() -> Result<()> {
                 .unwrap_or(20),
         );
         let audit = Audit::mark(cp);
-        let mut pw = PortwiseProc::start(&kc, &[ns.name()], &cfg(100)).await?;
+        let mut pw = start_portwise(&ns, &kc, &cfg(100)).await?;
         tokio::time::sleep(window / 2).await;
         for i in 0..6 {
             ns.set_ready(&format!("p{i:03}"), i % 2 == 1).await?;
@@ -423,7 +437,7 @@ async fn kill9_mid_apply() -> Result<()> {
             .await?;
         println!("300 pods created in {:?}", creating.elapsed());
         let kc = portwise_identity(cp).await?;
-        let mut pw = PortwiseProc::start(&kc, &[ns.name()], &cfg(MAX)).await?;
+        let mut pw = start_portwise(&ns, &kc, &cfg(MAX)).await?;
         let first = converged(&ns, MAX, SETTLE * 2).await?;
         let total = slices_for(&ns, "web").await?.len();
         ensure!(total == 30, "expected 30 slices, got {total}");
@@ -455,7 +469,7 @@ async fn kill9_mid_apply() -> Result<()> {
             );
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
-        pw.kill9().await?;
+        pw.kill().await?;
         let killed_after = changed.elapsed();
         let first_run = slice_writes(&audit)?;
 
@@ -482,7 +496,7 @@ async fn kill9_mid_apply() -> Result<()> {
 
         let second = Audit::mark(cp);
         let restarted = Instant::now();
-        pw.start_again()?;
+        pw.start_again().await?;
         wait_for(SETTLE, || async {
             let slices = slices_for(&ns, "web").await?;
             ensure!(

@@ -199,13 +199,7 @@ async fn foreign_endpoints_left_alone() -> Result<()> {
     );
     let _pw = Portwise::start(&ns, &cfg).await?;
 
-    wait_for(SETTLE, || async {
-        expect_eq(
-            endpoints_by_port(&ns, "my-service").await?,
-            by_port([(("http", V4), &["a"][..])]),
-        )
-    })
-    .await?;
+    expect_endpoints(&ns, "my-service", by_port([(("http", V4), &["a"][..])])).await?;
     stays_for(Duration::from_secs(8), || async {
         let now = ns
             .api::<Endpoints>()

@@ -147,12 +147,11 @@ async fn live_migration_from_native_controller() -> Result<()> {
 
     // Served by both while the selector is there; nothing native is removed
     // yet.
-    wait_for(SETTLE, || async {
-        expect_eq(
-            endpoints_by_port(&ns, "web").await?,
-            by_port([(("http", V4), &["p1", "p2", "p3"][..])]),
-        )
-    })
+    expect_endpoints(
+        &ns,
+        "web",
+        by_port([(("http", V4), &["p1", "p2", "p3"][..])]),
+    )
     .await?;
     stays_for(Duration::from_secs(5), || async {
         ensure!(
@@ -226,13 +225,7 @@ async fn cleanup_waits_for_portwise_endpoints() -> Result<()> {
     ns.patch_service("web", json!({ "spec": { "selector": null } }))
         .await?;
     // portwise publishes only a placeholder: the native leftovers must stay.
-    wait_for(SETTLE, || async {
-        expect_eq(
-            endpoints_by_port(&ns, "web").await?,
-            by_port([(("http", V4), &[][..])]),
-        )
-    })
-    .await?;
+    expect_endpoints(&ns, "web", by_port([(("http", V4), &[][..])])).await?;
     stays_for(Duration::from_secs(8), || async {
         ensure!(
             !slices_managed_by(&ns, "web", Some(NATIVE_MANAGER))
@@ -275,12 +268,11 @@ async fn cleanup_can_be_disabled() -> Result<()> {
     let _pw = Portwise::start(&ns, &config_with("podReady", "nativeCleanup: false\n")).await?;
     ns.patch_service("web", json!({ "spec": { "selector": null } }))
         .await?;
-    wait_for(SETTLE, || async {
-        expect_eq(
-            endpoints_by_port(&ns, "web").await?,
-            by_port([(("http", V4), &["p1", "p2", "p3"][..])]),
-        )
-    })
+    expect_endpoints(
+        &ns,
+        "web",
+        by_port([(("http", V4), &["p1", "p2", "p3"][..])]),
+    )
     .await?;
     stays_for(Duration::from_secs(8), || async {
         ensure!(

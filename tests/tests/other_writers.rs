@@ -141,7 +141,7 @@ async fn native_and_mirroring_controllers_beside_portwise_do_not_fight() -> Resu
         "podReady",
         "nativeCleanup: false\npublishLegacyEndpoints: true\n",
     );
-    let mut pw = PortwiseProc::start(cp.kubeconfig(), &[ns.name()], &cfg).await?;
+    let mut pw = Portwise::spawn_binary(&ns, &cfg).await?;
 
     let settled = |m: &'static [&'static str], o: &'static [&'static str]| {
         let ns = &ns;

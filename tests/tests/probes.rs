@@ -26,18 +26,7 @@ fn set(names: &[&str]) -> BTreeSet<String> {
 async fn http_get_and_tcp_dial_follow_real_listeners() -> Result<()> {
     let cp = ControlPlane::shared().await?;
     let ns = TestNs::new(cp, "probes").await?;
-    ns.create_service(
-        service("web")
-            .annotation(GROUP_KEY, "g")
-            .port("http", 8080)
-            .port("https", 8443),
-    )
-    .await?;
     let ips: Vec<_> = (0..4).map(|_| next_ips()).collect();
-    for (name, ip) in ["a", "b", "c", "d"].iter().zip(&ips) {
-        ns.create_pod(pod(name).annotation(GROUP_KEY, "g").ips(ip.v4()))
-            .await?;
-    }
     let [a, b, c, d] = [ips[0].v4, ips[1].v4, ips[2].v4, ips[3].v4];
     // http: a 200, b 503, c nothing listening, d redirects to a 200 page.
     let http_a = HttpListener::start(a, 8080).await?;
@@ -50,7 +39,22 @@ async fn http_get_and_tcp_dial_follow_real_listeners() -> Result<()> {
     let _tcp_a = TcpListener::start(a, 8443).await?;
     let tcp_b = TcpListener::start(b, 8443).await?;
 
-    let _pw = Portwise::start(&ns, &config(PROBES)).await?;
+    let _pw = Scenario::new(&ns)
+        .service(
+            service("web")
+                .annotation(GROUP_KEY, "g")
+                .port("http", 8080)
+                .port("https", 8443),
+        )
+        .pods(
+            ["a", "b", "c", "d"]
+                .iter()
+                .zip(&ips)
+                .map(|(name, ip)| pod(name).annotation(GROUP_KEY, "g").ips(ip.v4())),
+        )
+        .config(&config(PROBES))
+        .start()
+        .await?;
     wait_for(SETTLE, || async {
         expect_eq(members(&ns, "web", "http", V4).await?, set(&["a"]))?;
         expect_eq(members(&ns, "web", "https", V4).await?, set(&["a", "b"]))

@@ -5,63 +5,26 @@
 use anyhow::Result;
 use portwise_tests::*;
 
-const MEMBERSHIP: &str =
-    "{all: [podReady, {portNames: {annotation: port-mapper.example.com/ports}}]}";
-
-async fn seed_objects(ns: &TestNs) -> Result<()> {
-    ns.create_service(
-        service("my-service")
-            .annotation(GROUP_KEY, "my-group")
-            .port("http", 8080)
-            .port("https", 8443),
-    )
-    .await?;
-    for (name, ports) in [
-        ("a", "http"),
-        ("b", "http,https"),
-        ("c", "http,https"),
-        ("d", "https"),
-    ] {
-        ns.create_pod(
-            pod(name)
-                .annotation(GROUP_KEY, "my-group")
-                .annotation(PORTS_KEY, ports)
-                .container_port("http", 8080, "TCP")
-                .container_port("https", 8443, "TCP")
-                .ips(next_ips().v4()),
-        )
-        .await?;
-    }
-    Ok(())
-}
-
-async fn expect(ns: &TestNs, http: &[&str], https: &[&str]) -> Result<()> {
-    wait_for(SETTLE, || async {
-        expect_eq(
-            endpoints_by_port(ns, "my-service").await?,
-            by_port([(("http", V4), http), (("https", V4), https)]),
-        )
-    })
-    .await
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn seed_example() -> Result<()> {
     let cp = ControlPlane::shared().await?;
     let ns = TestNs::new(cp, "seed").await?;
-    seed_objects(&ns).await?;
-    let _pw = Portwise::start(&ns, &config(MEMBERSHIP)).await?;
-
-    expect(&ns, &["a", "b", "c"], &["b", "c", "d"]).await?;
+    let _pw = seed_scenario(&ns)
+        .expect(
+            "my-service",
+            seed_slices(&["a", "b", "c"], &["b", "c", "d"]),
+        )
+        .start()
+        .await?;
     // One slice per Service port (both far below maxEndpointsPerSlice).
     expect_eq(slices_for(&ns, "my-service").await?.len(), 2)?;
     slice_invariants(&ns, "my-service", 100).await?;
 
     ns.annotate_pod("a", PORTS_KEY, Some("http,https")).await?;
-    expect(&ns, &["a", "b", "c"], &["a", "b", "c", "d"]).await?;
+    expect_seed(&ns, &["a", "b", "c"], &["a", "b", "c", "d"]).await?;
 
     ns.delete_pod("d").await?;
-    expect(&ns, &["a", "b", "c"], &["a", "b", "c"]).await?;
+    expect_seed(&ns, &["a", "b", "c"], &["a", "b", "c"]).await?;
     slice_invariants(&ns, "my-service", 100).await?;
     Ok(())
 }
@@ -73,10 +36,14 @@ async fn seed_example() -> Result<()> {
 async fn seed_example_via_binary() -> Result<()> {
     let cp = ControlPlane::shared().await?;
     let ns = TestNs::new(cp, "seed-bin").await?;
-    seed_objects(&ns).await?;
-    let mut pw = Portwise::spawn_binary(&ns, &config(MEMBERSHIP)).await?;
-
-    expect(&ns, &["a", "b", "c"], &["b", "c", "d"]).await?;
+    let mut pw = seed_scenario(&ns)
+        .binary()
+        .expect(
+            "my-service",
+            seed_slices(&["a", "b", "c"], &["b", "c", "d"]),
+        )
+        .start()
+        .await?;
     pw.check_running()?;
     let names: Vec<_> = slices_for(&ns, "my-service")
         .await?
@@ -84,12 +51,12 @@ async fn seed_example_via_binary() -> Result<()> {
         .map(|s| s.metadata.name)
         .collect();
 
-    pw.kill().await;
+    pw.kill().await?;
     ns.annotate_pod("a", PORTS_KEY, Some("http,https")).await?;
     ns.delete_pod("d").await?;
     pw.start_again().await?;
 
-    expect(&ns, &["a", "b", "c"], &["a", "b", "c"]).await?;
+    expect_seed(&ns, &["a", "b", "c"], &["a", "b", "c"]).await?;
     // Deterministic names: the restarted process kept the slices it found.
     let after: Vec<_> = slices_for(&ns, "my-service")
         .await?

@@ -69,21 +69,16 @@ async fn stable_thresholds() -> Result<()> {
     let a = HttpListener::start(a_ip.v4, 8080).await?;
     let b = HttpListener::start(b_ip.v4, 8080).await?;
     b.set_status(500);
-    ns.create_pod(pod("a").annotation(GROUP_KEY, "g").ips(a_ip.v4()))
+    let _pw = Scenario::new(&ns)
+        .pod(pod("a").annotation(GROUP_KEY, "g").ips(a_ip.v4()))
+        .pod(pod("b").annotation(GROUP_KEY, "g").ips(b_ip.v4()))
+        .config(&cfg())
+        .start()
         .await?;
-    ns.create_pod(pod("b").annotation(GROUP_KEY, "g").ips(b_ip.v4()))
-        .await?;
-    let _pw = Portwise::start(&ns, &cfg()).await?;
 
     // First observation as is: a is in after one success (not two), b is out
     // at once (the placeholder/other members prove the pass happened).
-    wait_for(SETTLE, || async {
-        expect_eq(
-            endpoints_by_port(&ns, "web").await?,
-            by_port([(("http", V4), &["a"][..])]),
-        )
-    })
-    .await?;
+    expect_endpoints(&ns, "web", by_port([(("http", V4), &["a"][..])])).await?;
     ensure!(
         a.answered(200) == 1,
         "a was published only after {} successes (first observation should count)",

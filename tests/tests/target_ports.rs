@@ -105,27 +105,25 @@ async fn sidecar_and_multi_container_ports() -> Result<()> {
     ))
     .await?;
     let g = |name: &str| pod(name).annotation(GROUP_KEY, "g").ips(next_ips().v4());
-    ns.create_pod(
-        g("sidecar")
-            .container_port("http", 8080, "TCP")
-            .sidecar_port("metrics", 9101, "TCP"),
-    )
-    .await?;
-    ns.create_pod(
-        g("init-only")
-            .container_port("http", 8080, "TCP")
-            .init_port("metrics", 9102, "TCP"),
-    )
-    .await?;
-    ns.create_pod(
-        g("second")
-            .container_port("http", 8080, "TCP")
-            .container_port_in("proxy", "metrics", 9103, "TCP"),
-    )
-    .await?;
-    ns.create_pod(g("none").container_port("http", 8080, "TCP"))
+    let _pw = Scenario::new(&ns)
+        .pod(
+            g("sidecar")
+                .container_port("http", 8080, "TCP")
+                .sidecar_port("metrics", 9101, "TCP"),
+        )
+        .pod(
+            g("init-only")
+                .container_port("http", 8080, "TCP")
+                .init_port("metrics", 9102, "TCP"),
+        )
+        .pod(
+            g("second")
+                .container_port("http", 8080, "TCP")
+                .container_port_in("proxy", "metrics", 9103, "TCP"),
+        )
+        .pod(g("none").container_port("http", 8080, "TCP"))
+        .start()
         .await?;
-    let _pw = Portwise::start(&ns, &config("podReady")).await?;
 
     wait_for(SETTLE, || async {
         expect_eq(
@@ -156,13 +154,12 @@ async fn named_ports_match_protocol() -> Result<()> {
     )
     .await?;
     let g = |name: &str| pod(name).annotation(GROUP_KEY, "g").ips(next_ips().v4());
-    ns.create_pod(g("udp").container_port("dns", 5353, "UDP"))
+    let _pw = Scenario::new(&ns)
+        .pod(g("udp").container_port("dns", 5353, "UDP"))
+        .pod(g("tcp").container_port("dns", 5354, "TCP"))
+        .pod(g("default").container_port("dns", 5355, ""))
+        .start()
         .await?;
-    ns.create_pod(g("tcp").container_port("dns", 5354, "TCP"))
-        .await?;
-    ns.create_pod(g("default").container_port("dns", 5355, ""))
-        .await?;
-    let _pw = Portwise::start(&ns, &config("podReady")).await?;
 
     wait_for(SETTLE, || async {
         expect_eq(

@@ -53,17 +53,16 @@ async fn zero_writes_over_a_quiet_minute() -> Result<()> {
     let _pw = Portwise::start(&ns, &cfg).await?;
     let all = ["p0", "p1", "p2", "p3", "p4", "p5"];
     let even = ["p0", "p2", "p4"];
-    wait_for(SETTLE, || async {
-        expect_eq(
-            endpoints_by_port(&ns, "web").await?,
-            by_port([
-                (("http", V4), &all[..]),
-                (("http", V6), &all[..]),
-                (("https", V4), &even[..]),
-                (("https", V6), &even[..]),
-            ]),
-        )
-    })
+    expect_endpoints(
+        &ns,
+        "web",
+        by_port([
+            (("http", V4), &all[..]),
+            (("http", V6), &all[..]),
+            (("https", V4), &even[..]),
+            (("https", V6), &even[..]),
+        ]),
+    )
     .await?;
     // Let anything still in flight land before the window opens.
     tokio::time::sleep(Duration::from_secs(5)).await;
@@ -106,12 +105,11 @@ async fn restart_costs_no_writes() -> Result<()> {
     );
     let mut pw = Portwise::start(&ns, &cfg).await?;
     let all: Vec<&str> = names.iter().map(String::as_str).collect();
-    wait_for(SETTLE, || async {
-        expect_eq(
-            endpoints_by_port(&ns, "web").await?,
-            by_port([(("http", V4), &all[..]), (("spare", V4), &[][..])]),
-        )
-    })
+    expect_endpoints(
+        &ns,
+        "web",
+        by_port([(("http", V4), &all[..]), (("spare", V4), &[][..])]),
+    )
     .await?;
     tokio::time::sleep(Duration::from_secs(5)).await;
 

@@ -25,7 +25,7 @@
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap, HashSet},
     fmt::Write as _,
-    net::{Ipv4Addr, SocketAddr},
+    net::Ipv4Addr,
     path::{Path, PathBuf},
     process::{ExitCode, Stdio},
     sync::{Arc, Mutex},
@@ -40,15 +40,13 @@ use kube::{
     runtime::{WatchStreamExt, watcher},
 };
 use portwise_tests::{
-    ControlPlane, GROUP_KEY, HttpListener, MANAGED_BY_LABEL, NATIVE_MANAGER, SERVICE_NAME_LABEL,
-    TcpListener, TestNs, pod, service,
+    ControlPlane, GROUP_KEY, HttpListener, MANAGED_BY_LABEL, NATIVE_MANAGER, Portwise,
+    SERVICE_NAME_LABEL, TcpListener, TestNs,
+    faults::{proc_cpu_time, proc_memory_kib},
+    pod, service,
 };
 use serde_json::{Value, json};
-use tokio::{
-    io::{AsyncReadExt, AsyncWriteExt},
-    process::Child,
-    sync::watch,
-};
+use tokio::{process::Child, sync::watch};
 
 /// Label the native Services select their pods by.
 const APP_LABEL: &str = "bench.portwise.io/svc";
@@ -378,7 +376,6 @@ impl BenchCp {
             child,
             pid,
             started: Instant::now(),
-            metrics: None,
             log: self.dir.join("controller-manager.log"),
         })
     }
@@ -409,12 +406,34 @@ fn stop_pid(pid: i32, wait: Duration) -> Result<()> {
 
 // ---- processes -----------------------------------------------------------------
 
+/// kube-controller-manager, started by the bench (portwise runs through the
+/// support library's [`Portwise`]).
 struct Proc {
     child: Child,
     pid: u32,
     started: Instant,
-    metrics: Option<SocketAddr>,
     log: PathBuf,
+}
+
+/// What the bench needs of a running controller, native or portwise.
+trait Controller {
+    fn pid(&self) -> Option<u32>;
+    /// Fails if it exited on its own.
+    fn check_alive(&mut self) -> Result<()>;
+    fn usage(&self) -> Usage {
+        self.pid()
+            .and_then(|pid| usage(pid).ok())
+            .unwrap_or_default()
+    }
+}
+
+impl Controller for Portwise {
+    fn pid(&self) -> Option<u32> {
+        Portwise::pid(self)
+    }
+    fn check_alive(&mut self) -> Result<()> {
+        self.check_running()
+    }
 }
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -425,10 +444,9 @@ struct Usage {
 }
 
 impl Proc {
-    fn usage(&self) -> Usage {
-        usage(self.pid).unwrap_or_default()
-    }
+    /// SIGTERM, then SIGKILL after 30 s.
     async fn stop(&mut self) {
+        // SAFETY: signalling our own child by pid; not reaped yet.
         unsafe { libc::kill(self.pid as i32, libc::SIGTERM) };
         if tokio::time::timeout(Duration::from_secs(30), self.child.wait())
             .await
@@ -436,6 +454,12 @@ impl Proc {
         {
             let _ = self.child.kill().await;
         }
+    }
+}
+
+impl Controller for Proc {
+    fn pid(&self) -> Option<u32> {
+        Some(self.pid)
     }
     fn check_alive(&mut self) -> Result<()> {
         if let Some(status) = self.child.try_wait()? {
@@ -451,36 +475,19 @@ impl Proc {
     }
 }
 
+/// CPU seconds and memory of `pid`, from the support library's /proc readers.
 fn usage(pid: u32) -> Result<Usage> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    let after = stat.rsplit_once(')').map(|(_, s)| s).unwrap_or("");
-    let f: Vec<&str> = after.split_whitespace().collect();
-    // Fields after the command: state is field 3, utime 14, stime 15.
-    let ticks: f64 = f.get(11).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0)
-        + f.get(12).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let kib = |key: &str| {
-        status
-            .lines()
-            .find(|l| l.starts_with(key))
-            .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
+    let cpu = proc_cpu_time(pid)?;
+    let (rss, hwm) = proc_memory_kib(pid)?;
     Ok(Usage {
-        cpu: ticks / hz,
-        hwm_mib: kib("VmHWM:") / 1024.0,
-        rss_mib: kib("VmRSS:") / 1024.0,
+        cpu: cpu.as_secs_f64(),
+        hwm_mib: hwm as f64 / 1024.0,
+        rss_mib: rss as f64 / 1024.0,
     })
 }
 
-fn free_port() -> Result<u16> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
-    Ok(l.local_addr()?.port())
-}
-
-fn portwise_bin() -> Result<PathBuf> {
+/// The release binary: `$PORTWISE_BIN`, which `./bench` sets.
+fn release_bin() -> Result<PathBuf> {
     std::env::var_os("PORTWISE_BIN")
         .map(PathBuf::from)
         .filter(|p| p.is_file())
@@ -489,53 +496,40 @@ fn portwise_bin() -> Result<PathBuf> {
         })
 }
 
-/// Starts the release `portwise` binary on `config`, watching `namespaces`.
-fn spawn_portwise(
-    cp: &ControlPlane,
+/// Starts the release `portwise` binary on `config`, watching `namespaces`,
+/// its config and log kept in the work directory as `portwise-TAG.*`.
+async fn spawn_portwise(
+    cp: &'static ControlPlane,
     work: &Path,
     tag: &str,
     config: &str,
     namespaces: &[&str],
     extra: &[&str],
-) -> Result<Proc> {
-    let config_path = work.join(format!("portwise-{tag}.yaml"));
-    std::fs::write(&config_path, config)?;
-    let log_path = work.join(format!("portwise-{tag}.log"));
-    let log = std::fs::File::create(&log_path)?;
-    let port = free_port()?;
-    let mut cmd = tokio::process::Command::new(portwise_bin()?);
-    cmd.arg("run").arg("--config").arg(&config_path);
-    for ns in namespaces {
-        cmd.arg("--namespace").arg(ns);
-    }
-    cmd.arg("--metrics-addr")
-        .arg(format!("127.0.0.1:{port}"))
+) -> Result<Portwise> {
+    Portwise::builder(cp)
+        .name(&format!("portwise-{tag}"))
+        .dir(work)
+        .bin(&release_bin()?)
+        .namespaces(namespaces)
+        .config(config)
         .args(extra)
-        .env("KUBECONFIG", cp.kubeconfig())
-        .env_remove("RUST_LOG")
-        .env_remove("PORTWISE_LOG")
-        .stdin(Stdio::null())
-        .stdout(log.try_clone()?)
-        .stderr(log)
-        .kill_on_drop(true);
-    let child = cmd.spawn().context("starting portwise")?;
-    let pid = child.id().context("no pid")?;
-    Ok(Proc {
-        child,
-        pid,
-        started: Instant::now(),
-        metrics: Some(SocketAddr::from(([127, 0, 0, 1], port))),
-        log: log_path,
-    })
+        // The release default, whatever the bench's own environment says.
+        .log_filter("info")
+        .quiet()
+        .start()
+        .await
+}
+
+/// Stops portwise; a failure to stop cleanly is reported, not fatal.
+async fn stop_portwise(pw: &mut Portwise) {
+    if let Err(e) = pw.stop().await {
+        eprintln!("bench: {e:#}");
+    }
 }
 
 /// `GET /metrics`, summing every sample of `metric` (all label sets).
-async fn scrape(addr: SocketAddr, metric: &str) -> Result<f64> {
-    let mut s = tokio::net::TcpStream::connect(addr).await?;
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n")
-        .await?;
-    let mut body = String::new();
-    s.read_to_string(&mut body).await?;
+async fn scrape(pw: &Portwise, metric: &str) -> Result<f64> {
+    let body = pw.metrics_text().await?;
     let mut total = 0.0;
     for line in body.lines() {
         let Some(rest) = line.strip_prefix(metric) else {
@@ -876,7 +870,7 @@ impl Tracker {
 
     /// Waits until every expected Service is right; returns when that was
     /// first seen. `proc` is checked for an early exit.
-    async fn converged(&self, timeout: Duration, mut proc: Option<&mut Proc>) -> Result<Instant> {
+    async fn converged(&self, timeout: Duration, proc: &mut dyn Controller) -> Result<Instant> {
         let mut rx = self.progress.clone();
         let deadline = Instant::now() + timeout;
         let mut last_print = Instant::now();
@@ -884,9 +878,7 @@ impl Tracker {
             if self.state.lock().unwrap().all_correct() {
                 return Ok(Instant::now());
             }
-            if let Some(p) = proc.as_deref_mut() {
-                p.check_alive()?;
-            }
+            proc.check_alive()?;
             if Instant::now() > deadline {
                 let (c, t) = *rx.borrow();
                 bail!("not converged within {timeout:?}: {c}/{t} Services right");
@@ -1083,7 +1075,7 @@ struct Pair {
     native_ns: TestNs,
     portwise_ns: TestNs,
     native: Proc,
-    portwise: Proc,
+    portwise: Portwise,
     native_tracker: Tracker,
     portwise_tracker: Tracker,
 }
@@ -1156,7 +1148,7 @@ impl Bench {
         let a0 = audit.offset();
         let mut native = self.bcp.spawn_cm(&[])?;
         let done = native_tracker
-            .converged(Duration::from_secs(1200), Some(&mut native))
+            .converged(Duration::from_secs(1200), &mut native)
             .await?;
         let native_time = done - native.started;
         let native_use = native.usage();
@@ -1175,11 +1167,12 @@ impl Bench {
             &portwise_config(&self.knobs.portwise_extra, "podReady"),
             &[portwise_ns.name()],
             &[],
-        )?;
+        )
+        .await?;
         let done = portwise_tracker
-            .converged(Duration::from_secs(1200), Some(&mut portwise))
+            .converged(Duration::from_secs(1200), &mut portwise)
             .await?;
-        let pw_time = done - portwise.started;
+        let pw_time = done - portwise.started_at();
         let pw_use = portwise.usage();
         let pw_req = audit.settled_between(a0).await?;
         verify_by_list(&portwise_ns, PORTWISE_MANAGER, &portwise_expected).await?;
@@ -1287,7 +1280,7 @@ impl Bench {
             .spawn_cm(&["--kube-api-qps=1000", "--kube-api-burst=1000"])?;
         let done = pair
             .native_tracker
-            .converged(Duration::from_secs(1200), Some(&mut native))
+            .converged(Duration::from_secs(1200), &mut native)
             .await?;
         let time = done - native.started;
         let u = native.usage();
@@ -1303,7 +1296,7 @@ impl Bench {
         // portwise's counterpart: all namespaces, so it caches the same
         // 2 × (Services, pods) the native informers hold.
         eprintln!("bench: row 1b: portwise watching all namespaces");
-        pair.portwise.stop().await;
+        stop_portwise(&mut pair.portwise).await;
         let api: Api<EndpointSlice> = pair.portwise_ns.api();
         api.delete_collection(
             &Default::default(),
@@ -1327,12 +1320,13 @@ impl Bench {
             &portwise_config("", "podReady"),
             &[],
             &[],
-        )?;
+        )
+        .await?;
         let done = pair
             .portwise_tracker
-            .converged(Duration::from_secs(1200), Some(&mut portwise))
+            .converged(Duration::from_secs(1200), &mut portwise)
             .await?;
-        let time = done - portwise.started;
+        let time = done - portwise.started_at();
         let u = portwise.usage();
         let req = audit.settled_between(a0).await?;
         verify_by_list(&pair.portwise_ns, PORTWISE_MANAGER, &expected).await?;
@@ -1626,13 +1620,13 @@ impl Bench {
                      membership: {membership}\n"
                 );
                 let tag = format!("probes-{kind}-{conc}");
-                let mut pw = spawn_portwise(self.cp, &self.work, &tag, &config, &[ns.name()], &[])?;
-                let addr = pw.metrics.unwrap();
+                let mut pw =
+                    spawn_portwise(self.cp, &self.work, &tag, &config, &[ns.name()], &[]).await?;
                 // Warm up: every Service published once.
                 let t = Instant::now();
                 loop {
                     pw.check_alive()?;
-                    let published = scrape(addr, "portwise_slices_managed").await.unwrap_or(0.0);
+                    let published = scrape(&pw, "portwise_slices_managed").await.unwrap_or(0.0);
                     if published >= (services + 1) as f64 || t.elapsed() > Duration::from_secs(120)
                     {
                         break;
@@ -1640,8 +1634,8 @@ impl Bench {
                     tokio::time::sleep(Duration::from_millis(500)).await;
                 }
                 tokio::time::sleep(Duration::from_secs(3)).await;
-                let c0 = scrape(addr, "portwise_checks_total").await?;
-                let i0 = scrape(addr, "portwise_checks_total{decision=\"include\"").await?;
+                let c0 = scrape(&pw, "portwise_checks_total").await?;
+                let i0 = scrape(&pw, "portwise_checks_total{decision=\"include\"").await?;
                 let u0 = pw.usage();
                 let me0 = usage(std::process::id()).unwrap_or_default();
                 let t0 = Instant::now();
@@ -1679,13 +1673,13 @@ impl Bench {
                 ns.set_ready(victim, true).await?;
                 let rest = window.saturating_sub(t0.elapsed());
                 tokio::time::sleep(rest).await;
-                let c1 = scrape(addr, "portwise_checks_total").await?;
-                let i1 = scrape(addr, "portwise_checks_total{decision=\"include\"").await?;
+                let c1 = scrape(&pw, "portwise_checks_total").await?;
+                let i1 = scrape(&pw, "portwise_checks_total{decision=\"include\"").await?;
                 let el = t0.elapsed().as_secs_f64();
                 let u1 = pw.usage();
                 let me1 = usage(std::process::id()).unwrap_or_default();
                 pw.check_alive()?;
-                pw.stop().await;
+                stop_portwise(&mut pw).await;
                 let rate = (c1 - c0) / el;
                 worst_flip = Some(match (worst_flip, seen) {
                     (None, s) => s,
@@ -1888,15 +1882,15 @@ impl Bench {
                 &cfg,
                 &[ns.name()],
                 &["--cache-dir", &cache_arg],
-            )?;
-            let addr = pw.metrics.unwrap();
-            let t0 = pw.started;
+            )
+            .await?;
+            let t0 = pw.started_at();
             let mut first_check = None;
             let mut first_slice = None;
             while t0.elapsed() < Duration::from_secs(300) {
                 pw.check_alive()?;
                 if first_check.is_none()
-                    && scrape(addr, "portwise_checks_total").await.unwrap_or(0.0) >= 1.0
+                    && scrape(&pw, "portwise_checks_total").await.unwrap_or(0.0) >= 1.0
                 {
                     first_check = Some(t0.elapsed());
                 }
@@ -1920,7 +1914,7 @@ impl Bench {
                 }
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
-            pw.stop().await;
+            stop_portwise(&mut pw).await;
             times.push((run, first_check, first_slice));
         }
         let fmt = |d: Option<Duration>| {
@@ -2104,7 +2098,7 @@ async fn run(knobs: Knobs, bcp: BenchCp, work: PathBuf, machine: String) -> Resu
         }
     }
     if let Some(mut p) = pair.take() {
-        p.portwise.stop().await;
+        stop_portwise(&mut p.portwise).await;
         p.native.stop().await;
     }
     if b.knobs.row(5)

@@ -28,10 +28,9 @@ use std::{
 use anyhow::{Context, Result, anyhow, bail};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use portwise_tests::{
-    ByPort, ControlPlane, GROUP_KEY, HttpListener, TcpListener, TestNs, V4, by_port,
+    ByPort, ControlPlane, GROUP_KEY, HttpListener, Portwise, TcpListener, TestNs, V4, by_port,
     endpoints_by_port, next_ips, pod, portwise_bin, service, slices_for,
 };
-use tokio::process::Child;
 
 const SERVICE: &str = "my-service";
 const GROUP: &str = "my-group";
@@ -218,7 +217,7 @@ enum Outcome {
 /// so that it can be stopped however that future ends.
 #[derive(Default)]
 struct Rig {
-    portwise: Option<Child>,
+    portwise: Option<Portwise>,
     /// HTTP listeners by pod name.
     http: Vec<(&'static str, HttpListener)>,
     /// Kept for their `Drop`, which closes the sockets.
@@ -229,8 +228,9 @@ struct Rig {
 impl Rig {
     async fn shutdown(&mut self, own_cp: bool) -> Result<()> {
         let mut result = Ok(());
-        if let Some(mut child) = self.portwise.take() {
-            result = stop_portwise(&mut child).await;
+        if let Some(mut pw) = self.portwise.take() {
+            // portwise promises exit 0 on SIGTERM, and soon.
+            result = pw.stop_within(Duration::from_secs(15)).await.map(|_| ());
         }
         self.http.clear();
         self.tcp.clear();
@@ -330,12 +330,20 @@ async fn demo(rig: &mut Rig, work: &Path, own_cp: bool) -> Result<()> {
         )
     );
     let config = write_config(work)?;
-    let log = work.join("portwise.log");
-    println!("{INDENT}log: {}", log.display());
     let t = Instant::now();
-    let child = rig.portwise.insert(spawn_portwise(cp, ns, &config, &log)?);
+    let pw = rig.portwise.insert(
+        Portwise::builder(cp)
+            .namespace(ns.name())
+            .config(&config)
+            .bin(&portwise_path()?)
+            .dir(work)
+            .quiet()
+            .start()
+            .await?,
+    );
+    println!("{INDENT}log: {}", pw.log_path().display());
     let ns = rig.ns.as_ref().expect("set above");
-    converge(ns, child, &expected_before(), &log).await?;
+    converge(ns, pw, &expected_before()).await?;
     println!("{INDENT}slices converged in {}", secs(t.elapsed()));
     print_slices(ns).await?;
     println!(
@@ -349,8 +357,8 @@ async fn demo(rig: &mut Rig, work: &Path, own_cp: bool) -> Result<()> {
         .ok_or_else(|| anyhow!("pod {VICTIM} has no HTTP listener"))?
         .route("/healthz", 500);
     let t = Instant::now();
-    let child = rig.portwise.as_mut().expect("started above");
-    converge(ns, child, &expected_after(), &log).await?;
+    let pw = rig.portwise.as_mut().expect("started above");
+    converge(ns, pw, &expected_after()).await?;
     println!(
         "{INDENT}{VICTIM} left http's slice in {}; it stays in https, whose TCP port still accepts",
         secs(t.elapsed())
@@ -432,8 +440,8 @@ fn repo_root() -> PathBuf {
         .to_path_buf()
 }
 
-/// Writes the config and puts the guest in the modules directory it names.
-fn write_config(work: &Path) -> Result<PathBuf> {
+/// The config; puts the guest in the modules directory it names.
+fn write_config(work: &Path) -> Result<String> {
     let guest = portwise_tests::guests_dir().join(GUEST);
     if !guest.is_file() {
         bail!(
@@ -457,9 +465,7 @@ fn write_config(work: &Path) -> Result<PathBuf> {
     for (port, expr, _) in MEMBERSHIP {
         writeln!(yaml, "      {port}: {expr}")?;
     }
-    let path = work.join("config.yaml");
-    std::fs::write(&path, yaml)?;
-    Ok(path)
+    Ok(yaml)
 }
 
 /// The `portwise` binary: `$PORTWISE_BIN`, else the one built next to this
@@ -476,58 +482,13 @@ fn portwise_path() -> Result<PathBuf> {
     portwise_bin()
 }
 
-fn spawn_portwise(cp: &ControlPlane, ns: &TestNs, config: &Path, log: &Path) -> Result<Child> {
-    let out = std::fs::File::create(log)?;
-    let bin = portwise_path()?;
-    tokio::process::Command::new(&bin)
-        .arg("run")
-        .arg("--config")
-        .arg(config)
-        .arg("--namespace")
-        .arg(ns.name())
-        .arg("--metrics-addr")
-        .arg("127.0.0.1:0")
-        .env("KUBECONFIG", cp.kubeconfig())
-        .stdin(Stdio::null())
-        .stdout(out.try_clone()?)
-        .stderr(out)
-        .kill_on_drop(true)
-        .spawn()
-        .with_context(|| format!("starting {}", bin.display()))
-}
-
-/// SIGTERM, then up to 15 s for a clean exit (portwise promises exit 0).
-async fn stop_portwise(child: &mut Child) -> Result<()> {
-    if let Some(pid) = child.id() {
-        // SAFETY: signalling our own child by pid; it is not reaped yet.
-        unsafe { libc::kill(pid as i32, libc::SIGTERM) };
-    }
-    match tokio::time::timeout(Duration::from_secs(15), child.wait()).await {
-        Ok(status) => {
-            let status = status?;
-            if !status.success() {
-                bail!("portwise exited with {status} after SIGTERM");
-            }
-            Ok(())
-        }
-        Err(_) => {
-            let _ = child.kill().await;
-            bail!("portwise did not exit within 15 s of SIGTERM (killed)")
-        }
-    }
-}
-
 /// Polls until portwise publishes exactly `expected`, failing early when
 /// portwise exits and after [`SETTLE`] otherwise.
-async fn converge(ns: &TestNs, child: &mut Child, expected: &ByPort, log: &Path) -> Result<()> {
+async fn converge(ns: &TestNs, pw: &mut Portwise, expected: &ByPort) -> Result<()> {
     let start = Instant::now();
     loop {
-        if let Some(status) = child.try_wait()? {
-            bail!(
-                "portwise exited on its own with {status}; see {}",
-                log.display()
-            );
-        }
+        pw.check_running()
+            .with_context(|| format!("see {}", pw.log_path().display()))?;
         let actual = endpoints_by_port(ns, SERVICE).await;
         if let Ok(actual) = &actual
             && actual == expected

@@ -37,8 +37,8 @@ use kube::{
     runtime::{WatchStreamExt, watcher},
 };
 use portwise_tests::{
-    ControlPlane, GROUP_KEY, MANAGED_BY_LABEL, SERVICE_NAME_LABEL, TestNs,
-    faults::{Audit, PortwiseProc, proc_cpu_time},
+    ControlPlane, GROUP_KEY, MANAGED_BY_LABEL, Portwise, SERVICE_NAME_LABEL, TestNs,
+    faults::{Audit, proc_cpu_time},
     next_ips, pod, service,
 };
 use tokio::sync::Semaphore;
@@ -349,7 +349,13 @@ async fn run() -> Result<bool> {
     );
     let extra = std::env::var("LOAD_PORTWISE_ARGS").unwrap_or_default();
     let extra: Vec<&str> = extra.split_whitespace().collect();
-    let mut pw = PortwiseProc::start_with(cp.kubeconfig(), &[ns.name()], &config, &extra).await?;
+    let mut pw = Portwise::builder(cp)
+        .namespace(ns.name())
+        .config(&config)
+        .binary()
+        .args(&extra)
+        .start()
+        .await?;
     let pid = pw.pid().context("portwise pid")?;
     let started = Instant::now();
     let cold = wait_converged(&ns, Duration::from_secs(600)).await?;

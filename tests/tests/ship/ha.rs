@@ -28,7 +28,7 @@ const SLACK: Duration = Duration::from_millis(2000);
 const QUIET: Duration = Duration::from_secs(6);
 
 struct Replica {
-    proc: Proc,
+    proc: Portwise,
     user: String,
 }
 
@@ -38,7 +38,7 @@ impl Replica {
             .scrape()
             .await?
             .value("portwise_leader", &[])?
-            .ok_or_else(|| anyhow::anyhow!("{} has no portwise_leader", self.proc.name))
+            .ok_or_else(|| anyhow::anyhow!("{} has no portwise_leader", self.proc.name()))
     }
 
     async fn writes_total(&self) -> Result<f64> {
@@ -46,7 +46,12 @@ impl Replica {
     }
 }
 
-fn start(cp: &ControlPlane, ns: &TestNs, dir: &std::path::Path, id: &str) -> Result<Replica> {
+async fn start(
+    cp: &'static ControlPlane,
+    ns: &TestNs,
+    dir: &std::path::Path,
+    id: &str,
+) -> Result<Replica> {
     let user = format!("portwise-ha-{id}");
     // Admin rights, but its own name in the audit log.
     let kubeconfig = impersonating(
@@ -56,13 +61,12 @@ fn start(cp: &ControlPlane, ns: &TestNs, dir: &std::path::Path, id: &str) -> Res
         &["system:masters", "system:authenticated"],
     )?;
     let secs = format!("{LEASE_SECS}s");
-    let proc = Proc::start(
-        id,
-        &kubeconfig,
-        &config(SEED_MEMBERSHIP),
-        &[
-            "--namespace",
-            ns.name(),
+    let proc = Portwise::builder(cp)
+        .name(id)
+        .namespace(ns.name())
+        .config(&config(SEED_MEMBERSHIP))
+        .identity(&kubeconfig)
+        .args(&[
             "--leader-elect",
             "--lease-namespace",
             ns.name(),
@@ -70,8 +74,9 @@ fn start(cp: &ControlPlane, ns: &TestNs, dir: &std::path::Path, id: &str) -> Res
             &secs,
             "--identity",
             id,
-        ],
-    )?;
+        ])
+        .start()
+        .await?;
     Ok(Replica { proc, user })
 }
 
@@ -86,7 +91,7 @@ async fn one_leader(leases: &Api<Lease>, replicas: &[&Replica], within: Duration
         }
         let Some(i) = replicas
             .iter()
-            .position(|r| is_identity(holder.as_deref(), &r.proc.name))
+            .position(|r| is_identity(holder.as_deref(), r.proc.name()))
         else {
             bail!("Lease holder {holder:?}, gauges {gauges:?}");
         };
@@ -106,19 +111,23 @@ async fn one_leader(leases: &Api<Lease>, replicas: &[&Replica], within: Duration
 async fn two_processes_one_writer_failover_and_handover() -> Result<()> {
     let cp = ControlPlane::shared().await?;
     let ns = TestNs::new(cp, "ship-ha").await?;
-    seed(&ns).await?;
+    seed_scenario(&ns).create().await?;
     let leases: Api<Lease> = ns.api();
     let dir = tempfile::Builder::new().prefix("portwise-ha-").tempdir()?;
     let audit = AuditMark::now(cp)?;
 
-    let mut a = start(cp, &ns, dir.path(), "pw-a")?;
-    let mut b = start(cp, &ns, dir.path(), "pw-b")?;
+    let mut a = start(cp, &ns, dir.path(), "pw-a").await?;
+    let mut b = start(cp, &ns, dir.path(), "pw-b").await?;
     expect_seed(&ns, &["a", "b", "c"], &["b", "c", "d"]).await?;
     a.proc.wait_ready().await?;
     b.proc.wait_ready().await?;
     let first = one_leader(&leases, &[&a, &b], SETTLE).await?;
     let (mut leader, mut standby) = if first == 0 { (a, b) } else { (b, a) };
-    println!("leader {}, standby {}", leader.proc.name, standby.proc.name);
+    println!(
+        "leader {}, standby {}",
+        leader.proc.name(),
+        standby.proc.name()
+    );
 
     // Both run: one writer. A quiet window (two terms, three resyncs) costs
     // no write at all, and the roles stay put.
@@ -131,7 +140,7 @@ async fn two_processes_one_writer_failover_and_handover() -> Result<()> {
         )?;
         let holder = lease_holder(&leases, "portwise").await?;
         ensure!(
-            is_identity(holder.as_deref(), &leader.proc.name),
+            is_identity(holder.as_deref(), leader.proc.name()),
             "holder {holder:?}"
         );
         tokio::time::sleep(Duration::from_millis(250)).await;
@@ -145,8 +154,8 @@ async fn two_processes_one_writer_failover_and_handover() -> Result<()> {
     let by = |user: &str| writes.iter().filter(|w| w.user == user).count();
     ensure!(by(&leader.user) >= 2, "the leader's writes: {writes:?}");
     expect_eq(
-        (standby.proc.name.clone(), by(&standby.user)),
-        (standby.proc.name.clone(), 0),
+        (standby.proc.name().to_string(), by(&standby.user)),
+        (standby.proc.name().to_string(), 0),
     )?;
     expect_eq(by(&leader.user), writes.len())?;
     expect_eq(standby.writes_total().await?, 0.0)?;
@@ -161,12 +170,12 @@ async fn two_processes_one_writer_failover_and_handover() -> Result<()> {
     );
 
     // kill -9 the leader, then change a pod: only a new leader may publish it.
-    leader.proc.kill9().await?;
+    leader.proc.kill().await?;
     let killed = Instant::now();
     ns.annotate_pod("a", PORTS_KEY, Some("http,https")).await?;
     let takeover = loop {
         let holder = lease_holder(&leases, "portwise").await?;
-        if is_identity(holder.as_deref(), &standby.proc.name)
+        if is_identity(holder.as_deref(), standby.proc.name())
             && standby.leader_gauge().await? == 1.0
         {
             break killed.elapsed();
@@ -177,7 +186,7 @@ async fn two_processes_one_writer_failover_and_handover() -> Result<()> {
             .is_ok()
             && is_identity(
                 lease_holder(&leases, "portwise").await?.as_deref(),
-                &leader.proc.name,
+                leader.proc.name(),
             )
         {
             bail!("the change was published while the killed leader still held the Lease");
@@ -210,13 +219,13 @@ async fn two_processes_one_writer_failover_and_handover() -> Result<()> {
     std::mem::swap(&mut leader, &mut standby);
 
     // The killed one comes back as the standby.
-    standby.proc.start_again()?;
+    standby.proc.start_again().await?;
     standby.proc.wait_ready().await?;
     tokio::time::sleep(RETRY * 3).await;
     expect_eq(standby.leader_gauge().await?, 0.0)?;
     let holder = lease_holder(&leases, "portwise").await?;
     ensure!(
-        is_identity(holder.as_deref(), &leader.proc.name),
+        is_identity(holder.as_deref(), leader.proc.name()),
         "holder {holder:?}"
     );
 
@@ -227,12 +236,15 @@ async fn two_processes_one_writer_failover_and_handover() -> Result<()> {
     let handover = loop {
         if is_identity(
             lease_holder(&leases, "portwise").await?.as_deref(),
-            &standby.proc.name,
+            standby.proc.name(),
         ) {
             break stopping.elapsed();
         }
         if stopping.elapsed() > LEASE + SLACK * 2 {
-            bail!("{} did not take over after the release", standby.proc.name);
+            bail!(
+                "{} did not take over after the release",
+                standby.proc.name()
+            );
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     };

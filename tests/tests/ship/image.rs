@@ -103,7 +103,7 @@ async fn image_publishes_the_seed_example_and_stops_on_sigterm() -> Result<()> {
 
     let cp = ControlPlane::shared().await?;
     let ns = TestNs::new(cp, "ship-image").await?;
-    seed(&ns).await?;
+    seed_scenario(&ns).create().await?;
 
     // What the container mounts. It runs as 65532: everything must be
     // readable by others (an admin kubeconfig is usually 0600).

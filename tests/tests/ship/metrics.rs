@@ -9,8 +9,6 @@ use std::collections::BTreeMap;
 use anyhow::{Result, ensure};
 use portwise_tests::*;
 
-use crate::support::*;
-
 /// (port, family) → endpoints, from the live slices.
 type Figures = BTreeMap<(String, String), f64>;
 
@@ -79,7 +77,7 @@ enum Slices {
 
 /// Waits until the live slices hold `expected` in `slices` slices and the
 /// metrics say exactly what the apiserver holds.
-async fn agree(pw: &Proc, ns: &TestNs, expected: &Figures, slices: Slices) -> Result<()> {
+async fn agree(pw: &Portwise, ns: &TestNs, expected: &Figures, slices: Slices) -> Result<()> {
     wait_for(SETTLE, || async {
         let (live, live_slices) = live(ns, "web").await?;
         let (said, said_slices) = reported(&pw.scrape().await?, ns.name(), "web")?;
@@ -147,22 +145,20 @@ async fn metrics_agree_with_the_live_slices() -> Result<()> {
     ]
     .into_iter()
     .map(|(name, ports)| {
-        pod(name)
+        seed_pod(name, ports)
             .annotation(GROUP_KEY, "g")
-            .annotation(PORTS_KEY, ports)
-            .container_port("http", 8080, "TCP")
-            .container_port("https", 8443, "TCP")
             .ips(next_ips().dual())
     })
     .collect();
     ns.create_pods(pods).await?;
 
-    let mut pw = Proc::start(
-        "portwise-metrics",
-        cp.kubeconfig(),
-        &config_with(SEED_MEMBERSHIP, "maxEndpointsPerSlice: 2\n"),
-        &["--namespace", ns.name()],
-    )?;
+    let mut pw = Portwise::builder(cp)
+        .name("portwise-metrics")
+        .namespace(ns.name())
+        .config(&config_with(SEED_MEMBERSHIP, "maxEndpointsPerSlice: 2\n"))
+        .binary()
+        .start()
+        .await?;
     let ready_after = pw.wait_ready().await?;
     let (code, body) = pw.get("/healthz").await?;
     expect_eq((code, body.trim()), (200, "ok"))?;

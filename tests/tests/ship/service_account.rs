@@ -27,7 +27,7 @@ const RBAC_KINDS: &[&str] = &[
 async fn can_i(cp: &ControlPlane, args: &[&str]) -> Result<String> {
     let mut full = vec!["auth", "can-i"];
     full.extend_from_slice(args);
-    let as_sa = format!("--as={SA_USER}");
+    let as_sa = format!("--as={PORTWISE_USER}");
     full.push(&as_sa);
     let out = kubectl_as(cp, cp.kubeconfig(), &full, None).await?;
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
@@ -126,19 +126,7 @@ async fn runs_as_its_service_account_and_can_do_nothing_more() -> Result<()> {
     }
 
     // Its own credentials: a token for the ServiceAccount.
-    let token = kubectl(
-        cp,
-        &[
-            "-n",
-            "portwise-system",
-            "create",
-            "token",
-            "portwise",
-            "--duration=1h",
-        ],
-        None,
-    )
-    .await?;
+    let token = service_account_token(cp, "portwise-system", "portwise", "1h").await?;
     let dir = tempfile::Builder::new().prefix("portwise-sa-").tempdir()?;
     let sa_kubeconfig = token_kubeconfig(cp, &dir.path().join("kubeconfig"), &token)?;
     let whoami = kubectl_as(
@@ -153,9 +141,12 @@ async fn runs_as_its_service_account_and_can_do_nothing_more() -> Result<()> {
         None,
     )
     .await?;
-    expect_eq(String::from_utf8_lossy(&whoami.stdout).trim(), SA_USER)?;
+    expect_eq(
+        String::from_utf8_lossy(&whoami.stdout).trim(),
+        PORTWISE_USER,
+    )?;
 
-    seed(&ns).await?;
+    seed_scenario(&ns).create().await?;
     // Denied for real with its token, not only per can-i.
     for args in [
         vec!["get", "secrets", "-n", n],
@@ -191,20 +182,20 @@ async fn runs_as_its_service_account_and_can_do_nothing_more() -> Result<()> {
 
     let audit = AuditMark::now(cp)?;
     let started = Instant::now();
-    let mut pw = Proc::start(
-        "portwise-sa",
-        &sa_kubeconfig,
-        &config(SEED_MEMBERSHIP),
-        &[
-            "--namespace",
-            n,
+    let mut pw = Portwise::builder(cp)
+        .name("portwise-sa")
+        .namespace(n)
+        .config(&config(SEED_MEMBERSHIP))
+        .identity(&sa_kubeconfig)
+        .args(&[
             "--leader-elect",
             "--lease-namespace",
             "portwise-system",
             "--identity",
             "ship-sa",
-        ],
-    )?;
+        ])
+        .start()
+        .await?;
     expect_seed(&ns, &["a", "b", "c"], &["b", "c", "d"]).await?;
     println!(
         "as the ServiceAccount: seed published {:.2}s after start",
@@ -254,7 +245,7 @@ async fn runs_as_its_service_account_and_can_do_nothing_more() -> Result<()> {
     );
     for w in &writes {
         ensure!(
-            w.user == SA_USER,
+            w.user == PORTWISE_USER,
             "a slice write not made by the ServiceAccount: {w:?}"
         );
         ensure!(
