@@ -9,6 +9,7 @@ import (
 	"k8s.io/kubectl/pkg/cmd"
 	"k8s.io/kubectl/pkg/cmd/util"
 	cmapp "k8s.io/kubernetes/cmd/kube-controller-manager/app"
+	proxyapp "k8s.io/kubernetes/cmd/kube-proxy/app"
 
 	// Registrations upstream's own main packages make; without them the
 	// binaries would differ from upstream's (log formats, client-go and
@@ -31,6 +32,14 @@ func runCobra(name string, args []string, command *cobra.Command) int {
 
 func runControllerManager(args []string) int {
 	return runCobra("kube-controller-manager", args, cmapp.NewControllerManagerCommand())
+}
+
+// runKubeProxy runs upstream kube-proxy, so that the suite can prove what a
+// real data path does with portwise's slices. It must only ever run inside a
+// network namespace the test run made: it rewrites nftables/iptables rules
+// and conntrack sysctls of whatever namespace it is in.
+func runKubeProxy(args []string) int {
+	return runCobra("kube-proxy", args, proxyapp.NewProxyCommand())
 }
 
 func runKubectl(args []string) int {

@@ -5,6 +5,7 @@
 //
 //	portwise-cp apiserver [--embedded-etcd-*] <kube-apiserver flags>
 //	portwise-cp controller-manager <kube-controller-manager flags>
+//	portwise-cp kube-proxy <kube-proxy flags>   (only inside a test network namespace)
 //	portwise-cp kubectl <kubectl args>   (also when invoked as "kubectl")
 package main
 
@@ -20,6 +21,7 @@ func usage() {
 subcommands:
   apiserver           embedded etcd + kube-apiserver (see --embedded-etcd-* below)
   controller-manager  kube-controller-manager
+  kube-proxy          kube-proxy (only inside a test network namespace)
   kubectl             kubectl
   version             print the Kubernetes version this binary was built from
   pki DIR             write CA, serving/client certs and service-account key into DIR
@@ -49,6 +51,8 @@ func main() {
 		os.Exit(runAPIServer(rest))
 	case "controller-manager":
 		os.Exit(runControllerManager(rest))
+	case "kube-proxy":
+		os.Exit(runKubeProxy(rest))
 	case "kubectl":
 		os.Exit(runKubectl(rest))
 	case "version":

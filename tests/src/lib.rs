@@ -25,6 +25,7 @@
 //! else may we send packets to private addresses.
 
 mod addresses;
+pub mod consumers;
 mod control_plane;
 pub mod faults;
 mod identity;
