@@ -45,5 +45,19 @@ fn demo_shows_the_whole_story() -> Result<()> {
             rows(port)
         );
     }
+    // Who answered through the ClusterIP, before and after b turned
+    // unhealthy: kube-proxy routes http to b only before.
+    let http_rows: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.trim_start().starts_with("http ") && l.contains("answered by:"))
+        .collect();
+    ensure!(
+        http_rows.len() == 2,
+        "expected 2 traffic rows for http, got {http_rows:?}\n{shown}"
+    );
+    ensure!(
+        http_rows[0].contains("b x") && !http_rows[1].contains("b x"),
+        "b should answer http before and not after: {http_rows:?}\n{shown}"
+    );
     Ok(())
 }

@@ -11,7 +11,10 @@
 //!    9000) and pods a–d, with listeners on the pods' addresses;
 //! 3. run the real `portwise` binary, with built-in checkers deciding http
 //!    and https and a WebAssembly guest deciding admin, and print the slices;
-//! 4. make pod b's `/healthz` answer 500 and show b leave http but not https;
+//!    then connect through each port's ClusterIP, which upstream kube-proxy
+//!    (nftables mode) routes by those slices, and print who answered;
+//! 4. make pod b's `/healthz` answer 500 and show b leave http but not https,
+//!    in the slices and in who answers;
 //! 5. stop everything it started, also on error or Ctrl-C.
 //!
 //! It checks what it shows: when the expected slices do not appear it says
@@ -28,8 +31,13 @@ use std::{
 use anyhow::{Context, Result, anyhow, bail};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use portwise_tests::{
-    ByPort, ControlPlane, GROUP_KEY, HttpListener, Portwise, TcpListener, TestNs, V4, by_port,
+    ByPort, ControlPlane, GROUP_KEY, HttpListener, Portwise, TestNs, V4, by_port,
+    consumers::{Answers, KubeProxy, NameServer, ProxyMode, cluster_ip},
     endpoints_by_port, next_ips, pod, portwise_bin, service, slices_for,
+};
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    net::TcpStream,
 };
 
 const SERVICE: &str = "my-service";
@@ -91,6 +99,22 @@ fn expected_before() -> ByPort {
         (("admin", V4), &["a", "c"][..]),
     ])
 }
+
+/// Who answers through each port's ClusterIP: the members with a server on
+/// that port. `a` backs admin by its mark alone and has none there, so
+/// kube-proxy's picks of `a` are refused.
+const ANSWER_BEFORE: [(&str, &[&str], bool); 3] = [
+    ("http", &["a", "b", "c"], false),
+    ("https", &["b", "c", "d"], false),
+    ("admin", &["c"], true),
+];
+const ANSWER_AFTER: [(&str, &[&str], bool); 3] = [
+    ("http", &["a", "c"], false),
+    ("https", &["b", "c", "d"], false),
+    ("admin", &["c"], true),
+];
+/// Connections per port in each traffic table.
+const CONNECTIONS: usize = 40;
 
 fn expected_after() -> ByPort {
     by_port([
@@ -221,7 +245,10 @@ struct Rig {
     /// HTTP listeners by pod name.
     http: Vec<(&'static str, HttpListener)>,
     /// Kept for their `Drop`, which closes the sockets.
-    tcp: Vec<TcpListener>,
+    tcp: Vec<NameServer>,
+    /// Dropped last among the demo's parts: kills kube-proxy and removes
+    /// its rules.
+    proxy: Option<KubeProxy>,
     ns: Option<TestNs>,
 }
 
@@ -234,6 +261,7 @@ impl Rig {
         }
         self.http.clear();
         self.tcp.clear();
+        self.proxy = None;
         if let Some(ns) = self.ns.take() {
             if own_cp {
                 // The whole control plane goes next: no need to tidy it.
@@ -274,21 +302,24 @@ async fn demo(rig: &mut Rig, work: &Path, own_cp: bool) -> Result<()> {
             next_ips().v4.into()
         };
         let mut servers = Vec::new();
+        // Every server answers with its pod's name, so that a client
+        // through the ClusterIP learns whom kube-proxy picked.
         if plan.http {
             let l = HttpListener::start(ip, 8080).await?;
+            l.set_body(plan.name);
             rig.http.push((plan.name, l));
             servers.push("HTTP :8080");
         } else {
             servers.push("");
         }
         if plan.https {
-            rig.tcp.push(TcpListener::start(ip, 8443).await?);
+            rig.tcp.push(NameServer::start(plan.name, ip, 8443).await?);
             servers.push("TCP :8443");
         } else {
             servers.push("");
         }
         if plan.admin {
-            rig.tcp.push(TcpListener::start(ip, 9000).await?);
+            rig.tcp.push(NameServer::start(plan.name, ip, 9000).await?);
             servers.push("TCP :9000");
         } else {
             servers.push("");
@@ -331,6 +362,8 @@ async fn demo(rig: &mut Rig, work: &Path, own_cp: bool) -> Result<()> {
     );
     let config = write_config(work)?;
     let t = Instant::now();
+    // kube-proxy first, so that it routes as soon as the slices exist.
+    rig.proxy = Some(KubeProxy::start(cp, ProxyMode::Nftables).await?);
     let pw = rig.portwise.insert(
         Portwise::builder(cp)
             .namespace(ns.name())
@@ -350,6 +383,7 @@ async fn demo(rig: &mut Rig, work: &Path, own_cp: bool) -> Result<()> {
         "{INDENT}http: a b c answer /healthz; https: b c d accept TCP; \
          admin (guest): a is marked, c accepts on 9000"
     );
+    show_traffic(ns, &ANSWER_BEFORE).await?;
 
     // ---- 4. one pod turns unhealthy ------------------------------------------
     heading(4, &format!("pod {VICTIM}'s /healthz now answers 500"));
@@ -364,7 +398,111 @@ async fn demo(rig: &mut Rig, work: &Path, own_cp: bool) -> Result<()> {
         secs(t.elapsed())
     );
     print_slices(ns).await?;
+    show_traffic(ns, &ANSWER_AFTER).await?;
     Ok(())
+}
+
+/// Connects [`CONNECTIONS`] times through each port's ClusterIP until the
+/// answers match `expected` (port, who answers, whether some picks are
+/// refused), then prints them. kube-proxy programs its rules a moment after
+/// the slices change, so this waits up to [`SETTLE`].
+async fn show_traffic(ns: &TestNs, expected: &[(&str, &[&str], bool)]) -> Result<()> {
+    let svc = ns.get_service(SERVICE).await?;
+    let ip = cluster_ip(&svc, false)?;
+    let t = Instant::now();
+    let mut rows = Vec::new();
+    loop {
+        rows.clear();
+        let mut all_match = true;
+        for (port_name, answering, refusals) in expected {
+            let port = PORTS
+                .iter()
+                .find(|(p, _)| p == port_name)
+                .map(|(_, n)| *n)
+                .context("unknown port")?;
+            let got = who_answers(ip, port, *port_name == "http").await;
+            let want: Vec<String> = answering.iter().map(|p| p.to_string()).collect();
+            all_match &= got.pods() == want && (got.refused > 0) == *refusals && got.failed == 0;
+            rows.push(traffic_row(port_name, ip, port, &got));
+        }
+        if all_match {
+            break;
+        }
+        if t.elapsed() >= SETTLE {
+            bail!(
+                "traffic through {ip} did not match the slices within {}:\n{}",
+                secs(SETTLE),
+                columns(&rows)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    println!(
+        "{INDENT}through the ClusterIP (kube-proxy, nftables mode), {CONNECTIONS} connections per port:"
+    );
+    print!("{}", columns(&rows));
+    if expected.iter().any(|(_, _, refused)| *refused) {
+        println!("{INDENT}(admin: a is a member by its mark alone; nothing listens on its 9000)");
+    }
+    Ok(())
+}
+
+fn traffic_row(port_name: &str, ip: IpAddr, port: u16, got: &Answers) -> Vec<String> {
+    let mut who: Vec<String> = got
+        .by_pod
+        .iter()
+        .map(|(pod, n)| format!("{pod} x{n}"))
+        .collect();
+    if got.refused > 0 {
+        who.push(format!("refused x{}", got.refused));
+    }
+    if got.failed > 0 {
+        who.push(format!("failed x{}", got.failed));
+    }
+    vec![
+        port_name.to_string(),
+        std::net::SocketAddr::new(ip, port).to_string(),
+        format!("answered by: {}", who.join(", ")),
+    ]
+}
+
+/// [`CONNECTIONS`] new connections to `ip:port`; `http` asks `GET /` (the
+/// listeners answer with their pod's name), else the server writes it.
+async fn who_answers(ip: IpAddr, port: u16, http: bool) -> Answers {
+    let mut out = Answers::default();
+    for _ in 0..CONNECTIONS {
+        match answered_by(std::net::SocketAddr::new(ip, port), http).await {
+            Ok(Some(name)) => *out.by_pod.entry(name).or_default() += 1,
+            Ok(None) => out.refused += 1,
+            Err(_) => out.failed += 1,
+        }
+    }
+    out
+}
+
+async fn answered_by(addr: std::net::SocketAddr, http: bool) -> Result<Option<String>> {
+    let connect = tokio::time::timeout(Duration::from_secs(2), TcpStream::connect(addr)).await?;
+    let mut s = match connect {
+        Ok(s) => s,
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
+    if http {
+        s.write_all(b"GET / HTTP/1.1\r\nHost: demo\r\nConnection: close\r\n\r\n")
+            .await?;
+    }
+    let mut buf = Vec::new();
+    tokio::time::timeout(Duration::from_secs(2), s.read_to_end(&mut buf)).await??;
+    let text = String::from_utf8(buf)?;
+    let name = match text.split_once("\r\n\r\n") {
+        Some((_, body)) if http => body,
+        _ => text.as_str(),
+    };
+    let name = name.trim();
+    if name.is_empty() {
+        bail!("{addr}: no name in the answer");
+    }
+    Ok(Some(name.to_string()))
 }
 
 /// Starts the control plane in `dir` (no native controllers: portwise is
