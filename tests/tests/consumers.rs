@@ -471,3 +471,66 @@ async fn coredns_publish_not_ready_addresses() -> Result<()> {
     }
     Ok(())
 }
+
+/// The negative control: a slice that lists a non-member must make the
+/// traffic check fail, or the checks above prove nothing. portwise is
+/// stopped, `d` is written into http's slice by hand, and kube-proxy sends
+/// it connections that the check then sees.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_non_member_in_a_slice_fails_the_traffic_check() -> Result<()> {
+    use k8s_openapi::api::discovery::v1::{Endpoint, EndpointSlice};
+    let cp = ControlPlane::shared().await?;
+    let ns = TestNs::new(cp, "kp-control").await?;
+    let mut pw = seed_scenario(&ns)
+        .expect(
+            "my-service",
+            seed_slices(&["a", "b", "c"], &["b", "c", "d"]),
+        )
+        .start()
+        .await?;
+    let _servers = serve(&ns, &["a", "b", "c", "d"], &[8080, 8443]).await?;
+    let _proxy = KubeProxy::start(cp, ProxyMode::Nftables).await?;
+    let http = service_addr(&ns, "my-service", 8080, false).await?;
+    expect_answers(http, &["a", "b", "c"], ROUTED).await?;
+
+    pw.stop().await?;
+    let slices: kube::Api<EndpointSlice> = ns.api();
+    let mut slice = slices_for(&ns, "my-service")
+        .await?
+        .into_iter()
+        .find(|s| {
+            s.ports
+                .iter()
+                .flatten()
+                .any(|p| p.name.as_deref() == Some("http"))
+        })
+        .context("no http slice")?;
+    slice.endpoints.get_or_insert_with(Vec::new).push(Endpoint {
+        addresses: vec![pod_ips(&ns, "d").await?[0].to_string()],
+        ..Default::default()
+    });
+    let name = slice.metadata.name.clone().context("unnamed slice")?;
+    slices
+        .replace(&name, &Default::default(), &slice)
+        .await
+        .context("writing d into http's slice")?;
+
+    // Once kube-proxy has programmed the edited slice, d answers, and the
+    // check the other tests rely on fails.
+    let seen = wait_for(ROUTED, || async {
+        let got = who_answers(http, CONNECTIONS).await;
+        ensure!(
+            got.by_pod.contains_key("d"),
+            "d does not answer yet: {got:?}"
+        );
+        Ok(got)
+    })
+    .await?;
+    let caught = expect_answers(http, &["a", "b", "c"], Duration::from_secs(3)).await;
+    ensure!(
+        caught.is_err(),
+        "the traffic check passed with d in http's slice"
+    );
+    eprintln!("with d written into http's slice: {seen:?}; the check said: {caught:?}");
+    Ok(())
+}
