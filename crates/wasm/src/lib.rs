@@ -23,7 +23,9 @@
 //!   call gets a fresh one.
 //!
 //! Compiled code is cached on disk ([`cache`]) so a restart does not pay
-//! the compile again.
+//! the compile again; an entry runs only if it carries a valid seal (an
+//! HMAC under a key private to the cache directory), anything else is
+//! recompiled.
 //!
 //! Why a crate of its own: wasmtime is by far the largest dependency and
 //! running untrusted code is the riskiest job portwise has, so it is kept in
@@ -52,7 +54,7 @@ use std::{
 use notify_debouncer_mini::{DebounceEventResult, Debouncer};
 use tokio::sync::broadcast;
 
-pub use cache::{CompileSource, default_cache_dir};
+pub use cache::{CodeCacheStats, CompileSource, default_cache_dir};
 pub use failures::{FailureCount, FailureKind};
 
 use modules::{CheckerSpec, Runtime};
@@ -315,6 +317,12 @@ impl WasmRuntime {
     /// Guest `check` calls attempted per module.
     pub fn calls(&self) -> Vec<(String, u64)> {
         self.rt.counters.calls()
+    }
+
+    /// What the compiled-code cache did since this runtime started; `None`
+    /// without a cache directory.
+    pub fn code_cache_stats(&self) -> Option<CodeCacheStats> {
+        self.rt.cache.as_ref().map(|c| c.stats())
     }
 
     pub fn limits(&self) -> &Limits {

@@ -776,21 +776,138 @@ async fn compiled_code_is_cached_on_disk_and_corrupt_entries_are_rebuilt() {
         "role primary",
     );
 
-    // Corrupt every entry: the next load discards and rebuilds it. (Only
-    // once no runtime maps it: the cache maps entries, and the runtime only
-    // ever replaces them by rename, never rewrites them in place.)
+    // Overwrite the entry with garbage: the next load discards and rebuilds
+    // it.
     drop((c, second_rt));
-    let entries: Vec<_> = fs::read_dir(cache.path())
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .collect();
-    assert_eq!(entries.len(), 1, "{entries:?}");
-    fs::write(&entries[0], b"this is not compiled code").unwrap();
+    let entry = cache_entry(cache.path(), "");
+    fs::write(&entry, b"this is not compiled code").unwrap();
     let third = runtime().load_file(&path).await.unwrap();
     assert_eq!(third.compiled, CompileSource::Compiled);
     let fourth = runtime().load_file(&path).await.unwrap();
     assert_eq!(fourth.compiled, CompileSource::Cached);
+}
+
+/// The one compiled-code cache entry in `dir` whose name starts with
+/// `prefix` (a module's sha256, or "" when there is only one).
+fn cache_entry(dir: &Path, prefix: &str) -> PathBuf {
+    let entries: Vec<PathBuf> = fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            let name = p.file_name().unwrap().to_string_lossy();
+            name.ends_with(".cwasm") && name.starts_with(prefix)
+        })
+        .collect();
+    assert_eq!(entries.len(), 1, "{entries:?}");
+    entries[0].clone()
+}
+
+/// A fresh runtime on `cache` loads `module` and judges a pod with it. The
+/// verdict must be `expected`; returns how the code was obtained, the
+/// cache's counters and the load's message.
+async fn load_and_judge(
+    cache: &Path,
+    module: &str,
+    config: Value,
+    s: &Subject,
+    expected: (Decision, &str),
+) -> (CompileSource, portwise_wasm::CodeCacheStats, String) {
+    let rt = WasmRuntime::new(WasmConfig {
+        modules_dir: None,
+        cache_dir: Some(cache.to_path_buf()),
+        watch: false,
+        limits: test_limits(),
+    })
+    .unwrap();
+    let mut events = rt.subscribe();
+    let info = rt.load_file(&guest(module)).await.unwrap();
+    let message = events.try_recv().map(|e| e.message).unwrap_or_default();
+    let c = rt.checker_async(module, &config, None).await.unwrap();
+    assert_verdict(&c.check(s).await, expected.0, expected.1);
+    (info.compiled, rt.code_cache_stats().unwrap(), message)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cache_entries_that_fail_verification_never_run_and_are_recompiled() {
+    use portwise_wasm::CodeCacheStats;
+    let cache = TempDir::new("sealed");
+    let server = http_server().await;
+    let s = subject(LOCAL, server.port(), &[]);
+    let roles = || json!({"roles": ["primary"]});
+    let include = (Decision::Include, "role primary");
+    let stats = |hits, misses, rejected| CodeCacheStats {
+        hits,
+        misses,
+        rejected,
+    };
+    let judge = || load_and_judge(cache.path(), "ready-role.wasm", roles(), &s, include);
+
+    // Cold: compiled, entry written.
+    let (how, st, _) = judge().await;
+    assert_eq!((how, st), (CompileSource::Compiled, stats(0, 1, 0)));
+    // (d) Warm: loaded from the cache, no compile.
+    let (how, st, message) = judge().await;
+    assert_eq!((how, st), (CompileSource::Cached, stats(1, 0, 0)));
+    assert!(
+        message.contains("loaded from the compiled-code cache"),
+        "{message}"
+    );
+
+    let entry = cache_entry(cache.path(), "");
+    let sealed = fs::read(&entry).unwrap();
+    // What wasmtime wrote, then a 32-byte tag and 8 bytes of magic.
+    let artifact_len = sealed.len() - 40;
+    assert_eq!(&sealed[..4], b"\x7fELF");
+    let damage: Vec<(&str, Vec<u8>)> = vec![
+        // (a) One byte in the middle of the code; the header stays valid, so
+        // wasmtime alone would have loaded (and run) it.
+        ("a flipped byte mid-code", {
+            let mut b = sealed.clone();
+            b[artifact_len / 2] ^= 0xff;
+            b
+        }),
+        // (b) Cut short, and cut to less than a seal.
+        ("truncated to half", sealed[..sealed.len() / 2].to_vec()),
+        ("truncated to 20 bytes", sealed[..20].to_vec()),
+        // (c) No seal at all: exactly what `Component::serialize` produced,
+        // as an unsealing version would have stored it; and a wrong tag.
+        ("the seal missing", sealed[..artifact_len].to_vec()),
+        ("a wrong tag", {
+            let mut b = sealed.clone();
+            b[artifact_len + 7] ^= 0x01;
+            b
+        }),
+    ];
+    for (what, bytes) in damage {
+        assert_eq!(&bytes[..4], b"\x7fELF", "{what}");
+        fs::write(&entry, &bytes).unwrap();
+        // Not deserialised: recompiled from the .wasm, and still judging.
+        let (how, st, message) = judge().await;
+        assert_eq!(
+            (how, st),
+            (CompileSource::Compiled, stats(0, 0, 1)),
+            "{what}"
+        );
+        assert!(
+            message.contains("its cached code was rejected"),
+            "{what}: {message}"
+        );
+        // Rewritten with a valid seal: the next start loads it.
+        let (how, st, _) = judge().await;
+        assert_eq!((how, st), (CompileSource::Cached, stats(1, 0, 0)), "{what}");
+    }
+
+    // A genuine entry, of another module, under this module's name.
+    let admin = (Decision::Include, "accepts connections");
+    let (how, _, _) =
+        load_and_judge(cache.path(), "admin-check.wasm", Value::Null, &s, admin).await;
+    assert_eq!(how, CompileSource::Compiled);
+    let admin_entry = cache_entry(cache.path(), &sha256_of(&guest("admin-check.wasm")));
+    let entry = cache_entry(cache.path(), &sha256_of(&guest("ready-role.wasm")));
+    fs::copy(&admin_entry, &entry).unwrap();
+    let (how, st, _) = judge().await;
+    assert_eq!((how, st), (CompileSource::Compiled, stats(0, 0, 1)));
 }
 
 // ---------------------------------------------------------------------------

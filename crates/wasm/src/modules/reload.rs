@@ -9,7 +9,7 @@ use std::{
     fs,
     path::{Path, PathBuf},
     sync::{Arc, Mutex},
-    time::{Duration, Instant, SystemTime},
+    time::{Instant, SystemTime},
 };
 
 use super::{
@@ -17,7 +17,10 @@ use super::{
     decode::{check_header, gunzip, is_gzipped, is_module_file, sha256_hex},
 };
 use crate::{
-    ModuleInfo, bindings::MembershipCheckerPre, cache::CompileSource, failures::FailureKind,
+    ModuleInfo,
+    bindings::MembershipCheckerPre,
+    cache::{CompileSource, Loaded},
+    failures::FailureKind,
     truncate,
 };
 
@@ -41,14 +44,15 @@ pub(super) struct ScanState {
 
 impl Runtime {
     /// Gunzips (a `.wasm.gz`), compiles (or loads from cache) and links a
-    /// module's content. `stored` and `sha256` are the file as stored.
+    /// module's content. `stored` and `sha256` are the file as stored. Also
+    /// returns why a cached entry present was not used, if it was not.
     fn compile(
         &self,
         name: &str,
         source: &Path,
         stored: &[u8],
         sha256: &str,
-    ) -> Result<ModuleVersion, String> {
+    ) -> Result<(ModuleVersion, Option<String>), String> {
         let started = Instant::now();
         // The cache is keyed by the component's own hash, so `x.wasm` and
         // any `x.wasm.gz` of it share one entry.
@@ -61,17 +65,27 @@ impl Runtime {
             (stored, sha256.to_string())
         };
         check_header(bytes)?;
-        let (component, compiled, _) = match &self.cache {
-            Some(cache) => cache.load(&self.engine, &code_sha256, bytes),
-            None => wasmtime::component::Component::from_binary(&self.engine, bytes)
-                .map(|c| (c, CompileSource::Compiled, Duration::ZERO)),
-        }
-        .map_err(|e| {
-            format!(
-                "not a valid component: {}",
-                truncate(format!("{e:#}"), 1024)
-            )
-        })?;
+        let Loaded {
+            component,
+            source: compiled,
+            rejected,
+        } =
+            match &self.cache {
+                Some(cache) => cache.load(&self.engine, &code_sha256, bytes),
+                None => wasmtime::component::Component::from_binary(&self.engine, bytes).map(
+                    |component| Loaded {
+                        component,
+                        source: CompileSource::Compiled,
+                        rejected: None,
+                    },
+                ),
+            }
+            .map_err(|e| {
+                format!(
+                    "not a valid component: {}",
+                    truncate(format!("{e:#}"), 1024)
+                )
+            })?;
         let load_time = started.elapsed();
         let instance_pre = self
             .linker
@@ -80,7 +94,7 @@ impl Runtime {
         let pre = MembershipCheckerPre::new(instance_pre).map_err(|e| {
             format!("not a portwise membership checker (world portwise:membership/membership-checker@0.1.x): {e:#}")
         })?;
-        Ok(ModuleVersion {
+        let version = ModuleVersion {
             name: name.to_string(),
             label: name.into(),
             sha256: sha256.to_string(),
@@ -92,7 +106,8 @@ impl Runtime {
             idle: Mutex::new(Vec::new()),
             validated: Mutex::new(HashMap::new()),
             counters: self.counters.module(name),
-        })
+        };
+        Ok((version, rejected))
     }
 
     /// Loads new content for `name` and makes it current, unless it fails to
@@ -123,8 +138,8 @@ impl Runtime {
         };
         // Compiling blocks; keep it off the async runtime's core threads.
         let compiled = block_in_place_or_inline(|| self.compile(name, source, bytes, &sha256));
-        let version = match compiled {
-            Ok(v) => v,
+        let (version, rejected) = match compiled {
+            Ok(compiled) => compiled,
             Err(message) => return fail(scan, message),
         };
         let users = self.users_of(name);
@@ -158,11 +173,14 @@ impl Runtime {
             CompileSource::Compiled => "compiled",
             CompileSource::Cached => "loaded from the compiled-code cache",
         };
-        let message = format!(
+        let mut message = format!(
             "module {name} (sha256 {}) {how} in {:.1} ms and serving",
             &sha256[..12],
             version.load_time.as_secs_f64() * 1000.0
         );
+        if let Some(why) = rejected {
+            message.push_str(&format!(" (its cached code was rejected: {why})"));
+        }
         self.modules
             .write()
             .unwrap_or_else(|e| e.into_inner())
