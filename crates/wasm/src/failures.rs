@@ -77,12 +77,17 @@ impl fmt::Display for FailureKind {
 #[derive(Debug, Default)]
 pub(crate) struct ModuleCounters {
     calls: AtomicU64,
+    instantiations: AtomicU64,
     failures: [AtomicU64; FailureKind::ALL.len()],
 }
 
 impl ModuleCounters {
     pub(crate) fn call(&self) {
         self.calls.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn instantiated(&self) {
+        self.instantiations.fetch_add(1, Ordering::Relaxed);
     }
 
     pub(crate) fn fail(&self, kind: FailureKind) {
@@ -133,6 +138,15 @@ impl Counters {
         modules
             .iter()
             .map(|(m, c)| (m.clone(), c.calls.load(Ordering::Relaxed)))
+            .collect()
+    }
+
+    /// Instances created, per module.
+    pub(crate) fn instantiations(&self) -> Vec<(String, u64)> {
+        let modules = self.modules.lock().unwrap_or_else(|e| e.into_inner());
+        modules
+            .iter()
+            .map(|(m, c)| (m.clone(), c.instantiations.load(Ordering::Relaxed)))
             .collect()
     }
 }

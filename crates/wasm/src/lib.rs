@@ -27,6 +27,10 @@
 //! HMAC under a key private to the cache directory), anything else is
 //! recompiled.
 //!
+//! Guest instances are created asynchronously on the tokio runtime of the
+//! call that needs them and reused only by calls on that runtime (the
+//! reasons: `modules/pool.rs`); compiling runs on the blocking pool.
+//!
 //! Why a crate of its own: wasmtime is by far the largest dependency and
 //! running untrusted code is the riskiest job portwise has, so it is kept in
 //! one place that everything else reaches through
@@ -216,7 +220,10 @@ const RESCAN_INTERVAL: Duration = Duration::from_secs(60);
 
 /// Runs a future to completion on a private current-thread runtime on a
 /// scoped thread: usable from synchronous code, including code that is
-/// itself running inside a tokio runtime.
+/// itself running inside a tokio runtime (where `Handle::block_on` would
+/// panic). The runtime is dropped when the call returns, so nothing made on
+/// it may be used later: instances made here (for `validate-config`) are
+/// not pooled ([`modules::own_runtime`]).
 fn block_on<F: std::future::Future + Send>(future: F) -> F::Output
 where
     F::Output: Send,
@@ -227,7 +234,7 @@ where
                 .enable_all()
                 .build()
                 .expect("a current-thread tokio runtime")
-                .block_on(future)
+                .block_on(modules::own_runtime(future))
         })
         .join()
         .expect("wasm helper thread panicked")
@@ -317,6 +324,13 @@ impl WasmRuntime {
     /// Guest `check` calls attempted per module.
     pub fn calls(&self) -> Vec<(String, u64)> {
         self.rt.counters.calls()
+    }
+
+    /// Guest instances created per module (for `validate-config`, after a
+    /// failure, when all ready ones are busy, or when the calling runtime
+    /// has none of its own yet).
+    pub fn instantiations(&self) -> Vec<(String, u64)> {
+        self.rt.counters.instantiations()
     }
 
     /// What the compiled-code cache did since this runtime started; `None`
@@ -468,7 +482,7 @@ fn watch(rt: Arc<Runtime>, dir: &Path) -> Result<Watcher, WasmError> {
                     // The debouncer (owned by the WasmRuntime) is gone.
                     Err(RecvTimeoutError::Disconnected) => return,
                 }
-                runtime.block_on(rt.rescan());
+                runtime.block_on(modules::own_runtime(rt.rescan()));
             }
         })
         .map_err(|e| WasmError::Watch {

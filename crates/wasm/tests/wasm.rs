@@ -1409,3 +1409,66 @@ fn the_synchronous_provider_works_inside_and_outside_a_runtime() {
     });
     assert!(e.unwrap_err().contains("key: must not be empty"));
 }
+
+/// Instances are made where they run. The instance that ran
+/// `validate-config` on the private runtime behind `checker` (dropped when
+/// it returns) does not serve checks; a check makes its own instance on the
+/// runtime that polls it and reuses it there; another runtime, even once
+/// the first is gone, gets an instance of its own. (Today's host keeps
+/// nothing bound to a runtime in an instance between calls, so reusing one
+/// elsewhere does not crash: see `modules/pool.rs`. What is pinned here is
+/// the rule that keeps it so.) Each check probes over HTTP through the
+/// reactor of the runtime it runs on.
+#[test]
+fn instances_run_on_the_runtime_that_created_them() {
+    let h = Harness::new(test_limits());
+    let instances = || {
+        h.rt.instantiations()
+            .into_iter()
+            .find(|(m, _)| m == "ready-role.wasm")
+            .map_or(0, |(_, n)| n)
+    };
+    let current_thread = || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    };
+    // The HTTP server lives on a runtime of its own, outliving the others.
+    let server_rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let server = server_rt.block_on(http_server());
+    let s = subject(LOCAL, server.port(), &[]);
+    let include = |v: Verdict| assert_verdict(&v, Decision::Include, "role primary");
+
+    let first = current_thread();
+    first
+        .block_on(h.rt.load_file(&guest("ready-role.wasm")))
+        .unwrap();
+    let checker =
+        h.rt.checker("ready-role.wasm", &json!({"roles": ["primary"]}), None)
+            .unwrap();
+    assert_eq!(instances(), 1, "validate-config's");
+
+    include(first.block_on(checker.check(&s)));
+    assert_eq!(instances(), 2, "the check made its own");
+    include(first.block_on(checker.check(&s)));
+    assert_eq!(instances(), 2, "and reused it");
+
+    let second = current_thread();
+    include(second.block_on(checker.check(&s)));
+    assert_eq!(instances(), 3, "another runtime made its own");
+    drop(first);
+    include(second.block_on(checker.check(&s)));
+    include(second.block_on(checker.check(&s)));
+    assert_eq!(instances(), 3, "and reused it");
+
+    // After `first` is gone, a third runtime still starts afresh.
+    drop(second);
+    let third = current_thread();
+    include(third.block_on(checker.check(&s)));
+    assert_eq!(instances(), 4);
+}

@@ -41,6 +41,28 @@ use crate::{
 };
 
 pub(crate) use decode::is_module_file;
+
+tokio::task_local! {
+    /// Set while a future runs on one of this crate's own runtimes.
+    static OWN_RUNTIME: ();
+}
+
+/// Runs `future` marked as running on one of this crate's own runtimes:
+/// the private runtime of a synchronous entry point (gone when the call
+/// returns) or the module watcher's. No check ever runs there, so instances
+/// made there are not pooled (see [`pool`]).
+pub(crate) async fn own_runtime<F: std::future::Future>(future: F) -> F::Output {
+    OWN_RUNTIME.scope((), future).await
+}
+
+/// The runtime whose calls may reuse instances made now: the current one,
+/// unless it is one of this crate's own (or there is none).
+fn serving_runtime() -> Option<tokio::runtime::Id> {
+    if OWN_RUNTIME.try_with(|()| ()).is_ok() {
+        return None;
+    }
+    tokio::runtime::Handle::try_current().ok().map(|h| h.id())
+}
 pub(crate) use pool::ModuleVersion;
 use reload::ScanState;
 

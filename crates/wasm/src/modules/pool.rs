@@ -5,6 +5,45 @@
 //! of the pooling allocator ([`Runtime::slot`]): when slots run out, idle
 //! instances of all modules are dropped first, then calls wait for one
 //! instead of failing to instantiate.
+//!
+//! # Which runtime an instance lives on
+//!
+//! An instance is created by the call that needs it, asynchronously on the
+//! tokio runtime polling that call (`instantiate_async` in [`ModuleVersion::take`]),
+//! and is only ever reused by calls on that same runtime: [`Ready`] records
+//! the runtime's id, `take` throws away idle instances of any other runtime,
+//! and `put_back` pools an instance only on the runtime that made it.
+//! Instances made on this crate's own runtimes (the private one behind
+//! each synchronous entry point, which is dropped when the call returns, and
+//! the module watcher's; see [`super::own_runtime`]) are never pooled at all:
+//! no check ever runs there, so all they do there is `validate-config`.
+//! Before, the instance that ran `validate-config` on such a runtime went
+//! into the pool and served the controller's checks on its main runtime.
+//!
+//! Why it matters: a `Store`'s host state may hold things bound to the
+//! runtime that made them. Tokio sockets and timers register with its
+//! driver, and wasmtime-wasi spawns background tasks onto the ambient
+//! runtime (`wasmtime_wasi::runtime::spawn`: its `AsyncWriteStream` and
+//! `AsyncReadStream` pipes, TCP sockets), and a guest keeps such resources in
+//! its table from one call to the next (an output stream it fetched once,
+//! say). Resumed on another runtime they are driven by a driver that is not
+//! theirs, and once their runtime is dropped they fail or panic.
+//!
+//! In this host nothing of the kind outlives a call today, which is why no
+//! test can make the old behaviour crash: stdout and stderr are [`Capture`]s
+//! (plain memory), stdin is closed, TCP, UDP and name lookups are refused
+//! before any socket exists, clock pollables make their timer only while
+//! polled, and probes open and close their sockets within the call. The rule
+//! keeps it safe when the host grows (an inherited stdout, a probe that keeps
+//! a connection); the tests pin the rule itself by counting instantiations
+//! (`wasm.rs::instances_run_on_the_runtime_that_created_them`).
+//!
+//! Nothing else in an instance cares which runtime polls it: wasmtime's
+//! async calls are plain `Send` futures, an epoch deadline that yields
+//! returns `Pending` and wakes itself, and the epoch is advanced by a thread
+//! of its own ([`crate::engine::Ticker`]), not by any runtime.
+//!
+//! [`Capture`]: crate::host::Capture
 
 use std::{
     collections::HashMap,
@@ -16,10 +55,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use tokio::sync::OwnedSemaphorePermit;
+use tokio::{runtime, sync::OwnedSemaphorePermit};
 use wasmtime::{Store, UpdateDeadline};
 
-use super::{Failure, Runtime, call::classify};
+use super::{Failure, Runtime, call::classify, serving_runtime};
 use crate::{
     ModuleInfo,
     bindings::{MembershipChecker, MembershipCheckerPre},
@@ -36,6 +75,9 @@ const INSTANTIATE_BUDGET: Duration = Duration::from_secs(1);
 pub(super) struct Ready {
     pub(super) store: Store<HostState>,
     pub(super) guest: MembershipChecker,
+    /// The runtime that created it and alone may call it again; `None` for
+    /// instances made on this crate's own runtimes, which are not reused.
+    runtime: Option<runtime::Id>,
     /// One of [`Runtime::slots`], held as long as the instance lives.
     _slot: OwnedSemaphorePermit,
 }
@@ -84,6 +126,9 @@ impl ModuleVersion {
         if rt.waiting.load(Ordering::Acquire) > 0 {
             return;
         }
+        if ready.runtime.is_none() || ready.runtime != serving_runtime() {
+            return;
+        }
         let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
         if idle.len() < rt.limits.idle_instances {
             idle.push(ready);
@@ -91,12 +136,30 @@ impl ModuleVersion {
     }
 
     pub(super) async fn take(&self, rt: &Runtime) -> Result<Ready, Failure> {
-        let ready = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        let here = serving_runtime();
+        let mut foreign = Vec::new();
+        let ready = match here {
+            Some(here) => {
+                let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+                // Instances of another runtime are never called here, and
+                // those of a finished runtime never will be again.
+                loop {
+                    match idle.pop() {
+                        Some(ready) if ready.runtime == Some(here) => break Some(ready),
+                        Some(other) => foreign.push(other),
+                        None => break None,
+                    }
+                }
+            }
+            None => None,
+        };
+        // Dropped outside the lock: freeing a store takes a moment.
+        drop(foreign);
         match ready {
             Some(ready) => Ok(ready),
             None => {
                 let slot = rt.slot().await?;
-                self.instantiate(rt, slot).await
+                self.instantiate(rt, slot, here).await
             }
         }
     }
@@ -105,7 +168,9 @@ impl ModuleVersion {
         &self,
         rt: &Runtime,
         slot: OwnedSemaphorePermit,
+        runtime: Option<runtime::Id>,
     ) -> Result<Ready, Failure> {
+        self.counters.instantiated();
         let mut store = Store::new(
             &rt.engine,
             HostState::new(rt.limits.clone(), self.counters.clone()),
@@ -145,6 +210,7 @@ impl ModuleVersion {
             Ok(Ok(guest)) => Ok(Ready {
                 store,
                 guest,
+                runtime,
                 _slot: slot,
             }),
             Ok(Err(e)) => {

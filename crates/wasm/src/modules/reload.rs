@@ -44,8 +44,11 @@ pub(super) struct ScanState {
 
 impl Runtime {
     /// Gunzips (a `.wasm.gz`), compiles (or loads from cache) and links a
-    /// module's content. `stored` and `sha256` are the file as stored. Also
-    /// returns why a cached entry present was not used, if it was not.
+    /// module's content. `stored` and `sha256` are the file as stored.
+    ///
+    /// CPU-heavy (seconds for a large guest): [`Runtime::install`] runs it
+    /// on tokio's blocking pool. Also returns why a cached entry present was
+    /// not used, if it was not.
     fn compile(
         &self,
         name: &str,
@@ -114,13 +117,13 @@ impl Runtime {
     /// compile, does not match a pin in use, or rejects a configuration in
     /// use: then the current version (if any) keeps serving.
     async fn install(
-        &self,
+        self: &Arc<Self>,
         scan: &mut ScanState,
         name: &str,
         source: &Path,
-        bytes: &[u8],
+        bytes: Vec<u8>,
     ) -> Result<ModuleInfo, String> {
-        let sha256 = sha256_hex(bytes);
+        let sha256 = sha256_hex(&bytes);
         let counters = self.counters.module(name);
         let fail = |scan: &mut ScanState, message: String| {
             counters.fail(FailureKind::Load);
@@ -136,11 +139,22 @@ impl Runtime {
             self.report(name, false, Some(&sha256), None, message.clone());
             Err(message)
         };
-        // Compiling blocks; keep it off the async runtime's core threads.
-        let compiled = block_in_place_or_inline(|| self.compile(name, source, bytes, &sha256));
+        // Compiling takes seconds of CPU: on the blocking pool, not on a
+        // thread of whatever runtime is rescanning (a current-thread one
+        // would stall for the whole compile).
+        let compiled = {
+            let (rt, name, source, sha256) = (
+                self.clone(),
+                name.to_string(),
+                source.to_path_buf(),
+                sha256.clone(),
+            );
+            tokio::task::spawn_blocking(move || rt.compile(&name, &source, &bytes, &sha256)).await
+        };
         let (version, rejected) = match compiled {
-            Ok(compiled) => compiled,
-            Err(message) => return fail(scan, message),
+            Ok(Ok(compiled)) => compiled,
+            Ok(Err(message)) => return fail(scan, message),
+            Err(e) => return fail(scan, format!("compiling failed: {e}")),
         };
         let users = self.users_of(name);
         if let Some(pin) = users
@@ -191,7 +205,7 @@ impl Runtime {
     }
 
     /// Loads one file under its file name.
-    pub(crate) async fn load_file(&self, path: &Path) -> Result<ModuleInfo, String> {
+    pub(crate) async fn load_file(self: &Arc<Self>, path: &Path) -> Result<ModuleInfo, String> {
         let name = path
             .file_name()
             .and_then(|n| n.to_str())
@@ -204,13 +218,13 @@ impl Runtime {
         {
             return Ok(current.info());
         }
-        self.install(&mut scan, &name, path, &bytes).await
+        self.install(&mut scan, &name, path, bytes).await
     }
 
     /// Brings the loaded modules in line with the directory. Unchanged files
     /// (same resolved path, size and mtime) are not even read; changed files
     /// with unchanged content are read and hashed but not reloaded.
-    pub(crate) async fn rescan(&self) {
+    pub(crate) async fn rescan(self: &Arc<Self>) {
         let Some(dir) = &self.dir else { return };
         let mut scan = self.scan.lock().await;
         let entries = match fs::read_dir(dir) {
@@ -262,7 +276,7 @@ impl Runtime {
             {
                 continue;
             }
-            let _ = self.install(&mut scan, &name, &path, &bytes).await;
+            let _ = self.install(&mut scan, &name, &path, bytes).await;
         }
         scan.stamps.retain(|name, _| present.contains(name));
         let loaded: Vec<String> = self
@@ -288,17 +302,5 @@ impl Runtime {
                 );
             }
         }
-    }
-}
-
-/// Runs a blocking closure without stalling the async runtime: on a
-/// multi-threaded runtime the worker hands its other tasks off first; on a
-/// current-thread runtime (or none) it simply runs.
-fn block_in_place_or_inline<R>(f: impl FnOnce() -> R) -> R {
-    match tokio::runtime::Handle::try_current() {
-        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
-            tokio::task::block_in_place(f)
-        }
-        _ => f(),
     }
 }
