@@ -34,7 +34,7 @@ use portwise_core::{
 
 use crate::{
     Error, Judge,
-    apply::SliceWriter,
+    apply::{SliceWriter, Writes},
     cache::{GroupIndex, SyncGate},
     metrics::Metrics,
     migrate,
@@ -275,8 +275,9 @@ async fn serve(ctx: &Context, svc: &Arc<Service>, mut serve: Serve) -> Result<bo
     if !ctx.is_leader() {
         return Ok(false);
     }
+    let writes = Writes::new(&plan.applies, &plan.deletes, |n| ctx.slice_by_name(&ns, n));
     ctx.writer
-        .execute(&ns, &plan.applies, &plan.deletes, &ctx.metrics)
+        .execute(&ns, &writes, &ctx.metrics)
         .await
         .map_err(|source| Error::Apply {
             service: format!("{ns}/{name}"),
@@ -364,8 +365,9 @@ async fn release(ctx: &Context, svc: &Service, release: &Release) -> Result<(), 
         return Ok(());
     }
     info!(service = %svc.name_any(), slices = owned.len(), "Service no longer managed: removing its slices");
+    let writes = Writes::new(&[], owned, |n| ctx.slice_by_name(&ns, n));
     ctx.writer
-        .execute(&ns, &[], owned, &ctx.metrics)
+        .execute(&ns, &writes, &ctx.metrics)
         .await
         .map_err(|source| Error::Apply {
             service: format!("{ns}/{}", svc.name_any()),
