@@ -144,8 +144,8 @@ async fn apiserver_restart() -> Result<()> {
         pw.check_running()?;
 
         // Backoff, not a hot loop, while nothing answered: kube-runtime's
-        // watchers back off exponentially from 800ms, reconciles retry
-        // after 5s.
+        // watchers back off exponentially from 800ms, each Service's
+        // reconcile from 0.5s (crates/controller/src/retry.rs).
         let errors = warnings(&down_log);
         println!(
             "apiserver killed, down 5s, start {start_took:?}; \

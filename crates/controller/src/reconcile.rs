@@ -58,6 +58,8 @@ pub(crate) struct Context {
     pub(crate) selector_warned: Mutex<HashSet<String>>,
     /// Services whose ExternalName event was emitted.
     pub(crate) external_warned: Mutex<HashSet<String>>,
+    /// Consecutive failed reconciles per Service, for the retry backoff.
+    pub(crate) retries: crate::retry::Retries,
     pub(crate) migration: migrate::Migrator,
     /// Every watch has listed once: the caches are complete.
     pub(crate) synced: SyncGate,

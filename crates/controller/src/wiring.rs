@@ -286,6 +286,7 @@ pub(crate) async fn run(
         leader: opts.leader.clone(),
         selector_warned: Mutex::default(),
         external_warned: Mutex::default(),
+        retries: Default::default(),
     });
 
     {
@@ -299,6 +300,7 @@ pub(crate) async fn run(
                 ctx.metrics.forget_service(&ns, &svc.name_any());
                 ctx.selector_warned.lock().unwrap().remove(&uid);
                 ctx.external_warned.lock().unwrap().remove(&uid);
+                ctx.retries.succeeded(&format!("{ns}/{}", svc.name_any()));
             }
         });
     }
@@ -387,9 +389,18 @@ fn on_pod_event(
         }
     }
 }
-fn error_policy(svc: Arc<Service>, err: &Error, _ctx: Arc<Context>) -> Action {
-    warn!(service = %svc.name_any(), error = %err, "will retry");
-    Action::requeue(Duration::from_secs(5))
+/// Retries a failed reconcile after the Service's own backoff
+/// ([`crate::retry`]).
+fn error_policy(svc: Arc<Service>, err: &Error, ctx: Arc<Context>) -> Action {
+    let key = service_key(&svc);
+    let delay = ctx.retries.failed(&key);
+    warn!(service = %key, error = %err, retry_in = ?delay,
+        failures = ctx.retries.failures(&key), "will retry");
+    Action::requeue(delay)
+}
+
+fn service_key(svc: &Service) -> String {
+    format!("{}/{}", svc.namespace().unwrap_or_default(), svc.name_any())
 }
 
 /// A reconcile once a slot is free ([`Context::reconcile_slots`]: FIFO, so
@@ -405,5 +416,10 @@ async fn reconcile_in_turn(svc: Arc<Service>, ctx: Arc<Context>) -> Result<Actio
         ),
         None => None,
     };
-    reconcile(svc, ctx).await
+    let key = service_key(&svc);
+    let result = reconcile(svc, ctx.clone()).await;
+    if result.is_ok() {
+        ctx.retries.succeeded(&key);
+    }
+    result
 }
