@@ -191,7 +191,7 @@ pub(crate) async fn reconcile(svc: Arc<Service>, ctx: Arc<Context>) -> Result<Ac
     if let Decision::Serve(s) = &decided
         && s.forget_migration
     {
-        ctx.migration.forget(&uid);
+        ctx.migration.forget(&svc);
     }
     if latch(&ctx.selector_warned, &uid, warnings.selector) {
         ctx.event(

@@ -296,12 +296,25 @@ pub(crate) async fn run(
                 let ns = svc.namespace().unwrap_or_default();
                 let uid = svc.uid().unwrap_or_default();
                 ctx.judge.forget(&uid);
-                ctx.migration.forget(&uid);
+                ctx.migration.forget(&svc);
                 ctx.metrics.forget_service(&ns, &svc.name_any());
                 ctx.selector_warned.lock().unwrap().remove(&uid);
                 ctx.external_warned.lock().unwrap().remove(&uid);
                 ctx.retries.succeeded(&format!("{ns}/{}", svc.name_any()));
             }
+        });
+    }
+
+    // Native Endpoints, listed once so that the cold start's migration
+    // cleanup does not GET one per Service; reconciles wait for it like for
+    // the watches' first lists.
+    if config.native_cleanup {
+        let mut listed = gate.register();
+        let ctx = ctx.clone();
+        let namespaces = opts.namespaces.clone();
+        tokio::spawn(async move {
+            ctx.migration.prime(&namespaces).await;
+            listed.complete();
         });
     }
 
