@@ -136,7 +136,7 @@ pub(crate) async fn run(
     // Services
     let (svc_reader, svc_writer) = reflector::store::<Service>();
     // Services, indexed by group; deletions are reported so per-Service
-    // state (verdict cache, metrics series) is dropped with them.
+    // state (verdict cache, trigger times, metrics series) is dropped with them.
     let svc_groups = Arc::new(GroupIndex::default());
     let (gone_tx, mut gone_rx) = tokio::sync::mpsc::unbounded_channel::<Arc<Service>>();
     let services = {
@@ -277,6 +277,7 @@ pub(crate) async fn run(
             ))
         }),
         config: config.clone(),
+        services: svc_reader.clone(),
         pods: pod_reader,
         slices: slice_reader,
         nodes: node_store,
@@ -286,6 +287,7 @@ pub(crate) async fn run(
         leader: opts.leader.clone(),
         selector_warned: Mutex::default(),
         external_warned: Mutex::default(),
+        trigger_memory: Mutex::default(),
     });
 
     {
@@ -299,6 +301,7 @@ pub(crate) async fn run(
                 ctx.metrics.forget_service(&ns, &svc.name_any());
                 ctx.selector_warned.lock().unwrap().remove(&uid);
                 ctx.external_warned.lock().unwrap().remove(&uid);
+                ctx.trigger_memory.lock().unwrap().remove(&uid);
             }
         });
     }
