@@ -136,7 +136,7 @@ pub(crate) async fn run(
     // Services
     let (svc_reader, svc_writer) = reflector::store::<Service>();
     // Services, indexed by group; deletions are reported so per-Service
-    // state (verdict cache, metrics series) is dropped with them.
+    // state (verdict cache, trigger times, metrics series) is dropped with them.
     let svc_groups = Arc::new(GroupIndex::default());
     let (gone_tx, mut gone_rx) = tokio::sync::mpsc::unbounded_channel::<Arc<Service>>();
     let services = {
@@ -277,6 +277,7 @@ pub(crate) async fn run(
             ))
         }),
         config: config.clone(),
+        services: svc_reader.clone(),
         pods: pod_reader,
         slices: slice_reader,
         nodes: node_store,
@@ -287,6 +288,7 @@ pub(crate) async fn run(
         selector_warned: Mutex::default(),
         external_warned: Mutex::default(),
         retries: Default::default(),
+        trigger_memory: Mutex::default(),
     });
 
     {
@@ -301,6 +303,7 @@ pub(crate) async fn run(
                 ctx.selector_warned.lock().unwrap().remove(&uid);
                 ctx.external_warned.lock().unwrap().remove(&uid);
                 ctx.retries.succeeded(&format!("{ns}/{}", svc.name_any()));
+                ctx.trigger_memory.lock().unwrap().remove(&uid);
             }
         });
     }
