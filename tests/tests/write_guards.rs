@@ -1,3 +1,4 @@
+#![cfg(feature = "in-process")]
 //! Issue 13's write-path guards against the real apiserver: the writer's
 //! view is a cache, so its writes must never take over or delete an object
 //! the cache did not show it. Each case drives `SliceWriter` directly with
