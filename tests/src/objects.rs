@@ -293,6 +293,11 @@ impl ServiceBuilder {
         self.spec["trafficDistribution"] = json!(value);
         self
     }
+    /// `internalTrafficPolicy` (`Cluster` or `Local`).
+    pub fn internal_traffic_policy(mut self, value: &str) -> Self {
+        self.spec["internalTrafficPolicy"] = json!(value);
+        self
+    }
     pub fn external_name(mut self, host: &str) -> Self {
         self.spec["type"] = json!("ExternalName");
         self.spec["externalName"] = json!(host);

@@ -144,8 +144,8 @@ async fn apiserver_restart() -> Result<()> {
         pw.check_running()?;
 
         // Backoff, not a hot loop, while nothing answered: kube-runtime's
-        // watchers back off exponentially from 800ms, reconciles retry
-        // after 5s.
+        // watchers back off exponentially from 800ms, each Service's
+        // reconcile from 0.5s (crates/controller/src/retry.rs).
         let errors = warnings(&down_log);
         println!(
             "apiserver killed, down 5s, start {start_took:?}; \
@@ -528,5 +528,104 @@ async fn kill9_mid_apply() -> Result<()> {
         );
         Ok(())
     })
+    .await
+}
+
+// ---- cold-start cost -------------------------------------------------------
+
+/// Issue 13: the cold start's migration cleanup lists native Endpoints once
+/// (selected by the native controller's label) instead of GETting one per
+/// Service. 20 managed Services, 10 with a native leftover: the leftovers
+/// go, a hand-maintained Endpoints object stays, and portwise made no GET
+/// of Endpoints at all (audit log, by the ServiceAccount's identity).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cold_start_lists_native_endpoints_once() -> Result<()> {
+    use k8s_openapi::api::core::v1::Endpoints;
+    isolated(
+        "cold_start_lists_native_endpoints_once",
+        Isolation::default(),
+        || async {
+            let cp = ControlPlane::shared().await?;
+            let ns = TestNs::new(cp, "coldlist").await?;
+            let endpoints: Api<Endpoints> = ns.api();
+            for i in 0..20 {
+                let name = format!("web{i:02}");
+                let group = format!("g{i:02}");
+                ns.create_service(
+                    service(&name)
+                        .annotation(GROUP_KEY, &group)
+                        .port("http", 8080),
+                )
+                .await?;
+                ns.create_pod(
+                    pod(&format!("p{i:02}"))
+                        .annotation(GROUP_KEY, &group)
+                        .ips(next_ips().v4()),
+                )
+                .await?;
+                // Leftovers of the native endpoints controller on half of
+                // them, and one object someone maintains by hand.
+                let manager = match i {
+                    0..10 => Some("endpoint-controller"),
+                    10 => Some("someone"),
+                    _ => None,
+                };
+                if let Some(manager) = manager {
+                    let ep: Endpoints = serde_json::from_value(json!({
+                        "metadata": { "name": name, "labels": {
+                            "endpoints.kubernetes.io/managed-by": manager } },
+                        "subsets": [{ "addresses": [{ "ip": "10.244.250.1" }],
+                                      "ports": [{ "name": "http", "port": 8080 }] }],
+                    }))?;
+                    endpoints.create(&PostParams::default(), &ep).await?;
+                }
+            }
+            let kc = portwise_identity(cp).await?;
+            let audit = Audit::mark(cp);
+            let _pw =
+                start_portwise(&ns, &kc, &config_with("podReady", "nativeCleanup: true\n")).await?;
+            wait_for(SETTLE * 2, || async {
+                let left: Vec<String> = endpoints
+                    .list(&ListParams::default())
+                    .await?
+                    .items
+                    .into_iter()
+                    .filter_map(|e| e.metadata.name)
+                    .collect();
+                ensure!(left == ["web10"], "Endpoints left: {left:?}");
+                Ok(())
+            })
+            .await?;
+            for i in 0..20 {
+                let svc = format!("web{i:02}");
+                let pod = format!("p{i:02}");
+                expect_endpoints(&ns, &svc, by_port([(("http", V4), &[pod.as_str()][..])])).await?;
+            }
+            let seen = audit.by_user(PORTWISE_USER)?;
+            let on_endpoints = |verb: &str| {
+                seen.iter()
+                    .filter(|e| e.resource == "endpoints" && e.verb == verb)
+                    .count()
+            };
+            println!(
+                "cold start, 20 Services: endpoints list {} get {} delete {}",
+                on_endpoints("list"),
+                on_endpoints("get"),
+                on_endpoints("delete")
+            );
+            ensure!(
+                on_endpoints("get") == 0,
+                "{} GETs of Endpoints",
+                on_endpoints("get")
+            );
+            ensure!(on_endpoints("list") >= 1, "no LIST of Endpoints");
+            ensure!(
+                on_endpoints("delete") == 10,
+                "{} deletes",
+                on_endpoints("delete")
+            );
+            Ok(())
+        },
+    )
     .await
 }

@@ -3,9 +3,24 @@
 //!
 //! The planner only hands over slices whose live state differs from the
 //! desired one, so a steady state reaches this module with nothing to do.
-//! Applies use `managedBy` as field manager and force ownership, which is
-//! what repairs a manual edit made by another field manager; slices held by
-//! other managers never get here (the planner reports them as collisions).
+//! Applies use `managedBy` as field manager. Slices held by other managers
+//! never get here (the planner reports them as collisions), but the
+//! planner's view is a cache, so every write is guarded against what it
+//! cannot see:
+//! - A slice our view holds is applied with `force` (which is what repairs
+//!   a manual edit made by another field manager) and with the uid we saw
+//!   as a precondition: if it was deleted and re-created by another writer
+//!   since, the apiserver refuses ("uid mismatch") instead of letting us
+//!   take the new object over.
+//! - A name our view does not hold is applied **without** `force`: if
+//!   another writer created it after our snapshot, its fields conflict and
+//!   the apiserver refuses (409) rather than hand them to us. The next
+//!   reconcile sees the object and reports the collision. (Server-side
+//!   apply cannot say "create only"; a POST would make a second, `Update`
+//!   field manager co-own the labels, which a later apply could then never
+//!   remove.)
+//! - Deletes carry the uid our view holds as a precondition, so a
+//!   re-created object is never deleted by mistake; no GET is needed.
 //!
 //! Failures are contained per slice set. The planner moves endpoints only
 //! between slices of one (Service port, address family), and that is also
@@ -21,11 +36,16 @@
 //! Reads after our own writes: the informer cache lags a write by one watch
 //! event. A reconcile that starts in between would see the old slice and
 //! write again, so the writer remembers what it wrote until the cache has
-//! caught up (see [`SliceWriter::overlay`]).
+//! caught up (see [`SliceWriter::overlay`]). resourceVersions are opaque by
+//! the API's contract, so "caught up" is decided the way the native
+//! controller's EndpointSliceTracker decides it: by uid, and by
+//! `metadata.generation`, which the apiserver increments on every change to
+//! a slice's endpoints, ports or labels.
 
 use std::{
     collections::{HashMap, HashSet},
     sync::{Arc, Mutex},
+    time::{Duration, Instant},
 };
 
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -136,27 +156,26 @@ impl Held {
 
 /// The calls a plan's writes need: the apiserver, or a fake in tests.
 trait SliceApi {
-    /// Server-side apply of the whole slice; the object as written.
-    async fn apply(&self, slice: &EndpointSlice) -> kube::Result<EndpointSlice>;
-    async fn get(&self, name: &str) -> kube::Result<Option<EndpointSlice>>;
+    /// Server-side apply of the whole slice (its `metadata.uid`, when set,
+    /// is a precondition); the object as written. Without `force`, fields
+    /// another manager owns make it fail with 409.
+    async fn apply(&self, slice: &EndpointSlice, force: bool) -> kube::Result<EndpointSlice>;
     /// Deletes `name` if its uid is still `uid`.
     async fn delete(&self, name: &str, uid: Option<String>) -> kube::Result<()>;
 }
 
 struct Server {
     api: Api<EndpointSlice>,
-    params: PatchParams,
+    manager: String,
 }
 
 impl SliceApi for Server {
-    async fn apply(&self, slice: &EndpointSlice) -> kube::Result<EndpointSlice> {
+    async fn apply(&self, slice: &EndpointSlice, force: bool) -> kube::Result<EndpointSlice> {
+        let mut params = PatchParams::apply(&self.manager);
+        params.force = force;
         self.api
-            .patch(&slice.name_any(), &self.params, &Patch::Apply(slice))
+            .patch(&slice.name_any(), &params, &Patch::Apply(slice))
             .await
-    }
-
-    async fn get(&self, name: &str) -> kube::Result<Option<EndpointSlice>> {
-        self.api.get_opt(name).await
     }
 
     async fn delete(&self, name: &str, uid: Option<String>) -> kube::Result<()> {
@@ -172,12 +191,19 @@ impl SliceApi for Server {
 }
 
 /// What we last wrote to a slice: the object the API returned, or `None`
-/// for a delete; with the resourceVersion it carried.
+/// for a delete of the object with `uid`.
 #[derive(Clone, Debug)]
 struct Written {
     slice: Option<Arc<EndpointSlice>>,
-    resource_version: u64,
+    uid: Option<String>,
+    at: Instant,
 }
+
+/// How long a write is overlaid at most. The watch delivers a write within
+/// moments; this bounds what a watch gap could leave behind (our object
+/// created and deleted by someone else while the watch was down, so the
+/// cache never shows it), after which the cache is trusted again.
+const OVERLAY_FOR: Duration = Duration::from_secs(60);
 
 /// Our writes the cache may not show yet, by (namespace, name).
 #[derive(Debug, Default)]
@@ -189,10 +215,49 @@ pub struct SliceWriter {
     recent: Recent,
 }
 
-fn rv(s: &EndpointSlice) -> u64 {
-    s.resource_version()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
+/// What our view held for a name when the plan was made.
+#[derive(Clone, Debug)]
+struct Seen {
+    uid: Option<String>,
+    set: Option<SetKey>,
+}
+
+impl Seen {
+    fn of(slice: &EndpointSlice) -> Self {
+        Seen {
+            uid: slice.uid(),
+            set: set_of(slice),
+        }
+    }
+}
+
+/// A plan's writes, each with what our view held for its name:
+/// [`SliceWriter::prepare`] resolves them before anything is awaited.
+#[derive(Clone, Debug, Default)]
+pub struct Writes {
+    applies: Vec<(EndpointSlice, Option<Seen>)>,
+    deletes: Vec<(String, Option<Seen>)>,
+}
+
+impl Writes {
+    /// Resolves `applies` and `deletes` against `view` (our cache read
+    /// through our own recent writes).
+    pub fn new(
+        applies: &[EndpointSlice],
+        deletes: &[String],
+        view: impl Fn(&str) -> Option<Arc<EndpointSlice>>,
+    ) -> Self {
+        Writes {
+            applies: applies
+                .iter()
+                .map(|s| (s.clone(), view(&s.name_any()).map(|v| Seen::of(&v))))
+                .collect(),
+            deletes: deletes
+                .iter()
+                .map(|n| (n.clone(), view(n).map(|v| Seen::of(&v))))
+                .collect(),
+        }
+    }
 }
 
 impl SliceWriter {
@@ -205,11 +270,8 @@ impl SliceWriter {
     }
 
     /// The freshest view of slice `ns/name`: the cached object, unless we
-    /// wrote it more recently than the cache knows.
-    ///
-    /// resourceVersions are opaque by contract, but every apiserver backed by
-    /// etcd hands out increasing integers; when one does not parse we trust
-    /// the cache.
+    /// wrote it more recently than the cache knows (by uid and generation;
+    /// resourceVersions are never compared).
     pub fn overlay(
         &self,
         ns: &str,
@@ -224,24 +286,18 @@ impl SliceWriter {
         self.recent.names(ns)
     }
 
-    /// Applies `applies`, then deletes `deletes` (by name, guarded by the
-    /// uid we saw so a re-created object is never deleted by mistake).
+    /// Makes `writes`: the applies, then the deletes, each guarded as the
+    /// module docs say.
     ///
     /// A failed apply holds back the later applies and the deletes of its
     /// slice set (see the module docs); every other write is still made.
     /// The error names every failed and every held-back slice.
-    pub async fn execute(
-        &self,
-        ns: &str,
-        applies: &[EndpointSlice],
-        deletes: &[String],
-        metrics: &Metrics,
-    ) -> Result<(), Error> {
+    pub async fn execute(&self, ns: &str, writes: &Writes, metrics: &Metrics) -> Result<(), Error> {
         let api = Server {
             api: Api::namespaced(self.client.clone(), ns),
-            params: PatchParams::apply(&self.manager).force(),
+            manager: self.manager.clone(),
         };
-        write(&api, &self.recent, ns, applies, deletes, metrics).await
+        write(&api, &self.recent, ns, writes, metrics).await
     }
 }
 
@@ -250,21 +306,25 @@ async fn write(
     api: &impl SliceApi,
     recent: &Recent,
     ns: &str,
-    applies: &[EndpointSlice],
-    deletes: &[String],
+    writes: &Writes,
     metrics: &Metrics,
 ) -> Result<(), Error> {
     let mut held = Held::default();
     let mut failed = Vec::new();
     let mut held_back = Vec::new();
-    for slice in applies {
+    for (slice, seen) in &writes.applies {
         let name = slice.name_any();
         let set = set_of(slice);
         if held.holds(set.as_ref()) {
             held_back.push(name);
             continue;
         }
-        match api.apply(slice).await {
+        // Known: force, but only onto the object we saw. New: no force.
+        let mut slice = slice.clone();
+        if let Some(seen) = seen {
+            slice.metadata.uid = seen.uid.clone();
+        }
+        match api.apply(&slice, seen.is_some()).await {
             Ok(written) => {
                 metrics.count_write(WriteKind::Apply);
                 debug!(namespace = ns, slice = %name, "applied EndpointSlice");
@@ -279,27 +339,16 @@ async fn write(
             }
         }
     }
-    for name in deletes {
-        // The live object tells which set the slice serves now.
-        let current = match api.get(name).await {
-            Ok(c) => c,
-            Err(source) => {
-                failed.push(Error::Delete {
-                    name: name.clone(),
-                    source,
-                });
-                continue;
-            }
-        };
-        let Some(current) = current else {
-            recent.remember_delete(ns, name, 0);
-            continue;
-        };
-        if held.holds(set_of(&current).as_ref()) {
+    for (name, seen) in &writes.deletes {
+        // Gone from our view already: nothing to delete.
+        let Some(seen) = seen else { continue };
+        // A slice serves the set it was written for; the planner names a
+        // slice by its set, so our view of it tells which set it is.
+        if held.holds(seen.set.as_ref()) {
             held_back.push(name.clone());
             continue;
         }
-        match api.delete(name, current.uid()).await {
+        match api.delete(name, seen.uid.clone()).await {
             Ok(()) => {
                 metrics.count_write(WriteKind::Delete);
                 info!(namespace = ns, slice = %name, "deleted EndpointSlice");
@@ -315,7 +364,7 @@ async fn write(
                 continue;
             }
         }
-        recent.remember_delete(ns, name, rv(&current));
+        recent.remember_delete(ns, name, seen.uid.clone());
     }
     Error::of(failed, held_back)
 }
@@ -332,15 +381,31 @@ impl Recent {
         let Some(w) = recent.get(&key) else {
             return cached;
         };
-        let cached_rv = cached.as_deref().map(rv);
-        let (caught_up, view) = match (&w.slice, cached_rv) {
-            // Applied: the cache has our write or something newer.
-            (Some(_), Some(c)) if c == 0 || c >= w.resource_version => (true, cached),
-            (Some(mine), _) => (false, Some(mine.clone())),
-            // Deleted, and the cache agrees (or shows a newer re-creation).
-            (None, None) => (true, None),
-            (None, Some(c)) if c == 0 || c > w.resource_version => (true, cached),
-            (None, Some(_)) => (false, None),
+        let (caught_up, view) = if w.at.elapsed() > OVERLAY_FOR {
+            (true, cached)
+        } else {
+            match (&w.slice, cached.as_deref()) {
+                // Applied, and the cache shows our object at our generation
+                // or later.
+                (Some(mine), Some(c)) if c.uid() == mine.uid() => {
+                    if newer_or_same(c, mine) {
+                        (true, cached)
+                    } else {
+                        (false, Some(mine.clone()))
+                    }
+                }
+                // Another object under the name: we applied onto the uid
+                // our view held (or onto none), so this one came after ours
+                // (re-created since). The cache is ahead of us.
+                (Some(_), Some(_)) => (true, cached),
+                // Our object is not in the cache yet.
+                (Some(mine), None) => (false, Some(mine.clone())),
+                // Deleted, and the cache agrees, or shows a re-creation (a
+                // uid that was deleted never comes back).
+                (None, None) => (true, None),
+                (None, Some(c)) if w.uid.is_none() || c.uid() != w.uid => (true, cached),
+                (None, Some(_)) => (false, None),
+            }
         };
         if caught_up {
             recent.remove(&key);
@@ -349,9 +414,9 @@ impl Recent {
     }
 
     fn names(&self, ns: &str) -> Vec<String> {
-        self.0
-            .lock()
-            .unwrap()
+        let mut recent = self.0.lock().unwrap();
+        recent.retain(|_, w| w.at.elapsed() <= OVERLAY_FOR);
+        recent
             .iter()
             .filter(|((n, _), w)| n == ns && w.slice.is_some())
             .map(|((_, name), _)| name.clone())
@@ -359,24 +424,40 @@ impl Recent {
     }
 
     fn remember(&self, ns: &str, name: &str, slice: EndpointSlice) {
-        let resource_version = rv(&slice);
         self.0.lock().unwrap().insert(
             (ns.to_string(), name.to_string()),
             Written {
+                uid: slice.uid(),
                 slice: Some(Arc::new(slice)),
-                resource_version,
+                at: Instant::now(),
             },
         );
     }
 
-    fn remember_delete(&self, ns: &str, name: &str, deleted_rv: u64) {
+    fn remember_delete(&self, ns: &str, name: &str, uid: Option<String>) {
         self.0.lock().unwrap().insert(
             (ns.to_string(), name.to_string()),
             Written {
                 slice: None,
-                resource_version: deleted_rv,
+                uid,
+                at: Instant::now(),
             },
         );
+    }
+}
+
+/// Does `cached` show `mine` or a later state of the same object?
+/// `metadata.generation` is ordered by the API's contract (the apiserver
+/// increments it on every change to a slice's endpoints, ports or labels);
+/// resourceVersions are not, so without generations (fakes) only the very
+/// same resourceVersion counts.
+fn newer_or_same(cached: &EndpointSlice, mine: &EndpointSlice) -> bool {
+    match (cached.metadata.generation, mine.metadata.generation) {
+        (Some(c), Some(m)) => c >= m,
+        _ => {
+            cached.resource_version().is_some()
+                && cached.resource_version() == mine.resource_version()
+        }
     }
 }
 

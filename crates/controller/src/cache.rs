@@ -115,6 +115,12 @@ impl SyncToken {
 /// `Apply` for every listed object and `Delete` for every object this watch
 /// had delivered before but the relist no longer contains (it was deleted
 /// while the watch was down, e.g. after a 410 Gone).
+///
+/// A synthetic `Delete` carries the uid of the object it stands for, since
+/// per-object state is keyed by uid (a Service's verdicts, warnings,
+/// migration state) and would otherwise outlive it. An object deleted and
+/// re-created under the same name during the gap is listed with a new uid:
+/// the old one gets its `Delete` before the new one's `Apply`.
 pub fn flatten_relists<K, S>(
     watch: S,
     mut token: SyncToken,
@@ -124,7 +130,8 @@ where
     K::DynamicType: Default + Eq + std::hash::Hash + Clone,
     S: Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
 {
-    let mut known: HashSet<ObjectRef<K>> = HashSet::new();
+    // Every object delivered so far, with its uid.
+    let mut known: HashMap<ObjectRef<K>, Option<String>> = HashMap::new();
     let mut relist: Option<HashSet<ObjectRef<K>>> = None;
     watch.flat_map(move |event| {
         let out: Vec<Result<watcher::Event<K>, watcher::Error>> = match event {
@@ -135,21 +142,33 @@ where
             }
             Ok(watcher::Event::InitApply(obj)) => {
                 let r = ObjectRef::from_obj(&obj);
-                known.insert(r.clone());
+                let mut out = Vec::with_capacity(2);
+                if let Some(old) = known.insert(r.clone(), obj.meta().uid.clone())
+                    && old != obj.meta().uid
+                {
+                    out.push(Ok(watcher::Event::Delete(stub(&r, old))));
+                }
                 relist.get_or_insert_with(HashSet::new).insert(r);
-                vec![Ok(watcher::Event::Apply(obj))]
+                out.push(Ok(watcher::Event::Apply(obj)));
+                out
             }
             Ok(watcher::Event::InitDone) => {
                 token.complete();
                 let seen = relist.take().unwrap_or_default();
-                let gone: Vec<ObjectRef<K>> = known.difference(&seen).cloned().collect();
-                known = seen;
+                let gone: Vec<(ObjectRef<K>, Option<String>)> = known
+                    .iter()
+                    .filter(|(r, _)| !seen.contains(*r))
+                    .map(|(r, uid)| (r.clone(), uid.clone()))
+                    .collect();
+                for (r, _) in &gone {
+                    known.remove(r);
+                }
                 gone.into_iter()
-                    .map(|r| Ok(watcher::Event::Delete(stub(&r))))
+                    .map(|(r, uid)| Ok(watcher::Event::Delete(stub(&r, uid))))
                     .collect()
             }
             Ok(watcher::Event::Apply(obj)) => {
-                known.insert(ObjectRef::from_obj(&obj));
+                known.insert(ObjectRef::from_obj(&obj), obj.meta().uid.clone());
                 vec![Ok(watcher::Event::Apply(obj))]
             }
             Ok(watcher::Event::Delete(obj)) => {
@@ -161,12 +180,13 @@ where
     })
 }
 
-/// An object that carries only name and namespace: enough for a store to
-/// forget it.
-fn stub<K: Resource + Default>(r: &ObjectRef<K>) -> K {
+/// An object that carries only name, namespace and uid: enough for a store
+/// to forget it, and for per-uid state to be dropped with it.
+fn stub<K: Resource + Default>(r: &ObjectRef<K>, uid: Option<String>) -> K {
     let mut obj = K::default();
     obj.meta_mut().name = Some(r.name.clone());
     obj.meta_mut().namespace = r.namespace.clone();
+    obj.meta_mut().uid = uid;
     obj
 }
 
@@ -287,6 +307,7 @@ mod tests {
         let mut p = Pod::default();
         p.metadata.name = Some(name.into());
         p.metadata.namespace = Some("ns".into());
+        p.metadata.uid = Some(format!("uid-{name}"));
         p
     }
 
@@ -318,6 +339,41 @@ mod tests {
             .collect();
         assert_eq!(summary, ["+a", "+b", "+c", "+a", "+c", "-b"]);
         assert!(gate.synced());
+    }
+
+    /// Per-uid state (a Service's verdicts, warnings) is dropped on the
+    /// uid a delete carries, so a relist's deletes must carry it: for an
+    /// object gone during the gap, and for one re-created under its name.
+    #[test]
+    fn relist_deletes_carry_the_uid_of_what_vanished() {
+        let gate = SyncGate::default();
+        let mut recreated = pod("b");
+        recreated.metadata.uid = Some("uid-b-2".into());
+        let events = vec![
+            Ok(watcher::Event::Init),
+            Ok(watcher::Event::InitApply(pod("a"))),
+            Ok(watcher::Event::InitApply(pod("b"))),
+            Ok(watcher::Event::InitDone),
+            // The watch broke; meanwhile a was deleted, and b deleted and
+            // created again.
+            Ok(watcher::Event::Init),
+            Ok(watcher::Event::InitApply(recreated)),
+            Ok(watcher::Event::InitDone),
+        ];
+        let out: Vec<_> =
+            block_on(flatten_relists(stream::iter(events), gate.register()).collect());
+        let summary: Vec<String> = out
+            .into_iter()
+            .map(|e| match e.unwrap() {
+                watcher::Event::Apply(p) => format!("+{} {}", p.name_any(), p.uid().unwrap()),
+                watcher::Event::Delete(p) => format!("-{} {}", p.name_any(), p.uid().unwrap()),
+                _ => "?".into(),
+            })
+            .collect();
+        assert_eq!(
+            summary,
+            ["+a uid-a", "+b uid-b", "-b uid-b", "+b uid-b-2", "-a uid-a"]
+        );
     }
 
     #[test]

@@ -27,6 +27,7 @@ pub mod metrics;
 pub mod migrate;
 mod readiness;
 mod reconcile;
+mod retry;
 mod wiring;
 
 use std::{future::Future, sync::Arc, time::Duration};

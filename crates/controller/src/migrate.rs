@@ -12,8 +12,9 @@
 //! simply resumes on the next reconcile.
 
 use std::{
-    collections::HashSet,
+    collections::{HashMap, HashSet},
     sync::{Arc, Mutex},
+    time::{Duration, Instant},
 };
 
 use k8s_openapi::api::{
@@ -22,9 +23,9 @@ use k8s_openapi::api::{
 };
 use kube::{
     Api, Client, ResourceExt,
-    api::{DeleteParams, Patch, PatchParams, Preconditions},
+    api::{DeleteParams, ListParams, Patch, PatchParams, Preconditions},
 };
-use tracing::info;
+use tracing::{debug, info, warn};
 
 use crate::metrics::{CleanupKind, Metrics};
 
@@ -78,6 +79,38 @@ pub struct Migrator {
     /// Services (by UID) whose Endpoints object is known to be gone, so a
     /// steady state does not GET it on every reconcile.
     endpoints_gone: Mutex<HashSet<String>>,
+    /// The native Endpoints objects (namespace, name) -> uid that one
+    /// label-selected LIST found at start ([`Migrator::prime`]), so that the
+    /// cold start's cleanup costs one request, not one GET per Service.
+    /// Each entry answers once; `None` (not primed, or the LIST failed)
+    /// means every first cleanup GETs. Dropped after [`PRIMED_FOR`]: the
+    /// entries left then belong to Services with selectors, which portwise
+    /// does not manage, and keeping them would cost memory in proportion to
+    /// the cluster rather than to what portwise manages.
+    native_at_start: Mutex<Option<(Instant, NativeAtStart)>>,
+}
+
+/// (namespace, name) of each native Endpoints object the start-up LIST found.
+type NativeAtStart = HashMap<(String, String), AtStart>;
+
+/// One entry of [`Migrator::native_at_start`].
+enum AtStart {
+    /// A native Endpoints object with this uid.
+    Native(Option<String>),
+    /// The Service changed since (see [`Migrator::forget`]): GET.
+    Ask,
+}
+
+/// How long the start-up LIST answers: the cold start's first reconciles
+/// are done well within it.
+const PRIMED_FOR: Duration = Duration::from_secs(600);
+
+/// What the start-up LIST says about a Service's native Endpoints.
+enum Primed {
+    /// Not primed, or the Service's state may have changed since: GET.
+    Unknown,
+    Absent,
+    Present(Option<String>),
 }
 
 /// The value the native endpoints controller labels its Endpoints with.
@@ -105,6 +138,66 @@ impl Migrator {
             client,
             managed_by,
             endpoints_gone: Mutex::default(),
+            native_at_start: Mutex::default(),
+        }
+    }
+
+    /// Lists the native Endpoints in `namespaces` (all when empty) once,
+    /// selected by the native controller's managed-by label. A failure is
+    /// logged and leaves cleanup to GET per Service, as before.
+    pub async fn prime(&self, namespaces: &[String]) {
+        let selector = format!("{ENDPOINTS_MANAGED_BY_LABEL}={NATIVE_ENDPOINTS_MANAGER}");
+        let apis: Vec<Api<Endpoints>> = if namespaces.is_empty() {
+            vec![Api::all(self.client.clone())]
+        } else {
+            namespaces
+                .iter()
+                .map(|ns| Api::namespaced(self.client.clone(), ns))
+                .collect()
+        };
+        let mut found = HashMap::new();
+        for api in apis {
+            let mut params = ListParams::default().labels(&selector).limit(500);
+            loop {
+                let page = match api.list_metadata(&params).await {
+                    Ok(page) => page,
+                    Err(e) => {
+                        warn!(error = %e, "listing native Endpoints failed; cleanup will GET per Service");
+                        return;
+                    }
+                };
+                for ep in &page.items {
+                    found.insert(
+                        (ep.namespace().unwrap_or_default(), ep.name_any()),
+                        AtStart::Native(ep.uid()),
+                    );
+                }
+                match page.metadata.continue_.filter(|c| !c.is_empty()) {
+                    Some(token) => params = params.continue_token(&token),
+                    None => break,
+                }
+            }
+        }
+        debug!(native_endpoints = found.len(), "primed native Endpoints");
+        *self.native_at_start.lock().unwrap() = Some((Instant::now(), found));
+    }
+
+    /// What the start-up LIST found for `ns/name`, consumed.
+    fn primed(&self, ns: &str, name: &str) -> Primed {
+        let mut primed = self.native_at_start.lock().unwrap();
+        if primed
+            .as_ref()
+            .is_some_and(|(at, _)| at.elapsed() > PRIMED_FOR)
+        {
+            *primed = None;
+        }
+        match primed.as_mut() {
+            None => Primed::Unknown,
+            Some((_, found)) => match found.remove(&(ns.to_string(), name.to_string())) {
+                Some(AtStart::Native(uid)) => Primed::Present(uid),
+                Some(AtStart::Ask) => Primed::Unknown,
+                None => Primed::Absent,
+            },
         }
     }
 
@@ -124,14 +217,19 @@ impl Migrator {
 
         if !self.endpoints_gone.lock().unwrap().contains(&uid) {
             let api: Api<Endpoints> = Api::namespaced(self.client.clone(), &ns);
-            match api.get_opt(&name).await? {
-                Some(ep) if is_native_endpoints(&ep) => {
-                    delete_guarded(&api, &name, ep.uid()).await?;
-                    metrics.count_native_cleanup_deletion(CleanupKind::Endpoints);
-                    info!(namespace = %ns, service = %name, "deleted native Endpoints");
-                    cleaned.endpoints = true;
-                }
-                _ => {}
+            let native = match self.primed(&ns, &name) {
+                Primed::Present(uid) => Some(uid),
+                Primed::Absent => None,
+                Primed::Unknown => match api.get_opt(&name).await? {
+                    Some(ep) if is_native_endpoints(&ep) => Some(ep.uid()),
+                    _ => None,
+                },
+            };
+            if let Some(ep_uid) = native {
+                delete_guarded(&api, &name, ep_uid).await?;
+                metrics.count_native_cleanup_deletion(CleanupKind::Endpoints);
+                info!(namespace = %ns, service = %name, "deleted native Endpoints");
+                cleaned.endpoints = true;
             }
             self.endpoints_gone.lock().unwrap().insert(uid);
         }
@@ -162,9 +260,19 @@ impl Migrator {
     }
 
     /// Forgets what we know about `svc`'s Endpoints (it regained a selector,
-    /// so the native controller may publish one again).
-    pub fn forget(&self, svc_uid: &str) {
-        self.endpoints_gone.lock().unwrap().remove(svc_uid);
+    /// so the native controller may publish one again; or it was deleted),
+    /// including what the start-up LIST said: from now on only a GET tells.
+    pub fn forget(&self, svc: &Service) {
+        self.endpoints_gone
+            .lock()
+            .unwrap()
+            .remove(&svc.uid().unwrap_or_default());
+        if let Some((_, found)) = self.native_at_start.lock().unwrap().as_mut() {
+            found.insert(
+                (svc.namespace().unwrap_or_default(), svc.name_any()),
+                AtStart::Ask,
+            );
+        }
     }
 
     /// Publishes `desired` as the Service's Endpoints object, unless an

@@ -5,11 +5,12 @@
 //! to serve and what follows from it is not decided here.
 
 use std::{
-    collections::{BTreeMap, HashSet},
+    collections::{BTreeMap, HashMap, HashSet},
     sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
+use jiff::Timestamp;
 use k8s_openapi::api::{
     core::v1::{Node, Pod, Service},
     discovery::v1::EndpointSlice,
@@ -28,13 +29,13 @@ use tracing::{debug, info, warn};
 
 use portwise_core::{
     config::Config,
-    plan::{self, MANAGED_BY_LABEL, is_ours},
+    plan::{self, MANAGED_BY_LABEL, TriggerMemory, Triggers, is_ours},
     reconcile::{self as decision, Decision, Once, Release, Requeue, Serve},
 };
 
 use crate::{
     Error, Judge,
-    apply::SliceWriter,
+    apply::{SliceWriter, Writes},
     cache::{GroupIndex, SyncGate},
     metrics::Metrics,
     migrate,
@@ -43,6 +44,9 @@ use crate::{
 /// Everything a reconcile reads: caches, indexes, the checker, writers.
 pub(crate) struct Context {
     pub(crate) config: Arc<Config>,
+    /// The Service cache (per-Service state is kept only for Services it
+    /// still holds).
+    pub(crate) services: Store<Service>,
     pub(crate) pods: Store<Pod>,
     pub(crate) slices: Store<EndpointSlice>,
     pub(crate) nodes: Option<Store<PartialObjectMeta<Node>>>,
@@ -58,6 +62,13 @@ pub(crate) struct Context {
     pub(crate) selector_warned: Mutex<HashSet<String>>,
     /// Services whose ExternalName event was emitted.
     pub(crate) external_warned: Mutex<HashSet<String>>,
+    /// Consecutive failed reconciles per Service, for the retry backoff.
+    pub(crate) retries: crate::retry::Retries,
+    /// Per Service UID: the trigger times its last written plan saw, so
+    /// the next plan knows which changed since (the trigger-time
+    /// annotation, `portwise_core::plan::trigger`). Dropped when the Service
+    /// is deleted or no longer served.
+    pub(crate) trigger_memory: Mutex<HashMap<String, TriggerMemory>>,
     pub(crate) migration: migrate::Migrator,
     /// Every watch has listed once: the caches are complete.
     pub(crate) synced: SyncGate,
@@ -103,6 +114,19 @@ impl Context {
             .filter_map(|n| self.slice_by_name(&ns, &n))
             .filter(|s| is_ours(s, svc, &self.config.managed_by))
             .collect()
+    }
+
+    /// Keeps what `svc`'s written plan saw for its next plan, if the
+    /// Service still exists. Checked under the lock that its deletion takes
+    /// to drop the entry, after the cache has dropped the Service: an entry
+    /// kept by a reconcile that raced the deletion would never go.
+    fn remember_triggers(&self, svc: &Service, memory: TriggerMemory) {
+        let uid = svc.uid().unwrap_or_default();
+        let mut all = self.trigger_memory.lock().unwrap();
+        let current = self.services.get(&ObjectRef::from_obj(svc));
+        if current.is_some_and(|s| s.uid().as_deref() == Some(uid.as_str())) {
+            all.insert(uid, memory);
+        }
     }
 
     fn zone_of(&self, node: &str) -> Option<String> {
@@ -189,7 +213,7 @@ pub(crate) async fn reconcile(svc: Arc<Service>, ctx: Arc<Context>) -> Result<Ac
     if let Decision::Serve(s) = &decided
         && s.forget_migration
     {
-        ctx.migration.forget(&uid);
+        ctx.migration.forget(&svc);
     }
     if latch(&ctx.selector_warned, &uid, warnings.selector) {
         ctx.event(
@@ -209,6 +233,7 @@ pub(crate) async fn reconcile(svc: Arc<Service>, ctx: Arc<Context>) -> Result<Ac
     };
     match decided {
         Decision::Release(release) => {
+            ctx.trigger_memory.lock().unwrap().remove(&uid);
             self::release(&ctx, &svc, &release).await?;
             if release.forget_metrics {
                 ctx.metrics.forget_service(&ns, &svc.name_any());
@@ -230,6 +255,10 @@ pub(crate) async fn reconcile(svc: Arc<Service>, ctx: Arc<Context>) -> Result<Ac
 async fn serve(ctx: &Context, svc: &Arc<Service>, mut serve: Serve) -> Result<bool, Error> {
     let ns = svc.namespace().unwrap_or_default();
     let name = svc.name_any();
+    // Dates the changes this reconcile publishes that carry no time of
+    // their own (probe results, annotations, guests' verdicts, ...): when
+    // portwise began to look, before judging.
+    let observed = Timestamp::now();
     let judged = ctx
         .judge
         .judge(svc, std::mem::take(&mut serve.subjects))
@@ -237,7 +266,14 @@ async fn serve(ctx: &Context, svc: &Arc<Service>, mut serve: Serve) -> Result<bo
 
     // The planner's inputs borrow non-Send closures; keep them out of the
     // awaits below.
-    let plan = {
+    let mut plan = {
+        let previous = ctx
+            .trigger_memory
+            .lock()
+            .unwrap()
+            .get(&svc.uid().unwrap_or_default())
+            .cloned()
+            .unwrap_or_default();
         let owned = ctx.owned_slices(svc);
         let zones = |node: &str| ctx.zone_of(node);
         let lookup = |n: &str| ctx.slice_by_name(&ns, n);
@@ -253,6 +289,10 @@ async fn serve(ctx: &Context, svc: &Arc<Service>, mut serve: Serve) -> Result<bo
             },
             owned: &owned,
             lookup: &lookup,
+            triggers: Triggers {
+                previous: &previous,
+                observed: Some(observed),
+            },
         })
     };
 
@@ -275,13 +315,17 @@ async fn serve(ctx: &Context, svc: &Arc<Service>, mut serve: Serve) -> Result<bo
     if !ctx.is_leader() {
         return Ok(false);
     }
-    ctx.writer
-        .execute(&ns, &plan.applies, &plan.deletes, &ctx.metrics)
-        .await
-        .map_err(|source| Error::Apply {
-            service: format!("{ns}/{name}"),
-            source,
-        })?;
+    let writes = Writes::new(&plan.applies, &plan.deletes, |n| ctx.slice_by_name(&ns, n));
+    let written = ctx.writer.execute(&ns, &writes, &ctx.metrics).await;
+    // A change held back by a failed write stays new for the retry, so it
+    // keeps its date.
+    if written.is_ok() {
+        ctx.remember_triggers(svc, std::mem::take(&mut plan.trigger_memory));
+    }
+    written.map_err(|source| Error::Apply {
+        service: format!("{ns}/{name}"),
+        source,
+    })?;
 
     // Metrics: what is published now.
     let mut published: BTreeMap<(String, String), usize> = BTreeMap::new();
@@ -364,8 +408,9 @@ async fn release(ctx: &Context, svc: &Service, release: &Release) -> Result<(), 
         return Ok(());
     }
     info!(service = %svc.name_any(), slices = owned.len(), "Service no longer managed: removing its slices");
+    let writes = Writes::new(&[], owned, |n| ctx.slice_by_name(&ns, n));
     ctx.writer
-        .execute(&ns, &[], owned, &ctx.metrics)
+        .execute(&ns, &writes, &ctx.metrics)
         .await
         .map_err(|source| Error::Apply {
             service: format!("{ns}/{}", svc.name_any()),

@@ -136,7 +136,7 @@ pub(crate) async fn run(
     // Services
     let (svc_reader, svc_writer) = reflector::store::<Service>();
     // Services, indexed by group; deletions are reported so per-Service
-    // state (verdict cache, metrics series) is dropped with them.
+    // state (verdict cache, trigger times, metrics series) is dropped with them.
     let svc_groups = Arc::new(GroupIndex::default());
     let (gone_tx, mut gone_rx) = tokio::sync::mpsc::unbounded_channel::<Arc<Service>>();
     let services = {
@@ -277,6 +277,7 @@ pub(crate) async fn run(
             ))
         }),
         config: config.clone(),
+        services: svc_reader.clone(),
         pods: pod_reader,
         slices: slice_reader,
         nodes: node_store,
@@ -286,6 +287,8 @@ pub(crate) async fn run(
         leader: opts.leader.clone(),
         selector_warned: Mutex::default(),
         external_warned: Mutex::default(),
+        retries: Default::default(),
+        trigger_memory: Mutex::default(),
     });
 
     {
@@ -295,11 +298,26 @@ pub(crate) async fn run(
                 let ns = svc.namespace().unwrap_or_default();
                 let uid = svc.uid().unwrap_or_default();
                 ctx.judge.forget(&uid);
-                ctx.migration.forget(&uid);
+                ctx.migration.forget(&svc);
                 ctx.metrics.forget_service(&ns, &svc.name_any());
                 ctx.selector_warned.lock().unwrap().remove(&uid);
                 ctx.external_warned.lock().unwrap().remove(&uid);
+                ctx.retries.succeeded(&format!("{ns}/{}", svc.name_any()));
+                ctx.trigger_memory.lock().unwrap().remove(&uid);
             }
+        });
+    }
+
+    // Native Endpoints, listed once so that the cold start's migration
+    // cleanup does not GET one per Service; reconciles wait for it like for
+    // the watches' first lists.
+    if config.native_cleanup {
+        let mut listed = gate.register();
+        let ctx = ctx.clone();
+        let namespaces = opts.namespaces.clone();
+        tokio::spawn(async move {
+            ctx.migration.prime(&namespaces).await;
+            listed.complete();
         });
     }
 
@@ -387,9 +405,18 @@ fn on_pod_event(
         }
     }
 }
-fn error_policy(svc: Arc<Service>, err: &Error, _ctx: Arc<Context>) -> Action {
-    warn!(service = %svc.name_any(), error = %err, "will retry");
-    Action::requeue(Duration::from_secs(5))
+/// Retries a failed reconcile after the Service's own backoff
+/// ([`crate::retry`]).
+fn error_policy(svc: Arc<Service>, err: &Error, ctx: Arc<Context>) -> Action {
+    let key = service_key(&svc);
+    let delay = ctx.retries.failed(&key);
+    warn!(service = %key, error = %err, retry_in = ?delay,
+        failures = ctx.retries.failures(&key), "will retry");
+    Action::requeue(delay)
+}
+
+fn service_key(svc: &Service) -> String {
+    format!("{}/{}", svc.namespace().unwrap_or_default(), svc.name_any())
 }
 
 /// A reconcile once a slot is free ([`Context::reconcile_slots`]: FIFO, so
@@ -405,5 +432,10 @@ async fn reconcile_in_turn(svc: Arc<Service>, ctx: Arc<Context>) -> Result<Actio
         ),
         None => None,
     };
-    reconcile(svc, ctx).await
+    let key = service_key(&svc);
+    let result = reconcile(svc, ctx.clone()).await;
+    if result.is_ok() {
+        ctx.retries.succeeded(&key);
+    }
+    result
 }

@@ -17,7 +17,10 @@
 //! 3. start the controller-manager again (same argv) and measure until every
 //!    native slice is right; then start the release `portwise` binary and do
 //!    the same. Both thus make a cold sync of an identical, settled state;
-//! 4. steady state, churn, probes, WebAssembly, as the rows say.
+//! 4. steady state, churn, probes, WebAssembly, as the rows say;
+//! 5. row 8 (last, so that its kube-proxy Node and objects touch no other
+//!    row): one upstream kube-proxy routes a native and a portwise Service,
+//!    and readiness flips are timed until the traffic shows them.
 //!
 //! Requests per client come from the apiserver's audit log (a policy that
 //! records every request at Metadata level), split by User-Agent.
@@ -25,28 +28,32 @@
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap, HashSet},
     fmt::Write as _,
-    net::Ipv4Addr,
+    net::{IpAddr, Ipv4Addr, SocketAddr},
     path::{Path, PathBuf},
     process::{ExitCode, Stdio},
-    sync::{Arc, Mutex},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, AtomicUsize, Ordering},
+    },
     time::{Duration, Instant},
 };
 
 use anyhow::{Context, Result, anyhow, bail};
 use futures::{StreamExt, TryStreamExt, stream};
-use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
 use kube::{
     Api, ResourceExt,
     runtime::{WatchStreamExt, watcher},
 };
 use portwise_tests::{
-    ControlPlane, GROUP_KEY, HttpListener, MANAGED_BY_LABEL, NATIVE_MANAGER, Portwise,
+    ControlPlane, GROUP_KEY, HttpListener, MANAGED_BY_LABEL, Metrics, NATIVE_MANAGER, Portwise,
     SERVICE_NAME_LABEL, TcpListener, TestNs,
+    consumers::{KubeProxy, NameServer, PROXY_NODE, ProxyMode, cluster_ip, expect_answers},
     faults::{proc_cpu_time, proc_memory_kib},
     pod, service,
 };
 use serde_json::{Value, json};
-use tokio::{process::Child, sync::watch};
+use tokio::{io::AsyncReadExt, net::TcpStream, process::Child, sync::watch};
 
 /// Label the native Services select their pods by.
 const APP_LABEL: &str = "bench.portwise.io/svc";
@@ -67,6 +74,8 @@ struct Knobs {
     probe_pods: usize,
     probe_window: Duration,
     setup_concurrency: usize,
+    /// Row 8: readiness flips per controller.
+    datapath_flips: usize,
     rows: BTreeSet<u32>,
     out: Option<PathBuf>,
     native_fast: bool,
@@ -87,7 +96,7 @@ impl Knobs {
         let rows = std::env::var("BENCH_ROWS")
             .ok()
             .map(|s| s.split(',').filter_map(|r| r.trim().parse().ok()).collect())
-            .unwrap_or_else(|| (1..=7).collect());
+            .unwrap_or_else(|| (1..=8).collect());
         let out = match std::env::var("BENCH_OUT") {
             Ok(s) if s.is_empty() || s == "-" => None,
             Ok(s) => Some(PathBuf::from(s)),
@@ -101,6 +110,7 @@ impl Knobs {
             probe_pods: env_usize("BENCH_PROBE_PODS", 3000),
             probe_window: Duration::from_secs(env_usize("BENCH_PROBE_SECS", 20) as u64),
             setup_concurrency: env_usize("BENCH_SETUP_CONCURRENCY", 48),
+            datapath_flips: env_usize("BENCH_DATAPATH_FLIPS", 30),
             rows,
             out,
             native_fast: std::env::var("BENCH_NATIVE_FAST").as_deref() != Ok("0"),
@@ -1996,6 +2006,563 @@ impl Bench {
     }
 }
 
+// ---- row 8: pod change to data path ----------------------------------------------------------
+
+/// What one new connection through a row-8 ClusterIP met.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Reach {
+    /// Answered by the flipped pod, the only one on kube-proxy's node.
+    Victim,
+    /// Answered by another pod: never expected (`internalTrafficPolicy: Local`).
+    Other,
+    /// Refused: kube-proxy rejects a Service without any endpoint.
+    Refused,
+    /// The SYN went unanswered for [`DROPPED_AFTER`]: kube-proxy drops
+    /// ClusterIP traffic of a `Local` Service without a local endpoint.
+    Dropped,
+    /// Anything else (a reset, an empty or slow reply).
+    Failed,
+}
+
+/// A local SYN is answered within microseconds; a dropped one is only
+/// retransmitted after 1 s.
+const DROPPED_AFTER: Duration = Duration::from_millis(250);
+/// One new connection this often while a flip is timed.
+const PROBE_EVERY: Duration = Duration::from_millis(1);
+/// A flip is routed once this many consecutive probes (by start) meet the
+/// new rules.
+const SETTLED_RUN: usize = 100;
+/// The pause after a routed flip: kube-proxy's sync runner waits
+/// `minSyncPeriod` (1 s by default) after a sync before it starts the next,
+/// so a flip sooner than that would time kube-proxy's rate limit.
+const FLIP_GAP: Duration = Duration::from_millis(1500);
+
+async fn reach(addr: SocketAddr, victim: &str) -> Reach {
+    let mut s = match tokio::time::timeout(DROPPED_AFTER, TcpStream::connect(addr)).await {
+        Err(_) => return Reach::Dropped,
+        Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => return Reach::Refused,
+        Ok(Err(_)) => return Reach::Failed,
+        Ok(Ok(s)) => s,
+    };
+    let mut buf = Vec::new();
+    match tokio::time::timeout(Duration::from_secs(2), s.read_to_end(&mut buf)).await {
+        Ok(Ok(_)) if String::from_utf8_lossy(&buf).trim() == victim => Reach::Victim,
+        Ok(Ok(_)) => Reach::Other,
+        _ => Reach::Failed,
+    }
+}
+
+/// Opens a new connection to `addr` every [`PROBE_EVERY`], each on its own
+/// task (a dropped SYN must not hold up the next probe), and logs when each
+/// called `connect` and what it met.
+struct Prober {
+    log: Arc<Mutex<Vec<(Instant, Reach)>>>,
+    in_flight: Arc<AtomicUsize>,
+    stop: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Prober {
+    fn start(addr: SocketAddr, victim: &str) -> Self {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let in_flight = Arc::new(AtomicUsize::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let victim: Arc<str> = victim.into();
+        let task = tokio::spawn({
+            let (log, in_flight, stop) = (log.clone(), in_flight.clone(), stop.clone());
+            async move {
+                let mut tick = tokio::time::interval(PROBE_EVERY);
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+                while !stop.load(Ordering::Relaxed) {
+                    tick.tick().await;
+                    // At most DROPPED_AFTER / PROBE_EVERY wait on dropped
+                    // SYNs; the bound only guards against a stalled runtime.
+                    if in_flight.load(Ordering::Relaxed) > 2000 {
+                        continue;
+                    }
+                    in_flight.fetch_add(1, Ordering::Relaxed);
+                    let (log, in_flight, victim) = (log.clone(), in_flight.clone(), victim.clone());
+                    tokio::spawn(async move {
+                        let at = Instant::now();
+                        let r = reach(addr, &victim).await;
+                        log.lock().unwrap().push((at, r));
+                        in_flight.fetch_sub(1, Ordering::Relaxed);
+                    });
+                }
+            }
+        });
+        Self {
+            log,
+            in_flight,
+            stop,
+            task,
+        }
+    }
+
+    /// The probes finished so far, by start.
+    fn completed(&self) -> Vec<(Instant, Reach)> {
+        let mut v = self.log.lock().unwrap().clone();
+        v.sort_by_key(|p| p.0);
+        v
+    }
+
+    /// Waits until the last [`SETTLED_RUN`] finished probes (by start) all
+    /// started after `since` and met `want`.
+    async fn settled(&self, want: Reach, since: Instant, within: Duration) -> Result<()> {
+        let deadline = Instant::now() + within;
+        loop {
+            let v = self.completed();
+            if v.len() >= SETTLED_RUN
+                && v[v.len() - SETTLED_RUN..]
+                    .iter()
+                    .all(|(at, r)| *r == want && *at >= since)
+            {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                let mut seen: BTreeMap<String, usize> = BTreeMap::new();
+                for (_, r) in v.iter().rev().take(200) {
+                    *seen.entry(format!("{r:?}")).or_default() += 1;
+                }
+                bail!(
+                    "probes did not settle to {want:?} within {within:?}; the last 200: {seen:?}"
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// Stops probing and returns every probe, once the last has finished.
+    async fn finish(mut self) -> Vec<(Instant, Reach)> {
+        self.stop.store(true, Ordering::Relaxed);
+        let _ = (&mut self.task).await;
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while self.in_flight.load(Ordering::Relaxed) > 0 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        self.completed()
+    }
+}
+
+/// One row-8 flip, in milliseconds from just before the status PATCH was
+/// sent.
+struct Flip {
+    ready: bool,
+    /// The PATCH returned.
+    patch: f64,
+    /// The bench's own watch saw the Service's slices right.
+    slice: f64,
+    /// The first probe after which every probe met the new rules.
+    routed: f64,
+    /// From the last probe that met the old rules to `routed`: the rules
+    /// changed in between.
+    bracket: f64,
+    /// Probes out of order: neither state, or the new one before the last
+    /// old one (a probe delayed past [`DROPPED_AFTER`], for instance).
+    anomalies: usize,
+}
+
+/// One Service of row 8 and how to flip it.
+struct DpSide<'a> {
+    client: &'static str,
+    ns: &'a TestNs,
+    tracker: &'a Tracker,
+    service: String,
+    addr: SocketAddr,
+    victim: String,
+    victim_ip: String,
+    all: BTreeSet<String>,
+}
+
+/// Flips the victim's readiness and times it: the slice by the bench's
+/// watch, the data path by connections through the ClusterIP.
+async fn datapath_flip(side: &DpSide<'_>, ready: bool) -> Result<Flip> {
+    let (old, new) = if ready {
+        (Reach::Dropped, Reach::Victim)
+    } else {
+        (Reach::Victim, Reach::Dropped)
+    };
+    let prober = Prober::start(side.addr, &side.victim);
+    // The old rules must hold when the flip starts.
+    prober
+        .settled(old, Instant::now(), Duration::from_secs(30))
+        .await
+        .with_context(|| format!("{}: before the flip", side.client))?;
+    let mut want = side.all.clone();
+    if !ready {
+        want.remove(&side.victim_ip);
+    }
+    side.tracker.expect(&side.service, want);
+    let t0 = Instant::now();
+    side.ns.set_ready(&side.victim, ready).await?;
+    let patched = Instant::now();
+    let (slice, routed) = tokio::join!(
+        side.tracker
+            .service_converged(&side.service, Duration::from_secs(60)),
+        prober.settled(new, t0, Duration::from_secs(60)),
+    );
+    let log = prober.finish().await;
+    let slice = slice.with_context(|| format!("{}: the slice", side.client))?;
+    routed.with_context(|| format!("{}: the data path", side.client))?;
+    let last_old = log.iter().filter(|(_, r)| *r == old).map(|p| p.0).max();
+    let first_new = log
+        .iter()
+        .filter(|(at, r)| *r == new && last_old.is_none_or(|l| *at > l))
+        .map(|p| p.0)
+        .min()
+        .context("no probe met the new rules")?;
+    if first_new <= t0 {
+        bail!("{}: the new rules answered before the flip", side.client);
+    }
+    let anomalies = log
+        .iter()
+        .filter(|(at, r)| {
+            (*r != old && *r != new) || (*r == new && last_old.is_some_and(|l| *at < l))
+        })
+        .count();
+    let ms = |t: Instant| t.saturating_duration_since(t0).as_secs_f64() * 1000.0;
+    Ok(Flip {
+        ready,
+        patch: ms(patched),
+        slice: ms(slice),
+        routed: ms(first_new),
+        bracket: last_old
+            .map(|l| first_new.saturating_duration_since(l).as_secs_f64() * 1000.0)
+            .unwrap_or(f64::NAN),
+        anomalies,
+    })
+}
+
+/// Nearest-rank percentile (`p` in 0..=1) of `xs`.
+fn pct(xs: &[f64], p: f64) -> f64 {
+    let mut v: Vec<f64> = xs.iter().copied().filter(|x| !x.is_nan()).collect();
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(f64::total_cmp);
+    let i = ((p * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1;
+    v[i]
+}
+
+fn ms(x: f64) -> String {
+    if x.is_nan() {
+        "—".into()
+    } else if x.abs() < 10.0 {
+        format!("{x:.1} ms")
+    } else {
+        format!("{x:.0} ms")
+    }
+}
+
+impl Bench {
+    /// Row 8: from a pod's readiness flip to kube-proxy routing by it, one
+    /// kube-proxy for a native and a portwise Service of the same shape.
+    async fn row8(&mut self) -> Result<()> {
+        let flips = self.knobs.datapath_flips.max(2);
+        let per = self.knobs.pods_per_service.max(2);
+        eprintln!(
+            "bench: row 8: kube-proxy (nftables), two Services × {per} pods, {flips} flips each"
+        );
+        // kube-proxy first: it creates its Node, and the native controller
+        // leaves out a pod whose Node it does not know.
+        let proxy = KubeProxy::start(self.cp, ProxyMode::Nftables).await?;
+        let res = self.row8_with(&proxy, flips, per).await;
+        if res.is_err() {
+            eprintln!("bench: row 8: kube-proxy's log ends:\n{}", proxy.log_tail());
+        }
+        res
+    }
+
+    async fn row8_with(&mut self, proxy: &KubeProxy, flips: usize, per: usize) -> Result<()> {
+        let native_ns = TestNs::new(self.cp, "bench-dp-native").await?;
+        let portwise_ns = TestNs::new(self.cp, "bench-dp-portwise").await?;
+        self.ensure_nodes(&native_ns).await?;
+        let base = 2
+            * (self.knobs.services * self.knobs.pods_per_service + self.knobs.big_pods + 500)
+            + self.knobs.probe_pods
+            + 200;
+        let ng = groups("dp", 1, per, base).remove(0);
+        let pg = groups("dp", 1, per, base + per).remove(0);
+        let mut servers = Vec::new();
+        for (ns, kind, g) in [
+            (&native_ns, Kind::Native, &ng),
+            (&portwise_ns, Kind::Portwise, &pg),
+        ] {
+            let svc = service(&g.service)
+                .port_to("http", 80, json!(TARGET_PORT))
+                .internal_traffic_policy("Local");
+            let svc = match kind {
+                Kind::Native => svc.selector(APP_LABEL, &g.service),
+                Kind::Portwise => svc.annotation(GROUP_KEY, &g.service),
+            };
+            ns.create_service(svc).await?;
+            for (j, (name, ip)) in g.pods.iter().enumerate() {
+                // Pod 0 on kube-proxy's node, the others one per bench Node.
+                let node = if j == 0 {
+                    PROXY_NODE.to_string()
+                } else {
+                    self.nodes[j % self.nodes.len()].clone()
+                };
+                ns.create_pod(
+                    pod(name)
+                        .label(APP_LABEL, &g.service)
+                        .annotation(GROUP_KEY, &g.service)
+                        .node(&node)
+                        .ips([ip]),
+                )
+                .await?;
+                servers.push(NameServer::start(name, IpAddr::V4(*ip), TARGET_PORT as u16).await?);
+            }
+        }
+        let native_tracker = Tracker::start(
+            &native_ns,
+            NATIVE_MANAGER,
+            expected_of(std::slice::from_ref(&ng)),
+        );
+        let portwise_tracker = Tracker::start(
+            &portwise_ns,
+            PORTWISE_MANAGER,
+            expected_of(std::slice::from_ref(&pg)),
+        );
+        // Both controllers as rows 1 and 3 run them: the controller-manager
+        // with its recorded argv, portwise with row 1's config and flags.
+        let mut native = self.bcp.spawn_cm(&[])?;
+        let mut portwise = spawn_portwise(
+            self.cp,
+            &self.work,
+            "row8",
+            &portwise_config("", "podReady"),
+            &[portwise_ns.name()],
+            &[],
+        )
+        .await?;
+        let res = async {
+            native_tracker
+                .converged(Duration::from_secs(600), &mut native)
+                .await?;
+            portwise_tracker
+                .converged(Duration::from_secs(600), &mut portwise)
+                .await?;
+            let mut sides = Vec::new();
+            for (client, ns, tracker, g) in [
+                ("native", &native_ns, &native_tracker, &ng),
+                ("portwise", &portwise_ns, &portwise_tracker, &pg),
+            ] {
+                let addr =
+                    SocketAddr::new(cluster_ip(&ns.get_service(&g.service).await?, false)?, 80);
+                let (victim, victim_ip) = &g.pods[0];
+                // Before any flip: only the proxy node's pod answers.
+                expect_answers(addr, &[victim.as_str()], Duration::from_secs(60))
+                    .await
+                    .with_context(|| format!("{client}: routed before the flips"))?;
+                sides.push(DpSide {
+                    client,
+                    ns,
+                    tracker,
+                    service: g.service.clone(),
+                    addr,
+                    victim: victim.clone(),
+                    victim_ip: victim_ip.to_string(),
+                    all: g.pods.iter().map(|(_, ip)| ip.to_string()).collect(),
+                });
+            }
+            let services = Api::<Service>::all(native_ns.client())
+                .list(&Default::default())
+                .await?
+                .items
+                .len();
+            let sync_metric = |m: &Metrics, what: &str| {
+                m.sum(
+                    &format!("kubeproxy_sync_proxy_rules_duration_seconds_{what}"),
+                    &[("ip_family", "IPv4")],
+                )
+            };
+            let m0 = proxy.metrics().await?;
+            tokio::time::sleep(FLIP_GAP).await;
+            let audit = self.bcp.audit();
+            let a0 = audit.offset();
+            let mut results: [Vec<Flip>; 2] = [Vec::new(), Vec::new()];
+            for i in 0..flips {
+                // unready, ready, unready, …; who goes first alternates
+                // every two flips, so each goes first in both directions.
+                let ready = i % 2 == 1;
+                let order = if (i / 2) % 2 == 0 { [0, 1] } else { [1, 0] };
+                for k in order {
+                    native.check_alive()?;
+                    portwise.check_alive()?;
+                    let f = datapath_flip(&sides[k], ready).await?;
+                    eprintln!(
+                        "bench:   {} flip {}/{flips} ({}): slice {}, routed {} (±{})",
+                        sides[k].client,
+                        i + 1,
+                        if ready { "ready" } else { "unready" },
+                        ms(f.slice),
+                        ms(f.routed),
+                        ms(f.bracket),
+                    );
+                    results[k].push(f);
+                    tokio::time::sleep(FLIP_GAP + Duration::from_millis(fastrand::u64(0..500)))
+                        .await;
+                }
+            }
+            let req = audit.settled_between(a0).await?;
+            let m1 = proxy.metrics().await?;
+            let syncs = sync_metric(&m1, "count") - sync_metric(&m0, "count");
+            let sync_secs = sync_metric(&m1, "sum") - sync_metric(&m0, "sum");
+            Ok::<_, anyhow::Error>((results, req, services, syncs, sync_secs))
+        }
+        .await;
+        stop_portwise(&mut portwise).await;
+        native.stop().await;
+        drop(servers);
+        let (results, req, services, syncs, sync_secs) = res?;
+        self.row8_report(flips, per, &results, &req, services, syncs, sync_secs);
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn row8_report(
+        &mut self,
+        flips: usize,
+        per: usize,
+        results: &[Vec<Flip>; 2],
+        req: &Requests,
+        services: usize,
+        syncs: f64,
+        sync_secs: f64,
+    ) {
+        let [nat, pw] = results;
+        let col = |v: &[Flip], f: fn(&Flip) -> f64| v.iter().map(f).collect::<Vec<f64>>();
+        let routed = |f: &Flip| f.routed;
+        let slice = |f: &Flip| f.slice;
+        let proxy_part = |f: &Flip| f.routed - f.slice;
+        let label = format!(
+            "8 pod change to data path (one kube-proxy, nftables; {flips} readiness flips each)"
+        );
+        for (what, f, p, goal) in [
+            (
+                "status patch → kube-proxy routes by it (first connection), p50",
+                routed as fn(&Flip) -> f64,
+                0.5,
+                true,
+            ),
+            ("same, p99 (of 30: the slowest)", routed, 0.99, true),
+            (
+                "of which slice publication (patch → slice seen by a watch), p50",
+                slice,
+                0.5,
+                false,
+            ),
+            (
+                "of which kube-proxy (slice seen → routed), p50",
+                proxy_part,
+                0.5,
+                false,
+            ),
+        ] {
+            let what = what.replace("of 30", &format!("of {flips}"));
+            let (a, b) = (pct(&col(pw, f), p), pct(&col(nat, f), p));
+            let r = ratio(a, b);
+            self.report.row(
+                &label,
+                &what,
+                ms(a),
+                ms(b),
+                r,
+                if goal { "≤ 1.0×" } else { "" },
+                if goal { r.map(|x| x <= 1.0) } else { None },
+            );
+        }
+
+        let mut table = String::from(
+            "| controller | flip | flips | PATCH returned, p50 | slice seen, p50 / p99 | routed, p50 / p99 | kube-proxy part (routed − slice), p50 / p99 | bracket, p50 / max | probes out of order |\n\
+             |---|---|---|---|---|---|---|---|---|\n",
+        );
+        for (client, v) in [("portwise", pw), ("native", nat)] {
+            for (dir, sel) in [
+                ("→ NotReady", Some(false)),
+                ("→ Ready", Some(true)),
+                ("all", None),
+            ] {
+                let v: Vec<&Flip> = v
+                    .iter()
+                    .filter(|f| sel.is_none_or(|r| f.ready == r))
+                    .collect();
+                let c = |f: fn(&Flip) -> f64| v.iter().map(|x| f(x)).collect::<Vec<f64>>();
+                let two = |xs: Vec<f64>| format!("{} / {}", ms(pct(&xs, 0.5)), ms(pct(&xs, 0.99)));
+                let _ = writeln!(
+                    table,
+                    "| {client} | {dir} | {} | {} | {} | {} | {} | {} / {} | {} |",
+                    v.len(),
+                    ms(pct(&c(|f| f.patch), 0.5)),
+                    two(c(slice)),
+                    two(c(routed)),
+                    two(c(proxy_part)),
+                    ms(pct(&c(|f| f.bracket), 0.5)),
+                    ms(pct(&c(|f| f.bracket), 1.0)),
+                    v.iter().map(|f| f.anomalies).sum::<usize>(),
+                );
+            }
+        }
+        let mean_sync = if syncs > 0.0 {
+            ms(sync_secs / syncs * 1000.0)
+        } else {
+            "—".into()
+        };
+        let body = format!(
+            "One upstream kube-proxy (`portwise-cp kube-proxy --proxy-mode=nftables`, upstream \
+             defaults otherwise: `minSyncPeriod` 1 s; tests/src/consumers.rs) runs in the bench's \
+             network namespace as Node `{PROXY_NODE}` and programs every Service of the control \
+             plane ({services} at the time, earlier rows' included). Two Services of the same \
+             shape, one port 80 → 8080, {per} pods each, on {per} Nodes (one pod per Node, one of \
+             them kube-proxy's), every pod a real TCP server on its own pod address that answers \
+             with its name: in `bench-dp-native-*` with `spec.selector`, judged by \
+             kube-controller-manager's endpointslice controller (its recorded argv, upstream \
+             defaults, as in row 1); in `bench-dp-portwise-*` selector-less with \
+             `membership: podReady`, judged by the release `portwise` binary with row 1's config \
+             (`resyncPeriod` 30 s default, default flags, `--namespace` of its namespace; \
+             portwise has no coalescing delay, and the native controller's \
+             `--endpoint-updates-batch-period` is 0 by default).\n\n\
+             **Exact by construction.** Both Services have `internalTrafficPolicy: Local`, so \
+             through their ClusterIP this node's kube-proxy sends connections only to the pod on \
+             its own node: the Service keeps {per} Ready pods and its slices change exactly as \
+             for any Service (one endpoint's readiness), yet the flipped pod is the only member \
+             the probe can reach. Every connection is then deterministic: with the old rules it \
+             is answered by the pod (or, pod not ready, its SYN is dropped: kube-proxy's verdict \
+             for a Local Service without a local endpoint), with the new rules the opposite. No \
+             sampling over {per} members is needed, so no run of K answers to wait for. Each \
+             flip makes the node's pod NotReady or Ready again, alternately, {flips} times per \
+             Service, one Service at a time, in turns (who goes first alternates), and \
+             {:.1} s plus up to 0.5 s apart, so that kube-proxy's 1 s `minSyncPeriod` never holds \
+             a flip back.\n\n\
+             **What is timed.** From just **before the status PATCH is sent** (the PATCH's own \
+             return is the third column) to the start of the first connection after which every \
+             connection met the new rules (at least {SETTLED_RUN} in a row). A new connection \
+             starts every {} ms on its own task (one dropped SYN must not delay the next), each \
+             timed just before its `connect`; a SYN unanswered for {} ms counts as dropped (a \
+             local one is answered in microseconds; a dropped one is retransmitted only after \
+             1 s). The rules changed between the last connection that met the old rules and the \
+             first that met the new: that gap (*bracket*) is the resolution, shown per flip. \
+             Probes out of order (neither outcome, or the new one before the last old one) are \
+             counted; none is expected. *Slice seen*: the bench's own watch on the namespace's \
+             EndpointSlices showed the Service's slices with the new Ready set (the same moment \
+             kube-proxy's informer can have it, give or take the two watches' delivery); the \
+             kube-proxy part is routed − slice seen. p99 is nearest-rank: with {} flips per \
+             controller, the slowest.\n\n{table}\n\
+             EndpointSlice writes during the flips (audit log): portwise {}, native {} (one per \
+             flip expected). kube-proxy's IPv4 syncs during the flips: {syncs:.0}, {mean_sync} \
+             each on average (`kubeproxy_sync_proxy_rules_duration_seconds`).",
+            FLIP_GAP.as_secs_f64(),
+            PROBE_EVERY.as_millis(),
+            DROPPED_AFTER.as_millis(),
+            flips,
+            req.slice_writes("portwise"),
+            req.slice_writes("native"),
+        );
+        self.report.section("Row 8: pod change to data path", body);
+    }
+}
+
 // ---- main ------------------------------------------------------------------------------------
 
 fn main() -> ExitCode {
@@ -2113,6 +2680,12 @@ async fn run(knobs: Knobs, bcp: BenchCp, work: PathBuf, machine: String) -> Resu
     }
     if b.knobs.row(7) {
         b.row7();
+    }
+    if b.knobs.row(8)
+        && let Err(e) = b.row8().await
+    {
+        b.report
+            .not_measured("8 pod change to data path", "all", &format!("{e:#}"));
     }
 
     let protocol = protocol_text(&b);

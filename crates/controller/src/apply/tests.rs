@@ -9,13 +9,15 @@ use std::{
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointPort, EndpointSlice};
 use kube::{ResourceExt, core::Status};
 
-use super::{Error, Recent, SliceApi, set_of, write};
+use super::{Error, OVERLAY_FOR, Recent, SliceApi, Writes, set_of, write};
 use portwise_core::plan::testutil::{NS, World, include_all, many_pods, num, port, service};
 
 use crate::metrics::Metrics;
 
 /// An in-memory apiserver that refuses applies of some names (422) and
-/// fails deletes of others (500), and logs every call.
+/// fails deletes of others (500), and logs every call. Like the real one,
+/// it refuses an apply whose uid is not the live object's (409), and an
+/// apply without force onto a slice another manager wrote (409).
 #[derive(Default)]
 struct Fake {
     state: Mutex<State>,
@@ -26,6 +28,8 @@ struct Fake {
 #[derive(Default)]
 struct State {
     slices: BTreeMap<String, EndpointSlice>,
+    /// Names whose live object another manager wrote.
+    others: BTreeSet<String>,
     rv: u64,
     calls: Vec<String>,
 }
@@ -54,15 +58,31 @@ impl Fake {
         let mut st = self.state.lock().unwrap();
         st.rv += 1;
         let name = s.name_any();
+        let live = st.slices.get(&name);
         s.metadata.uid = Some(
-            st.slices
-                .get(&name)
-                .and_then(|l| l.metadata.uid.clone())
+            live.and_then(|l| l.metadata.uid.clone())
                 .unwrap_or_else(|| format!("{name}-{}", st.rv)),
         );
-        s.metadata.resource_version = Some(st.rv.to_string());
+        s.metadata.generation = Some(live.and_then(|l| l.metadata.generation).unwrap_or(0) + 1);
+        // Opaque, and not even ordered as strings.
+        s.metadata.resource_version = Some(format!("v{}", 1000 - st.rv));
+        st.others.remove(&name);
         st.slices.insert(name, s.clone());
         s
+    }
+
+    /// Another writer creates (or re-creates, with a new uid) `s`.
+    fn written_by_another(&self, s: EndpointSlice) -> EndpointSlice {
+        let name = s.name_any();
+        self.state.lock().unwrap().slices.remove(&name);
+        let s = self.store(s);
+        self.state.lock().unwrap().others.insert(name);
+        s
+    }
+
+    /// The view a cache synced now would give.
+    fn view(&self) -> impl Fn(&str) -> Option<Arc<EndpointSlice>> + '_ {
+        move |name| self.get_slice(name).map(Arc::new)
     }
 
     fn calls(&self) -> Vec<String> {
@@ -87,18 +107,31 @@ fn status(code: u16, reason: &str) -> kube::Error {
 }
 
 impl SliceApi for Fake {
-    async fn apply(&self, slice: &EndpointSlice) -> kube::Result<EndpointSlice> {
+    async fn apply(&self, slice: &EndpointSlice, force: bool) -> kube::Result<EndpointSlice> {
         let name = slice.name_any();
-        self.log(format!("apply {name}"));
+        self.log(if force {
+            format!("apply {name}")
+        } else {
+            format!("apply {name} (no force)")
+        });
         if self.refuse.contains(&name) {
             return Err(status(422, "Invalid"));
         }
-        Ok(self.store(slice.clone()))
-    }
-
-    async fn get(&self, name: &str) -> kube::Result<Option<EndpointSlice>> {
-        self.log(format!("get {name}"));
-        Ok(self.get_slice(name))
+        {
+            let st = self.state.lock().unwrap();
+            let live = st.slices.get(&name);
+            if slice.metadata.uid.is_some()
+                && live.and_then(|l| l.metadata.uid.clone()) != slice.metadata.uid
+            {
+                return Err(status(409, "Conflict (uid mismatch)"));
+            }
+            if !force && st.others.contains(&name) {
+                return Err(status(409, "Conflict (fields of another manager)"));
+            }
+        }
+        let mut s = slice.clone();
+        s.metadata.uid = None;
+        Ok(self.store(s))
     }
 
     async fn delete(&self, name: &str, uid: Option<String>) -> kube::Result<()> {
@@ -144,10 +177,13 @@ fn slice(name: &str, port: &str, address_type: &str, ips: &[&str]) -> EndpointSl
     }
 }
 
-/// `s` as an informer cache holding an old version (resourceVersion 1)
-/// would show it.
-fn cached(mut s: EndpointSlice) -> Arc<EndpointSlice> {
-    s.metadata.resource_version = Some("1".into());
+/// `s` as an informer cache holding an old version of the object `fake`
+/// holds under its name would show it: same uid, an earlier generation.
+fn cached(fake: &Fake, mut s: EndpointSlice) -> Arc<EndpointSlice> {
+    let live = fake.get_slice(&s.name_any());
+    s.metadata.uid = live.as_ref().and_then(|l| l.metadata.uid.clone());
+    s.metadata.generation = Some(0);
+    s.metadata.resource_version = Some("v999999".into());
     Arc::new(s)
 }
 
@@ -159,6 +195,8 @@ fn addresses(s: &EndpointSlice) -> Vec<String> {
         .collect()
 }
 
+/// Writes `applies` and `deletes`, with a view equal to the fake's state
+/// now (a synced cache).
 async fn run(
     fake: &Fake,
     recent: &Recent,
@@ -166,7 +204,8 @@ async fn run(
     deletes: &[&str],
 ) -> Result<(), Error> {
     let deletes: Vec<String> = deletes.iter().map(|d| d.to_string()).collect();
-    write(fake, recent, NS, applies, &deletes, &Metrics::new()).await
+    let writes = Writes::new(applies, &deletes, fake.view());
+    write(fake, recent, NS, &writes, &Metrics::new()).await
 }
 
 fn strings(v: &[&str]) -> Vec<String> {
@@ -236,8 +275,6 @@ async fn a_failed_apply_holds_back_its_own_set_and_nothing_else() {
             "apply web-admin--2",
             "apply web-http",
             "apply web-http--ipv6",
-            "get web-admin--3",
-            "get web-http--2",
             "delete web-http--2",
         ])
     );
@@ -275,13 +312,18 @@ async fn a_failed_apply_holds_back_its_own_set_and_nothing_else() {
     let mut names = recent.names(NS);
     names.sort();
     assert_eq!(names, strings(&["web-http", "web-http--ipv6"]));
-    // (The cache still shows the objects as they were before: resourceVersion 1.)
-    let stale = cached(slice("web-http", "http", "IPv4", &[]));
+    // (The cache still shows the objects as they were before.)
+    let stale = cached(&fake, slice("web-http", "http", "IPv4", &[]));
     let view = recent.overlay(NS, "web-http", Some(stale)).unwrap();
     assert_eq!(addresses(&view), ["10.0.0.1", "10.0.0.2"]);
-    let stale = cached(slice("web-http--2", "http", "IPv4", &[]));
-    assert!(recent.overlay(NS, "web-http--2", Some(stale)).is_none());
-    let cached = cached(slice("web-admin--2", "admin", "IPv4", &["10.0.0.2"]));
+    let mut stale = slice("web-http--2", "http", "IPv4", &[]);
+    stale.metadata.uid = Some("web-http--2-5".into());
+    assert!(
+        recent
+            .overlay(NS, "web-http--2", Some(Arc::new(stale)))
+            .is_none()
+    );
+    let cached = cached(&fake, slice("web-admin--2", "admin", "IPv4", &["10.0.0.2"]));
     assert_eq!(
         recent
             .overlay(NS, "web-admin--2", Some(cached.clone()))
@@ -336,7 +378,7 @@ async fn a_failed_delete_holds_nothing_back() {
     assert!(fake.get_slice("web-http--2").is_some());
     assert!(fake.get_slice("web-http--3").is_none());
     // The failed delete is not remembered as done.
-    let stale = cached(slice("web-http--2", "http", "IPv4", &[]));
+    let stale = cached(&fake, slice("web-http--2", "http", "IPv4", &[]));
     assert!(recent.overlay(NS, "web-http--2", Some(stale)).is_some());
 }
 
@@ -406,16 +448,10 @@ async fn planner_output_fails_per_port_and_family() {
 
     let fake = Fake::new(before.slices.values().map(|s| (**s).clone())).refusing(&[&refused]);
     let recent = Recent::default();
-    let err = write(
-        &fake,
-        &recent,
-        NS,
-        &plan.applies,
-        &plan.deletes,
-        &Metrics::new(),
-    )
-    .await
-    .unwrap_err();
+    let writes = Writes::new(&plan.applies, &plan.deletes, fake.view());
+    let err = write(&fake, &recent, NS, &writes, &Metrics::new())
+        .await
+        .unwrap_err();
     let msg = err.to_string();
     assert!(msg.contains(&refused), "{msg}");
     for d in &held_deletes {
@@ -447,4 +483,171 @@ async fn planner_output_fails_per_port_and_family() {
             "{name} remembered"
         );
     }
+}
+
+// ---- guards against what the cache cannot see (issue 13) ----------------
+
+#[tokio::test]
+async fn a_name_the_view_does_not_hold_is_applied_without_force() {
+    // Another writer created web-http after our snapshot: our view has no
+    // such name, so portwise applies without force, and the apiserver
+    // refuses rather than hand the other writer's fields to us.
+    let fake = Fake::new([]);
+    let theirs = fake.written_by_another(slice("web-http", "http", "IPv4", &["10.9.9.9"]));
+    let recent = Recent::default();
+    let writes = Writes::new(
+        &[slice("web-http", "http", "IPv4", &["10.0.0.1"])],
+        &[],
+        |_| None,
+    );
+    let err = write(&fake, &recent, NS, &writes, &Metrics::new())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::Apply { name, .. } if name == "web-http"),
+        "{err:?}"
+    );
+    assert_eq!(fake.calls(), strings(&["apply web-http (no force)"]));
+    assert_eq!(fake.get_slice("web-http"), Some(theirs));
+    assert!(recent.names(NS).is_empty());
+    // A name nobody holds is simply created.
+    let writes = Writes::new(
+        &[slice("web-admin", "admin", "IPv4", &["10.0.0.1"])],
+        &[],
+        |_| None,
+    );
+    write(&fake, &recent, NS, &writes, &Metrics::new())
+        .await
+        .unwrap();
+    assert_eq!(
+        addresses(&fake.get_slice("web-admin").unwrap()),
+        ["10.0.0.1"]
+    );
+}
+
+#[tokio::test]
+async fn a_known_name_is_forced_only_onto_the_object_the_view_holds() {
+    let fake = Fake::new([slice("web-http", "http", "IPv4", &["10.0.0.1"])]);
+    let seen = fake.get_slice("web-http").map(Arc::new);
+    // A manual edit: forced back (the repair).
+    let writes = Writes::new(
+        &[slice("web-http", "http", "IPv4", &["10.0.0.2"])],
+        &[],
+        |_| seen.clone(),
+    );
+    write(&fake, &Recent::default(), NS, &writes, &Metrics::new())
+        .await
+        .unwrap();
+    assert_eq!(
+        addresses(&fake.get_slice("web-http").unwrap()),
+        ["10.0.0.2"]
+    );
+    // Deleted and re-created by another writer since our view: refused.
+    let theirs = fake.written_by_another(slice("web-http", "http", "IPv4", &["10.9.9.9"]));
+    let err = write(&fake, &Recent::default(), NS, &writes, &Metrics::new())
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("uid mismatch"), "{err}");
+    assert_eq!(fake.get_slice("web-http"), Some(theirs));
+}
+
+#[tokio::test]
+async fn deletes_use_the_uid_the_view_holds_and_need_no_get() {
+    let fake = Fake::new([
+        slice("web-http--2", "http", "IPv4", &["10.0.0.1"]),
+        slice("web-http--3", "http", "IPv4", &["10.0.0.2"]),
+    ]);
+    let seen: Vec<_> = ["web-http--2", "web-http--3"]
+        .map(|n| fake.get_slice(n).map(Arc::new))
+        .into();
+    // web-http--3 was re-created by another writer since our view.
+    fake.written_by_another(slice("web-http--3", "http", "IPv4", &["10.9.9.9"]));
+    let view = |n: &str| seen.iter().flatten().find(|s| s.name_any() == n).cloned();
+    let writes = Writes::new(&[], &strings(&["web-http--2", "web-http--3", "gone"]), view);
+    write(&fake, &Recent::default(), NS, &writes, &Metrics::new())
+        .await
+        .unwrap();
+    // No GETs; nothing is sent for a name the view no longer holds.
+    assert_eq!(
+        fake.calls(),
+        strings(&["delete web-http--2", "delete web-http--3"])
+    );
+    assert!(fake.get_slice("web-http--2").is_none());
+    assert_eq!(
+        addresses(&fake.get_slice("web-http--3").unwrap()),
+        ["10.9.9.9"]
+    );
+}
+
+#[tokio::test]
+async fn the_overlay_never_orders_resource_versions() {
+    // The fake's resourceVersions are opaque and decrease as strings and
+    // as numbers ("v999", "v998", ...): only uid and generation may decide.
+    let fake = Fake::new([slice("web-http", "http", "IPv4", &["10.0.0.1"])]);
+    let before = Arc::new(fake.get_slice("web-http").unwrap());
+    let recent = Recent::default();
+    let writes = Writes::new(
+        &[slice("web-http", "http", "IPv4", &["10.0.0.2"])],
+        &[],
+        |_| Some(before.clone()),
+    );
+    write(&fake, &recent, NS, &writes, &Metrics::new())
+        .await
+        .unwrap();
+    let mine = fake.get_slice("web-http").unwrap();
+    // The cache still shows the generation before ours: our write wins.
+    let view = recent
+        .overlay(NS, "web-http", Some(before.clone()))
+        .unwrap();
+    assert_eq!(addresses(&view), ["10.0.0.2"]);
+    // The cache caught up (our generation): it is trusted, and we forget.
+    let view = recent
+        .overlay(NS, "web-http", Some(Arc::new(mine.clone())))
+        .unwrap();
+    assert_eq!(*view, mine);
+    assert!(recent.names(NS).is_empty());
+    assert_eq!(
+        recent
+            .overlay(NS, "web-http", Some(before.clone()))
+            .as_deref(),
+        Some(&*before),
+        "forgotten: the cache is the truth again"
+    );
+
+    // A delete: overlaid while the cache shows the deleted uid; a
+    // re-creation (another uid) or absence ends it.
+    let seen = Arc::new(mine.clone());
+    let writes = Writes::new(&[], &strings(&["web-http"]), |_| Some(seen.clone()));
+    write(&fake, &recent, NS, &writes, &Metrics::new())
+        .await
+        .unwrap();
+    assert!(recent.overlay(NS, "web-http", Some(seen.clone())).is_none());
+    let mut again = slice("web-http", "http", "IPv4", &["10.0.0.7"]);
+    again.metadata.uid = Some("someone-else".into());
+    let again = Arc::new(again);
+    assert_eq!(
+        recent
+            .overlay(NS, "web-http", Some(again.clone()))
+            .as_deref(),
+        Some(&*again)
+    );
+}
+
+#[test]
+fn an_overlay_expires() {
+    // A write the cache never shows (created, then deleted by someone else
+    // during a watch gap) is trusted only for OVERLAY_FOR.
+    let recent = Recent::default();
+    let mut mine = slice("web-http", "http", "IPv4", &["10.0.0.1"]);
+    mine.metadata.uid = Some("u1".into());
+    recent.remember(NS, "web-http", mine.clone());
+    assert!(recent.overlay(NS, "web-http", None).is_some());
+    recent
+        .0
+        .lock()
+        .unwrap()
+        .values_mut()
+        .for_each(|w| w.at -= OVERLAY_FOR + std::time::Duration::from_secs(1));
+    assert!(recent.overlay(NS, "web-http", None).is_none());
+    assert!(recent.names(NS).is_empty());
 }

@@ -7,6 +7,11 @@
 //! asking for their removal would write forever). Keys we applied earlier
 //! and no longer want are found through `managedFields` when the live object
 //! still carries it.
+//!
+//! The trigger-time annotation of slices ([`super::trigger`]) is not
+//! compared: it dates a write rather than describing a desired state, so a
+//! slice is never written for it alone, and the planner sets it only on the
+//! writes that change endpoints.
 
 use std::collections::BTreeMap;
 
@@ -21,22 +26,51 @@ pub fn slice_differs(desired: &EndpointSlice, live: &EndpointSlice, manager: &st
         || !endpoints_equal(desired.endpoints.as_deref(), live.endpoints.as_deref())
 }
 
-/// Everything but the endpoints.
+/// Everything but the endpoints (and the trigger-time annotation).
 pub fn slice_meta_differs(desired: &EndpointSlice, live: &EndpointSlice, manager: &str) -> bool {
     desired.address_type != live.address_type
         || !ports_equal(desired.ports.as_deref(), live.ports.as_deref())
-        || meta_differs(&desired.metadata, &live.metadata, manager)
+        || meta_differs_except(
+            &desired.metadata,
+            &live.metadata,
+            manager,
+            &[super::trigger::TRIGGER_TIME_ANNOTATION],
+        )
+}
+
+/// Whether a write changes what consumers read from a slice: creates it
+/// (`live` is `None`), or changes its endpoints or ports.
+pub fn slice_content_differs(desired: &EndpointSlice, live: Option<&EndpointSlice>) -> bool {
+    live.is_none_or(|live| {
+        desired.address_type != live.address_type
+            || !ports_equal(desired.ports.as_deref(), live.ports.as_deref())
+            || !endpoints_equal(desired.endpoints.as_deref(), live.endpoints.as_deref())
+    })
 }
 
 /// Labels, annotations and owner references, as described in the module docs.
 pub fn meta_differs(desired: &ObjectMeta, live: &ObjectMeta, manager: &str) -> bool {
+    meta_differs_except(desired, live, manager, &[])
+}
+
+/// [`meta_differs`], not looking at the annotations `ignored`.
+fn meta_differs_except(
+    desired: &ObjectMeta,
+    live: &ObjectMeta,
+    manager: &str,
+    ignored: &[&str],
+) -> bool {
     let missing = |want: &Option<BTreeMap<String, String>>,
-                   have: &Option<BTreeMap<String, String>>| {
+                   have: &Option<BTreeMap<String, String>>,
+                   ignored: &[&str]| {
         want.iter()
             .flatten()
+            .filter(|(k, _)| !ignored.contains(&k.as_str()))
             .any(|(k, v)| have.as_ref().and_then(|h| h.get(k)) != Some(v))
     };
-    if missing(&desired.labels, &live.labels) || missing(&desired.annotations, &live.annotations) {
+    if missing(&desired.labels, &live.labels, &[])
+        || missing(&desired.annotations, &live.annotations, ignored)
+    {
         return true;
     }
     let live_refs = live.owner_references.as_deref().unwrap_or_default();
@@ -48,12 +82,14 @@ pub fn meta_differs(desired: &ObjectMeta, live: &ObjectMeta, manager: &str) -> b
     {
         return true;
     }
-    let unwanted = |field: &str, want: &Option<BTreeMap<String, String>>| {
+    let unwanted = |field: &str, want: &Option<BTreeMap<String, String>>, ignored: &[&str]| {
         applied_keys(live, manager, field)
             .iter()
+            .filter(|k| !ignored.contains(&k.as_str()))
             .any(|k| !want.as_ref().is_some_and(|w| w.contains_key(k)))
     };
-    unwanted("f:labels", &desired.labels) || unwanted("f:annotations", &desired.annotations)
+    unwanted("f:labels", &desired.labels, &[])
+        || unwanted("f:annotations", &desired.annotations, ignored)
 }
 
 /// Keys of `metadata.<field>` that `manager` owns through server-side apply,
@@ -225,5 +261,51 @@ mod tests {
             "we applied `old` and no longer want it"
         );
         assert!(!meta_differs(&desired, &live, "someone-else"));
+    }
+
+    #[test]
+    fn trigger_time_is_not_compared_but_content_is() {
+        use super::super::trigger::TRIGGER_TIME_ANNOTATION;
+        let key = TRIGGER_TIME_ANNOTATION;
+        let slice = |annotation: Option<&str>, address: &str| EndpointSlice {
+            metadata: ObjectMeta {
+                labels: labels(&[("a", "1")]),
+                annotations: annotation.map(|v| BTreeMap::from([(key.to_string(), v.to_string())])),
+                ..Default::default()
+            },
+            address_type: "IPv4".into(),
+            endpoints: Some(vec![Endpoint {
+                addresses: vec![address.into()],
+                ..Default::default()
+            }]),
+            ports: None,
+        };
+        let desired = slice(None, "10.0.0.1");
+        let mut live = slice(Some("2026-01-01T00:00:00Z"), "10.0.0.1");
+        // We applied the annotation before and do not ask for it now.
+        live.metadata.managed_fields = Some(vec![ManagedFieldsEntry {
+            manager: Some("portwise".into()),
+            operation: Some("Apply".into()),
+            fields_v1: Some(FieldsV1(serde_json::json!({
+                "f:metadata": {"f:labels": {"f:a": {}}, "f:annotations": {format!("f:{key}"): {}}}
+            }))),
+            ..Default::default()
+        }]);
+        assert!(!slice_differs(&desired, &live, "portwise"));
+        let other_value = slice(Some("2026-02-02T00:00:00Z"), "10.0.0.1");
+        assert!(!slice_differs(&other_value, &live, "portwise"));
+        assert!(!slice_content_differs(&desired, Some(&live)));
+        // Meta differences still count; content is endpoints, ports, new.
+        let mut relabelled = desired.clone();
+        relabelled.metadata.labels = labels(&[("a", "2")]);
+        assert!(slice_differs(&relabelled, &live, "portwise"));
+        assert!(!slice_content_differs(&relabelled, Some(&live)));
+        let moved = slice(None, "10.0.0.2");
+        assert!(slice_content_differs(&moved, Some(&live)));
+        assert!(slice_content_differs(&desired, None));
+        // Other annotations are still compared.
+        let mut other = desired.clone();
+        other.metadata.annotations = Some(BTreeMap::from([("x".to_string(), "y".to_string())]));
+        assert!(slice_differs(&other, &live, "portwise"));
     }
 }

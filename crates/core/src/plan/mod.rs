@@ -29,11 +29,16 @@
 //! - **Gainers are written first** ([`Plan::applies`]): an endpoint moving
 //!   between slices (say, after `maxEndpointsPerSlice` was lowered) is in its
 //!   new slice before its old one drops it, whichever write fails.
+//! - **Writes are dated** ([`trigger`]): a write that changes a slice's
+//!   endpoints carries the `last-change-trigger-time` of the earliest change
+//!   it publishes, as the native controller's do; other writes keep the live
+//!   value.
 
 pub mod diff;
 pub mod legacy;
 pub mod naming;
 pub mod object;
+pub mod trigger;
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap, HashSet},
@@ -54,6 +59,7 @@ pub use legacy::{
     endpoints_differ, plan_endpoints,
 };
 pub use object::{HEADLESS_LABEL, MANAGED_BY_LABEL, SERVICE_NAME_LABEL};
+pub use trigger::{TRIGGER_TIME_ANNOTATION, TriggerMemory, Triggers};
 
 use crate::{
     align::{self, address_type, protocol},
@@ -99,6 +105,8 @@ pub struct PlanInput<'a> {
     pub owned: &'a [Arc<EndpointSlice>],
     /// Any live slice in the Service's namespace, by name.
     pub lookup: &'a dyn Fn(&str) -> Option<Arc<EndpointSlice>>,
+    /// What dates the writes (the trigger-time annotation).
+    pub triggers: Triggers<'a>,
 }
 
 /// The writes to make.
@@ -119,6 +127,9 @@ pub struct Plan {
     pub summary: Summary,
     /// The members published, abstentions settled (input order).
     pub members: Vec<Member>,
+    /// The trigger times this plan saw, for the next plan of the Service
+    /// ([`PlanInput::triggers`]) once this one is written.
+    pub trigger_memory: TriggerMemory,
 }
 
 /// A wanted slice name held by a slice that is not ours.
@@ -324,6 +335,12 @@ pub fn plan(input: &PlanInput) -> Plan {
 
     // Settle abstentions against what the live slices show.
     let members = settle(input, &mine, &wanted_groups);
+    let (dating, trigger_memory) = trigger::Dating::new(
+        svc,
+        input.triggers,
+        input.judged.iter().map(|j| &*j.pod),
+        mine.is_empty(),
+    );
     let mut desired: HashMap<GroupKey, BTreeMap<u16, BTreeMap<EpKey, Endpoint>>> = HashMap::new();
     for m in &members {
         let ep = object::endpoint(svc, hints, &m.pod, m.address, input.zones);
@@ -512,6 +529,9 @@ pub fn plan(input: &PlanInput) -> Plan {
             .endpoints
             .entry((g.name.clone(), address_type(g.family).to_string()))
             .or_insert(0);
+        // The group's endpoints whose publication changes (computed when a
+        // write needs dating).
+        let mut changes: Option<HashSet<EpKey>> = None;
         // (target, chunk, its endpoints in the set)
         let mut chunks: Vec<(Option<u16>, &Chunk, Option<&SetPlan>)> = Vec::new();
         for set in &p.sets {
@@ -539,12 +559,35 @@ pub fn plan(input: &PlanInput) -> Plan {
                 Some(set) => c.keys.iter().map(|k| set.desired[k].clone()).collect(),
                 None => Vec::new(),
             };
-            let slice = build(g, target, eps, name);
-            if c.live
-                .as_ref()
-                .is_none_or(|l| diff::slice_differs(&slice, l, manager))
-            {
-                applies.push((gains(c.live.as_deref(), target, &c.keys), slice));
+            let mut slice = build(g, target, eps, name);
+            let live = c.live.as_deref();
+            if live.is_none_or(|l| diff::slice_differs(&slice, l, manager)) {
+                let trigger = if diff::slice_content_differs(&slice, live) {
+                    let changes = changes.get_or_insert_with(|| group_changes(p));
+                    let touched: Vec<EpKey> = live
+                        .into_iter()
+                        .flat_map(|l| l.endpoints.iter().flatten())
+                        .filter_map(live_key)
+                        .chain(c.keys.iter().cloned())
+                        .filter(|k| changes.contains(k))
+                        .collect();
+                    dating
+                        .date(touched.iter().map(|(_, pod)| pod.as_str()))
+                        .map(trigger::format_trigger_time)
+                } else {
+                    live.and_then(|l| {
+                        l.metadata
+                            .annotations
+                            .as_ref()?
+                            .get(TRIGGER_TIME_ANNOTATION)
+                            .cloned()
+                    })
+                };
+                if let Some(t) = trigger {
+                    slice.metadata.annotations =
+                        Some(BTreeMap::from([(TRIGGER_TIME_ANNOTATION.to_string(), t)]));
+                }
+                applies.push((gains(live, target, &c.keys), slice));
             }
         }
     }
@@ -562,7 +605,39 @@ pub fn plan(input: &PlanInput) -> Plan {
     out.summary.slices = wanted.len();
     out.collisions = namer.collisions;
     out.members = members;
+    out.trigger_memory = trigger_memory;
     out
+}
+
+/// The endpoints of a group whose publication changes: shown by its live
+/// slices and no longer wanted, wanted and not shown, or shown otherwise
+/// (another target port, other fields). An endpoint that only moves between
+/// slices of its set is not among them.
+fn group_changes(p: &GroupPlan) -> HashSet<EpKey> {
+    let mut shown: HashMap<EpKey, (Option<u16>, &Endpoint)> = HashMap::new();
+    for s in &p.live {
+        let target = slice_target(s);
+        for ep in s.endpoints.iter().flatten() {
+            if let Some(k) = live_key(ep) {
+                shown.entry(k).or_insert((target, ep));
+            }
+        }
+    }
+    let mut changes = HashSet::new();
+    let mut wanted: HashSet<&EpKey> = HashSet::new();
+    for set in &p.sets {
+        for (k, ep) in &set.desired {
+            wanted.insert(k);
+            let same = shown
+                .get(k)
+                .is_some_and(|(t, l)| *t == Some(set.target) && diff::endpoint_equal(ep, l));
+            if !same {
+                changes.insert(k.clone());
+            }
+        }
+    }
+    changes.extend(shown.into_keys().filter(|k| !wanted.contains(k)));
+    changes
 }
 
 /// Whether a slice planned to hold `keys` at port `target` publishes an

@@ -20,7 +20,7 @@ use k8s_openapi::{
     },
 };
 
-use super::{Judged, Plan, PlanInput, is_ours, plan};
+use super::{Judged, Plan, PlanInput, TRIGGER_TIME_ANNOTATION, Triggers, is_ours, plan};
 use crate::{
     align,
     membership::{Decision, Family},
@@ -160,6 +160,28 @@ impl World {
         max: usize,
         zones: Option<super::ZoneLookup>,
     ) -> Plan {
+        self.plan_full(svc, judged, max, zones, Triggers::none())
+    }
+
+    /// A plan dated by `triggers`.
+    pub fn plan_dated(
+        &self,
+        svc: &Service,
+        judged: &[Judged],
+        max: usize,
+        triggers: Triggers,
+    ) -> Plan {
+        self.plan_full(svc, judged, max, None, triggers)
+    }
+
+    fn plan_full(
+        &self,
+        svc: &Service,
+        judged: &[Judged],
+        max: usize,
+        zones: Option<super::ZoneLookup>,
+        triggers: Triggers,
+    ) -> Plan {
         let owned = self.owned(svc);
         let lookup = |n: &str| self.slices.get(n).cloned();
         plan(&PlanInput {
@@ -170,11 +192,13 @@ impl World {
             zones,
             owned: &owned,
             lookup: &lookup,
+            triggers,
         })
     }
 
     /// Applies a plan the way the apiserver would: applies replace our
-    /// fields (others' labels and owner references survive), deletes delete.
+    /// fields (others' labels, annotations and owner references survive;
+    /// the trigger-time annotation is ours), deletes delete.
     pub fn apply(&mut self, plan: &Plan) {
         for s in &plan.applies {
             let name = s.metadata.name.clone().unwrap();
@@ -187,6 +211,10 @@ impl World {
                 let mut labels = live.metadata.labels.clone().unwrap_or_default();
                 labels.extend(s.metadata.labels.clone().unwrap_or_default());
                 next.metadata.labels = Some(labels);
+                let mut annotations = live.metadata.annotations.clone().unwrap_or_default();
+                annotations.remove(TRIGGER_TIME_ANNOTATION);
+                annotations.extend(s.metadata.annotations.clone().unwrap_or_default());
+                next.metadata.annotations = (!annotations.is_empty()).then_some(annotations);
                 let mut refs: Vec<OwnerReference> =
                     live.metadata.owner_references.clone().unwrap_or_default();
                 for r in s.metadata.owner_references.iter().flatten() {
