@@ -69,6 +69,20 @@ pub struct Write {
 }
 
 impl WriteCounter {
+    /// Fails unless exactly `expected` EndpointSlice writes were counted,
+    /// listing them; `what` names the step.
+    pub async fn expect(&self, expected: u64, what: &str) -> Result<()> {
+        let n = self.count().await?;
+        if n != expected {
+            bail!(
+                "{what}: {n} EndpointSlice writes, expected {expected} (counted from {}): {:#?}",
+                self.source(),
+                self.writes()?
+            );
+        }
+        Ok(())
+    }
+
     pub async fn start(ns: &TestNs) -> Result<Self> {
         if let Some(path) = ns.cp().audit_log() {
             let offset = std::fs::metadata(&path)?.len();

@@ -62,17 +62,6 @@ async fn set_ready_at(ns: &TestNs, name: &str, ready: bool, at: &str) -> Result<
         .with_context(|| format!("setting readiness of pod {name}"))
 }
 
-async fn assert_writes(counter: &WriteCounter, expected: u64, what: &str) -> Result<()> {
-    let n = counter.count().await?;
-    ensure!(
-        n == expected,
-        "{what}: {n} EndpointSlice writes, expected {expected} (counted from {}): {:#?}",
-        counter.source(),
-        counter.writes()?
-    );
-    Ok(())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn trigger_time_follows_the_change_each_slice_publishes() -> Result<()> {
     let cp = ControlPlane::shared().await?;
@@ -149,7 +138,7 @@ async fn trigger_time_follows_the_change_each_slice_publishes() -> Result<()> {
     .context("the admin slice was written")?;
     expect_eq(trigger(&admin), trigger(&admin_before)).context("admin keeps its value")?;
     tokio::time::sleep(Duration::from_secs(5)).await; // a couple of resyncs
-    assert_writes(&counter, 1, "one readiness flip").await?;
+    counter.expect(1, "one readiness flip").await?;
 
     // Back to Ready, later: the new transition dates it.
     let ready_at = rfc3339(Timestamp::from_second(Timestamp::now().as_second())?);
@@ -200,13 +189,13 @@ async fn trigger_time_follows_the_change_each_slice_publishes() -> Result<()> {
     )
     .context("http keeps its value")?;
     tokio::time::sleep(Duration::from_secs(5)).await;
-    assert_writes(&counter, 3, "three changes").await?;
+    counter.expect(3, "three changes").await?;
 
     // Quiet: resyncs (every 2 s) write nothing and change no value.
     let (http, admin) = (slice_of(&ns, "http").await?, slice_of(&ns, "admin").await?);
     let quiet = WriteCounter::start(&ns).await?;
     tokio::time::sleep(Duration::from_secs(10)).await;
-    assert_writes(&quiet, 0, "quiet resyncs").await?;
+    quiet.expect(0, "quiet resyncs").await?;
     expect_eq(trigger(&slice_of(&ns, "http").await?), trigger(&http))?;
     expect_eq(trigger(&slice_of(&ns, "admin").await?), trigger(&admin))?;
     slice_invariants(&ns, "web", 100).await?;

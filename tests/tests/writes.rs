@@ -8,17 +8,6 @@ use std::time::Duration;
 use anyhow::{Result, ensure};
 use portwise_tests::*;
 
-async fn assert_writes(counter: &WriteCounter, expected: u64, what: &str) -> Result<()> {
-    let n = counter.count().await?;
-    ensure!(
-        n == expected,
-        "{what}: {n} EndpointSlice writes, expected {expected} (counted from {}): {:#?}",
-        counter.source(),
-        counter.writes()?
-    );
-    Ok(())
-}
-
 /// Probes and readiness both in play, resync every 2s: a quiet minute
 /// (about 30 resyncs) must not write anything.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -69,7 +58,7 @@ async fn zero_writes_over_a_quiet_minute() -> Result<()> {
 
     let counter = WriteCounter::start(&ns).await?;
     tokio::time::sleep(Duration::from_secs(60)).await;
-    assert_writes(&counter, 0, "quiet minute").await?;
+    counter.expect(0, "quiet minute").await?;
     let accepted: usize = listeners.iter().map(TcpListener::accepted).sum();
     ensure!(
         accepted > 6 * 3,
@@ -117,7 +106,7 @@ async fn restart_costs_no_writes() -> Result<()> {
     pw.restart().await?;
     tokio::time::sleep(Duration::from_secs(15)).await;
     pw.check_running()?;
-    assert_writes(&counter, 0, "restart").await?;
+    counter.expect(0, "restart").await?;
     Ok(())
 }
 
@@ -177,7 +166,7 @@ async fn one_write_when_one_pod_flips_among_1000() -> Result<()> {
     })
     .await?;
     tokio::time::sleep(Duration::from_secs(5)).await; // a couple of resyncs
-    assert_writes(&counter, 1, "one pod leaving").await?;
+    counter.expect(1, "one pod leaving").await?;
 
     ns.set_ready("p0500", true).await?;
     wait_for(SETTLE, || async {
@@ -187,7 +176,7 @@ async fn one_write_when_one_pod_flips_among_1000() -> Result<()> {
     })
     .await?;
     tokio::time::sleep(Duration::from_secs(5)).await;
-    assert_writes(&counter, 2, "the pod leaving and coming back").await?;
+    counter.expect(2, "the pod leaving and coming back").await?;
     expect_eq(slices_for(&ns, "big").await?.len(), slices_before)?;
     if let Ok(ws) = counter.writes() {
         ensure!(
