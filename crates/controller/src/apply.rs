@@ -213,6 +213,8 @@ pub struct SliceWriter {
     client: Client,
     manager: String,
     recent: Recent,
+    /// Names refused because another manager holds them ([`crate::foreign`]).
+    foreign: crate::foreign::Foreign,
 }
 
 /// What our view held for a name when the plan was made.
@@ -266,6 +268,7 @@ impl SliceWriter {
             client,
             manager,
             recent: Recent::default(),
+            foreign: Default::default(),
         }
     }
 
@@ -278,7 +281,13 @@ impl SliceWriter {
         name: &str,
         cached: Option<Arc<EndpointSlice>>,
     ) -> Option<Arc<EndpointSlice>> {
-        self.recent.overlay(ns, name, cached)
+        match self.recent.overlay(ns, name, cached) {
+            Some(view) => {
+                self.foreign.forget(ns, name);
+                Some(view)
+            }
+            None => self.foreign.get(ns, name),
+        }
     }
 
     /// Names we wrote in `ns` that the cache may not show yet.
@@ -297,7 +306,46 @@ impl SliceWriter {
             api: Api::namespaced(self.client.clone(), ns),
             manager: self.manager.clone(),
         };
-        write(&api, &self.recent, ns, writes, metrics).await
+        let result = write(&api, &self.recent, ns, writes, metrics).await;
+        if let Err(e) = &result {
+            self.learn_foreign(&api.api, ns, writes, e).await;
+        }
+        result
+    }
+
+    /// After a refused apply of a name our view did not hold, fetches
+    /// what holds the name so the next plan sees it ([`crate::foreign`]).
+    async fn learn_foreign(&self, api: &Api<EndpointSlice>, ns: &str, writes: &Writes, e: &Error) {
+        let failed = match e {
+            Error::Several { failed, .. } => failed.as_slice(),
+            single => std::slice::from_ref(single),
+        };
+        for f in failed {
+            let Error::Apply {
+                name,
+                source: kube::Error::Api(status),
+            } = f
+            else {
+                continue;
+            };
+            let unseen = writes
+                .applies
+                .iter()
+                .any(|(s, seen)| seen.is_none() && s.metadata.name.as_deref() == Some(name));
+            if status.code != 409 || !unseen {
+                continue;
+            }
+            match api.get_opt(name).await {
+                Ok(Some(holder)) => {
+                    info!(namespace = ns, slice = %name, "name held by another writer");
+                    self.foreign.remember(ns, name, holder);
+                }
+                Ok(None) => {}
+                Err(err) => {
+                    debug!(namespace = ns, slice = %name, error = %err, "GET after refused apply")
+                }
+            }
+        }
     }
 }
 

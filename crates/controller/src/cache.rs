@@ -116,19 +116,28 @@ impl SyncToken {
 /// had delivered before but the relist no longer contains (it was deleted
 /// while the watch was down, e.g. after a 410 Gone).
 ///
+/// Objects that fail `keep` never reach the store: the caches hold only
+/// what portwise manages, also when the apiserver cannot filter for it (an
+/// annotation key). An object that stops passing `keep` (it lost its key)
+/// becomes a `Delete` carrying its current state, so the store forgets it
+/// and whoever reads the stream sees the transition; one that starts
+/// passing becomes an `Apply`. Only kept objects are remembered here.
+///
 /// A synthetic `Delete` carries the uid of the object it stands for, since
 /// per-object state is keyed by uid (a Service's verdicts, warnings,
 /// migration state) and would otherwise outlive it. An object deleted and
 /// re-created under the same name during the gap is listed with a new uid:
 /// the old one gets its `Delete` before the new one's `Apply`.
-pub fn flatten_relists<K, S>(
+pub fn flatten_relists<K, S, F>(
     watch: S,
     mut token: SyncToken,
+    keep: F,
 ) -> impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send
 where
     K: Resource + Clone + Default + Send + 'static,
     K::DynamicType: Default + Eq + std::hash::Hash + Clone,
     S: Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
+    F: Fn(&K) -> bool + Send + 'static,
 {
     // Every object delivered so far, with its uid.
     let mut known: HashMap<ObjectRef<K>, Option<String>> = HashMap::new();
@@ -139,6 +148,16 @@ where
             Ok(watcher::Event::Init) => {
                 relist = Some(HashSet::new());
                 vec![]
+            }
+            Ok(watcher::Event::InitApply(obj)) if !keep(&obj) => {
+                // Not listed as far as the store is concerned: if it was
+                // kept before, the relist's end deletes it, but with its
+                // current state rather than a stub.
+                let r = ObjectRef::from_obj(&obj);
+                match known.remove(&r) {
+                    Some(_) => vec![Ok(watcher::Event::Delete(obj))],
+                    None => vec![],
+                }
             }
             Ok(watcher::Event::InitApply(obj)) => {
                 let r = ObjectRef::from_obj(&obj);
@@ -167,14 +186,21 @@ where
                     .map(|(r, uid)| Ok(watcher::Event::Delete(stub(&r, uid))))
                     .collect()
             }
+            Ok(watcher::Event::Apply(obj)) if !keep(&obj) => {
+                match known.remove(&ObjectRef::from_obj(&obj)) {
+                    Some(_) => vec![Ok(watcher::Event::Delete(obj))],
+                    None => vec![],
+                }
+            }
             Ok(watcher::Event::Apply(obj)) => {
                 known.insert(ObjectRef::from_obj(&obj), obj.meta().uid.clone());
                 vec![Ok(watcher::Event::Apply(obj))]
             }
-            Ok(watcher::Event::Delete(obj)) => {
-                known.remove(&ObjectRef::from_obj(&obj));
-                vec![Ok(watcher::Event::Delete(obj))]
-            }
+            Ok(watcher::Event::Delete(obj)) => match known.remove(&ObjectRef::from_obj(&obj)) {
+                Some(_) => vec![Ok(watcher::Event::Delete(obj))],
+                // Never delivered (never kept): nothing to forget.
+                None => vec![],
+            },
         };
         stream::iter(out)
     })
@@ -328,7 +354,8 @@ mod tests {
         ];
         let token = gate.register();
         assert!(!gate.synced());
-        let out: Vec<_> = block_on(flatten_relists(stream::iter(events), token).collect());
+        let out: Vec<_> =
+            block_on(flatten_relists(stream::iter(events), token, |_: &Pod| true).collect());
         let summary: Vec<String> = out
             .into_iter()
             .map(|e| match e.unwrap() {
@@ -360,8 +387,9 @@ mod tests {
             Ok(watcher::Event::InitApply(recreated)),
             Ok(watcher::Event::InitDone),
         ];
-        let out: Vec<_> =
-            block_on(flatten_relists(stream::iter(events), gate.register()).collect());
+        let out: Vec<_> = block_on(
+            flatten_relists(stream::iter(events), gate.register(), |_: &Pod| true).collect(),
+        );
         let summary: Vec<String> = out
             .into_iter()
             .map(|e| match e.unwrap() {
@@ -374,6 +402,54 @@ mod tests {
             summary,
             ["+a uid-a", "+b uid-b", "-b uid-b", "+b uid-b-2", "-a uid-a"]
         );
+    }
+
+    /// Objects without the key never pass; one that loses it is deleted
+    /// with its current state, one that gains it is applied; a relist
+    /// drops one that lost it meanwhile.
+    #[test]
+    fn unkept_objects_never_pass_and_losing_the_key_deletes() {
+        let gate = SyncGate::default();
+        let keyed = |name: &str| {
+            let mut p = pod(name);
+            p.metadata.annotations = Some([("k".to_string(), "g".to_string())].into());
+            p
+        };
+        let events = vec![
+            Ok(watcher::Event::Init),
+            Ok(watcher::Event::InitApply(keyed("a"))),
+            Ok(watcher::Event::InitApply(pod("b"))),
+            Ok(watcher::Event::InitApply(keyed("c"))),
+            Ok(watcher::Event::InitDone),
+            // b is updated, still without the key; then gains it.
+            Ok(watcher::Event::Apply(pod("b"))),
+            Ok(watcher::Event::Apply(keyed("b"))),
+            // a loses the key; an unkept pod is deleted.
+            Ok(watcher::Event::Apply(pod("a"))),
+            Ok(watcher::Event::Delete(pod("z"))),
+            // The watch broke; meanwhile c lost its key.
+            Ok(watcher::Event::Init),
+            Ok(watcher::Event::InitApply(keyed("b"))),
+            Ok(watcher::Event::InitApply(pod("c"))),
+            Ok(watcher::Event::InitDone),
+        ];
+        let keep = |p: &Pod| p.annotations().contains_key("k");
+        let out: Vec<_> =
+            block_on(flatten_relists(stream::iter(events), gate.register(), keep).collect());
+        let summary: Vec<String> = out
+            .into_iter()
+            .map(|e| match e.unwrap() {
+                watcher::Event::Apply(p) => format!("+{}", p.name_any()),
+                watcher::Event::Delete(p) => {
+                    // A lost key is reported with the object's state.
+                    assert!(!p.annotations().contains_key("k"));
+                    format!("-{}", p.name_any())
+                }
+                _ => "?".into(),
+            })
+            .collect();
+        assert_eq!(summary, ["+a", "+c", "+b", "-a", "+b", "-c"]);
+        assert!(gate.synced());
     }
 
     #[test]

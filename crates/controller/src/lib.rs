@@ -22,6 +22,7 @@
 
 pub mod apply;
 pub mod cache;
+mod foreign;
 mod judge;
 pub mod metrics;
 pub mod migrate;

@@ -274,6 +274,7 @@ pub struct Metrics {
     reconcile_duration: Histogram,
     writes: MetricFamily<KindLabels, Counter>,
     leader: Gauge,
+    cache_objects: MetricFamily<KindLabels, Gauge>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -361,6 +362,13 @@ impl Metrics {
             leader.clone(),
         );
 
+        let cache_objects = MetricFamily::<KindLabels, Gauge>::default();
+        registry.register(
+            "cache_objects",
+            "Objects held in the informer caches by kind (services|pods|endpointslices|nodes)",
+            cache_objects.clone(),
+        );
+
         Self {
             registry: Arc::new(registry),
             endpoints_published,
@@ -376,6 +384,7 @@ impl Metrics {
             reconcile_duration,
             writes,
             leader,
+            cache_objects,
         }
     }
 
@@ -557,6 +566,13 @@ impl Metrics {
                 kind: kind.as_str(),
             })
             .inc();
+    }
+
+    /// Sets how many objects of `kind` the informer caches hold.
+    pub fn set_cache_objects(&self, kind: &'static str, objects: usize) {
+        self.cache_objects
+            .get_or_create(&KindLabels { kind })
+            .set(gauge_value(objects));
     }
 
     /// Sets whether this replica currently leads.

@@ -13,7 +13,7 @@
 
 use std::{
     collections::{HashMap, HashSet},
-    sync::{Arc, Mutex},
+    sync::Mutex,
     time::{Duration, Instant},
 };
 
@@ -25,6 +25,7 @@ use kube::{
     Api, Client, ResourceExt,
     api::{DeleteParams, ListParams, Patch, PatchParams, Preconditions},
 };
+use portwise_core::plan::{MANAGED_BY_LABEL, SERVICE_NAME_LABEL};
 use tracing::{debug, info, warn};
 
 use crate::metrics::{CleanupKind, Metrics};
@@ -88,6 +89,27 @@ pub struct Migrator {
     /// does not manage, and keeping them would cost memory in proportion to
     /// the cluster rather than to what portwise manages.
     native_at_start: Mutex<Option<(Instant, NativeAtStart)>>,
+    /// Services (by UID) that a cleanup pass found without native slices:
+    /// no further LIST until [`Migrator::forget`]. The native controller
+    /// does not publish for a selector-less Service, so none come back
+    /// unless a selector does.
+    slices_gone: Mutex<HashSet<String>>,
+    /// The native EndpointSlices the start-up LIST found, by (namespace,
+    /// Service name): portwise's slice watch selects only its own slices,
+    /// so this (and, later, one label-selected LIST per hand-over) is how
+    /// cleanup finds the native ones. Dropped after [`PRIMED_FOR`], like
+    /// `native_at_start`.
+    slices_at_start: Mutex<Option<(Instant, SlicesAtStart)>>,
+}
+
+/// (namespace, Service name) -> the native slices (name, uid) the
+/// start-up LIST found for it; `None`: the Service changed since, LIST.
+type SlicesAtStart = HashMap<(String, String), Option<Vec<(String, Option<String>)>>>;
+
+/// What the start-up LIST says about a Service's native slices.
+enum PrimedSlices {
+    Unknown,
+    Found(Vec<(String, Option<String>)>),
 }
 
 /// (namespace, name) of each native Endpoints object the start-up LIST found.
@@ -139,6 +161,8 @@ impl Migrator {
             managed_by,
             endpoints_gone: Mutex::default(),
             native_at_start: Mutex::default(),
+            slices_gone: Mutex::default(),
+            slices_at_start: Mutex::default(),
         }
     }
 
@@ -180,6 +204,83 @@ impl Migrator {
         }
         debug!(native_endpoints = found.len(), "primed native Endpoints");
         *self.native_at_start.lock().unwrap() = Some((Instant::now(), found));
+
+        let selector = format!("{MANAGED_BY_LABEL}={NATIVE_MANAGER}");
+        let apis: Vec<Api<EndpointSlice>> = if namespaces.is_empty() {
+            vec![Api::all(self.client.clone())]
+        } else {
+            namespaces
+                .iter()
+                .map(|ns| Api::namespaced(self.client.clone(), ns))
+                .collect()
+        };
+        let mut slices: SlicesAtStart = HashMap::new();
+        for api in apis {
+            let mut params = ListParams::default().labels(&selector).limit(500);
+            loop {
+                let page = match api.list_metadata(&params).await {
+                    Ok(page) => page,
+                    Err(e) => {
+                        warn!(error = %e, "listing native EndpointSlices failed; cleanup will LIST per Service");
+                        return;
+                    }
+                };
+                for s in &page.items {
+                    let Some(svc) = s.labels().get(SERVICE_NAME_LABEL) else {
+                        continue;
+                    };
+                    slices
+                        .entry((s.namespace().unwrap_or_default(), svc.clone()))
+                        .or_insert_with(|| Some(Vec::new()))
+                        .get_or_insert_with(Vec::new)
+                        .push((s.name_any(), s.uid()));
+                }
+                match page.metadata.continue_.filter(|c| !c.is_empty()) {
+                    Some(token) => params = params.continue_token(&token),
+                    None => break,
+                }
+            }
+        }
+        debug!(services = slices.len(), "primed native EndpointSlices");
+        *self.slices_at_start.lock().unwrap() = Some((Instant::now(), slices));
+    }
+
+    /// What the start-up LIST found of `ns/name`'s native slices, consumed.
+    fn primed_slices(&self, ns: &str, name: &str) -> PrimedSlices {
+        let mut primed = self.slices_at_start.lock().unwrap();
+        if primed
+            .as_ref()
+            .is_some_and(|(at, _)| at.elapsed() > PRIMED_FOR)
+        {
+            *primed = None;
+        }
+        match primed.as_mut() {
+            None => PrimedSlices::Unknown,
+            Some((_, found)) => match found.remove(&(ns.to_string(), name.to_string())) {
+                Some(Some(slices)) => PrimedSlices::Found(slices),
+                Some(None) => PrimedSlices::Unknown,
+                None => PrimedSlices::Found(Vec::new()),
+            },
+        }
+    }
+
+    /// The native slices of `ns/name` (name, uid): from the start-up LIST
+    /// while it answers, else one LIST selected by the Service's name and
+    /// the native manager.
+    async fn native_slices(
+        &self,
+        api: &Api<EndpointSlice>,
+        ns: &str,
+        name: &str,
+    ) -> Result<Vec<(String, Option<String>)>, Error> {
+        if let PrimedSlices::Found(found) = self.primed_slices(ns, name) {
+            return Ok(found);
+        }
+        let selector = format!("{SERVICE_NAME_LABEL}={name},{MANAGED_BY_LABEL}={NATIVE_MANAGER}");
+        let list = api
+            .list_metadata(&ListParams::default().labels(&selector))
+            .await?;
+        Ok(list.items.iter().map(|s| (s.name_any(), s.uid())).collect())
     }
 
     /// What the start-up LIST found for `ns/name`, consumed.
@@ -202,14 +303,9 @@ impl Migrator {
     }
 
     /// Deletes the native leftovers of `svc`: its Endpoints object (unless it
-    /// is ours), then `native_slices`. Call only when the Service has no
+    /// is ours), then its native slices. Call only when the Service has no
     /// selector and portwise publishes at least one endpoint for it.
-    pub async fn cleanup(
-        &self,
-        svc: &Service,
-        native_slices: &[Arc<EndpointSlice>],
-        metrics: &Metrics,
-    ) -> Result<Cleaned, Error> {
+    pub async fn cleanup(&self, svc: &Service, metrics: &Metrics) -> Result<Cleaned, Error> {
         let ns = svc.namespace().unwrap_or_default();
         let name = svc.name_any();
         let uid = svc.uid().unwrap_or_default();
@@ -231,13 +327,22 @@ impl Migrator {
                 info!(namespace = %ns, service = %name, "deleted native Endpoints");
                 cleaned.endpoints = true;
             }
-            self.endpoints_gone.lock().unwrap().insert(uid);
+            self.endpoints_gone.lock().unwrap().insert(uid.clone());
         }
 
+        if self.slices_gone.lock().unwrap().contains(&uid) {
+            return Ok(cleaned);
+        }
         let api: Api<EndpointSlice> = Api::namespaced(self.client.clone(), &ns);
-        for slice in native_slices {
-            let slice_name = slice.name_any();
-            delete_guarded(&api, &slice_name, slice.uid()).await?;
+        let native = self.native_slices(&api, &ns, &name).await?;
+        if native.is_empty() {
+            // Only a pass that finds none settles it: one that deleted
+            // some looks again next time, in case the native controller
+            // wrote late.
+            self.slices_gone.lock().unwrap().insert(uid);
+        }
+        for (slice_name, slice_uid) in native {
+            delete_guarded(&api, &slice_name, slice_uid).await?;
             metrics.count_native_cleanup_deletion(CleanupKind::EndpointSlice);
             info!(namespace = %ns, service = %name, slice = %slice_name, "deleted native EndpointSlice");
             cleaned.slices.push(slice_name);
@@ -263,15 +368,15 @@ impl Migrator {
     /// so the native controller may publish one again; or it was deleted),
     /// including what the start-up LIST said: from now on only a GET tells.
     pub fn forget(&self, svc: &Service) {
-        self.endpoints_gone
-            .lock()
-            .unwrap()
-            .remove(&svc.uid().unwrap_or_default());
+        let uid = svc.uid().unwrap_or_default();
+        self.endpoints_gone.lock().unwrap().remove(&uid);
+        self.slices_gone.lock().unwrap().remove(&uid);
+        let key = (svc.namespace().unwrap_or_default(), svc.name_any());
         if let Some((_, found)) = self.native_at_start.lock().unwrap().as_mut() {
-            found.insert(
-                (svc.namespace().unwrap_or_default(), svc.name_any()),
-                AtStart::Ask,
-            );
+            found.insert(key.clone(), AtStart::Ask);
+        }
+        if let Some((_, found)) = self.slices_at_start.lock().unwrap().as_mut() {
+            found.insert(key, None);
         }
     }
 

@@ -29,7 +29,7 @@ use tracing::{debug, info, warn};
 
 use portwise_core::{
     config::Config,
-    plan::{self, MANAGED_BY_LABEL, TriggerMemory, Triggers, is_ours},
+    plan::{self, TriggerMemory, Triggers, is_ours},
     reconcile::{self as decision, Decision, Once, Release, Requeue, Serve},
 };
 
@@ -336,19 +336,9 @@ async fn serve(ctx: &Context, svc: &Arc<Service>, mut serve: Serve) -> Result<bo
         .set_service(&ns, &name, &published, plan.summary.slices);
 
     if serve.cleans_up_native(&plan) {
-        let native: Vec<Arc<EndpointSlice>> = ctx
-            .slice_owners
-            .members(&ns, &name)
-            .into_iter()
-            .filter_map(|n| ctx.slices.get(&ObjectRef::new(&n).within(&ns)))
-            .filter(|s| {
-                s.labels().get(MANAGED_BY_LABEL).map(String::as_str)
-                    == Some(migrate::NATIVE_MANAGER)
-            })
-            .collect();
         let cleaned = ctx
             .migration
-            .cleanup(svc, &native, &ctx.metrics)
+            .cleanup(svc, &ctx.metrics)
             .await
             .map_err(|source| Error::Migrate {
                 service: format!("{ns}/{name}"),

@@ -78,6 +78,7 @@ fn watch_all<K>(
     namespaces: &[String],
     cfg: watcher::Config,
     gate: &SyncGate,
+    keep: impl Fn(&K) -> bool + Clone + Send + 'static,
 ) -> BoxStream<'static, Result<watcher::Event<K>, watcher::Error>>
 where
     K: Resource<Scope = k8s_openapi::NamespaceResourceScope>
@@ -102,6 +103,7 @@ where
         flatten_relists(
             watcher(api, cfg.clone()).backoff(WatchBackoff::default()),
             gate.register(),
+            keep.clone(),
         )
         .boxed()
     });
@@ -113,6 +115,130 @@ where
         .chain(stream::select_all(streams))
         .boxed()
 }
+/// The watch of objects that carry `key`: the apiserver selects on a label
+/// key's existence, so objects without it are never sent; an annotation
+/// cannot be selected on, so every object is sent and [`flatten_relists`]
+/// drops the ones without it before they reach the cache.
+fn selecting(cfg: &watcher::Config, key: &KeySource) -> watcher::Config {
+    match key {
+        KeySource::Label(k) => cfg.clone().labels(k),
+        KeySource::Annotation(_) => cfg.clone(),
+    }
+}
+
+/// A Service that left the Service cache, for [`release_gone`].
+enum Gone {
+    /// It lost its key: the object as the watch last showed it.
+    Lost(Arc<Service>),
+    /// Deleted, or may have lost its key (a label-selected watch reports
+    /// that as a delete; a relist cannot tell): ask the apiserver.
+    Check(ObjectRef<Service>),
+}
+
+/// Takes back the slices of Services that left the Service cache but not
+/// the cluster. The cache holds only keyed Services, so a Service that
+/// loses its key is dropped from it, and kube's controller never
+/// reconciles an object its store lacks; this reconciles it here instead,
+/// which releases it like any unmanaged Service (`decide`'s branch 2). A
+/// deleted Service needs nothing: its slices have it as their controller
+/// owner, and the garbage collector removes them.
+async fn release_gone(
+    client: Client,
+    ctx: Arc<Context>,
+    tx: tokio::sync::mpsc::UnboundedSender<Gone>,
+    mut rx: tokio::sync::mpsc::UnboundedReceiver<Gone>,
+) {
+    while let Some(gone) = rx.recv().await {
+        // Only the complete caches can tell what we own.
+        while !ctx.synced.synced() {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let r = match &gone {
+            Gone::Lost(svc) => ObjectRef::from_obj(svc.as_ref()),
+            Gone::Check(r) => r.clone(),
+        };
+        let ns = r.namespace.clone().unwrap_or_default();
+        if ctx.services.get(&r).is_some() || ctx.slice_owners.members(&ns, &r.name).is_empty() {
+            // Back in the cache (it is served), or nothing of ours to take.
+            continue;
+        }
+        let svc = match gone {
+            Gone::Lost(svc) => svc,
+            Gone::Check(_) => {
+                let api: Api<Service> = Api::namespaced(client.clone(), &ns);
+                match api.get_opt(&r.name).await {
+                    Ok(Some(svc))
+                        if key_value(&svc.metadata, &ctx.config.service_key).is_none() =>
+                    {
+                        Arc::new(svc)
+                    }
+                    // Keyed: the watch delivers it. Gone: the garbage
+                    // collector takes its slices.
+                    Ok(_) => continue,
+                    Err(e) => {
+                        retry_gone(&ctx, &tx, r, &e.to_string());
+                        continue;
+                    }
+                }
+            }
+        };
+        info!(service = %r, "Service left the cache but not the cluster: releasing it");
+        if let Err(e) = reconcile_in_turn(svc, ctx.clone()).await {
+            retry_gone(&ctx, &tx, r, &e.to_string());
+        }
+    }
+}
+
+fn retry_gone(
+    ctx: &Context,
+    tx: &tokio::sync::mpsc::UnboundedSender<Gone>,
+    r: ObjectRef<Service>,
+    error: &str,
+) {
+    let key = format!("{}/{}", r.namespace.as_deref().unwrap_or_default(), r.name);
+    let delay = ctx.retries.failed(&key);
+    warn!(service = %key, error, retry_in = ?delay, "releasing a Service that left the cache");
+    let tx = tx.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(delay).await;
+        let _ = tx.send(Gone::Check(r));
+    });
+}
+
+/// Our slices whose Service is not in the Service cache: it lost its key
+/// while we were not looking (down, or following).
+fn sweep_gone(ctx: &Context, tx: &tokio::sync::mpsc::UnboundedSender<Gone>) {
+    let mut seen = std::collections::HashSet::new();
+    for slice in ctx.slices.state() {
+        let Some(svc) = slice_service(&slice) else {
+            continue;
+        };
+        let r = ObjectRef::<Service>::new(&svc).within(&slice.namespace().unwrap_or_default());
+        if ctx.services.get(&r).is_none() && seen.insert(r.clone()) {
+            let _ = tx.send(Gone::Check(r));
+        }
+    }
+}
+
+/// Keeps `portwise_cache_objects` current.
+async fn count_cached(
+    metrics: crate::metrics::Metrics,
+    services: Store<Service>,
+    pods: Store<Pod>,
+    slices: Store<EndpointSlice>,
+    nodes: Option<Store<PartialObjectMeta<Node>>>,
+) {
+    loop {
+        metrics.set_cache_objects("services", services.len());
+        metrics.set_cache_objects("pods", pods.len());
+        metrics.set_cache_objects("endpointslices", slices.len());
+        if let Some(nodes) = &nodes {
+            metrics.set_cache_objects("nodes", nodes.len());
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
 /// Runs the controller until `shutdown` resolves.
 pub(crate) async fn run(
     client: Client,
@@ -120,6 +246,7 @@ pub(crate) async fn run(
     opts: RunOptions,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) -> Result<(), Error> {
+    let started = std::time::Instant::now();
     let config = Arc::new(config);
     let checker: Arc<dyn Checker> = portwise_checkers::build(
         &config.membership,
@@ -139,25 +266,47 @@ pub(crate) async fn run(
     // state (verdict cache, trigger times, metrics series) is dropped with them.
     let svc_groups = Arc::new(GroupIndex::default());
     let (gone_tx, mut gone_rx) = tokio::sync::mpsc::unbounded_channel::<Arc<Service>>();
+    let (release_tx, release_rx) = tokio::sync::mpsc::unbounded_channel::<Gone>();
     let services = {
         let svc_groups = svc_groups.clone();
         let key = config.service_key.clone();
-        watch_all::<Service>(&client, &opts.namespaces, list_cfg.clone(), &gate)
-            .modify(cache::strip_managed_fields)
-            .reflect(svc_writer)
-            .inspect_ok(move |ev| match ev {
-                watcher::Event::Apply(svc) | watcher::Event::InitApply(svc) => {
-                    let ns = svc.namespace().unwrap_or_default();
-                    svc_groups.set(&ns, &svc.name_any(), key_value(&svc.metadata, &key));
-                }
-                watcher::Event::Delete(svc) => {
-                    let ns = svc.namespace().unwrap_or_default();
-                    svc_groups.set(&ns, &svc.name_any(), None);
-                    let _ = gone_tx.send(Arc::new(svc.clone()));
-                }
-                _ => {}
-            })
-            .applied_objects()
+        let keep = {
+            let key = key.clone();
+            move |s: &Service| key_value(&s.metadata, &key).is_some()
+        };
+        let release_tx = release_tx.clone();
+        watch_all::<Service>(
+            &client,
+            &opts.namespaces,
+            selecting(&list_cfg, &key),
+            &gate,
+            keep,
+        )
+        .modify(cache::strip_managed_fields)
+        .reflect(svc_writer)
+        .inspect_ok(move |ev| match ev {
+            watcher::Event::Apply(svc) | watcher::Event::InitApply(svc) => {
+                let ns = svc.namespace().unwrap_or_default();
+                svc_groups.set(&ns, &svc.name_any(), key_value(&svc.metadata, &key));
+            }
+            watcher::Event::Delete(svc) => {
+                let ns = svc.namespace().unwrap_or_default();
+                svc_groups.set(&ns, &svc.name_any(), None);
+                let svc = Arc::new(svc.clone());
+                let _ = gone_tx.send(svc.clone());
+                // Deleted, or dropped from the cache for losing its
+                // key: only the latter needs its slices released.
+                let lost = svc.metadata.resource_version.is_some()
+                    && key_value(&svc.metadata, &key).is_none();
+                let _ = release_tx.send(if lost {
+                    Gone::Lost(svc)
+                } else {
+                    Gone::Check(ObjectRef::from_obj(svc.as_ref()))
+                });
+            }
+            _ => {}
+        })
+        .applied_objects()
     };
 
     // Pods, indexed by group; a change triggers the group's Services.
@@ -169,28 +318,46 @@ pub(crate) async fn run(
         let svc_groups = svc_groups.clone();
         let tx = trigger_tx.clone();
         let key = config.pod_key().clone();
-        watch_all::<Pod>(&client, &opts.namespaces, list_cfg.clone(), &gate)
-            .modify(cache::strip_managed_fields)
-            .reflect(pod_writer)
-            .for_each(move |ev| {
-                if let Ok(ev) = ev {
-                    on_pod_event(&ev, &key, &pod_groups, &svc_groups, &tx);
-                } else if let Err(e) = ev {
-                    warn!(error = %e, "pod watch");
-                }
-                future::ready(())
-            })
+        let keep = {
+            let key = key.clone();
+            move |p: &Pod| key_value(&p.metadata, &key).is_some()
+        };
+        watch_all::<Pod>(
+            &client,
+            &opts.namespaces,
+            selecting(&list_cfg, &key),
+            &gate,
+            keep,
+        )
+        .modify(cache::strip_managed_fields)
+        .reflect(pod_writer)
+        .for_each(move |ev| {
+            if let Ok(ev) = ev {
+                on_pod_event(&ev, &key, &pod_groups, &svc_groups, &tx);
+            } else if let Err(e) = ev {
+                warn!(error = %e, "pod watch");
+            }
+            future::ready(())
+        })
     };
 
-    // Our slices (and anyone's, to detect name collisions).
+    // Our slices only (selected by our managed-by label). Another
+    // manager's slice under a name we want is found when the apiserver
+    // refuses the apply (`crate::foreign`); native slices to clean up, by
+    // a label-selected LIST (`migrate`).
     let slice_owners = Arc::new(GroupIndex::default());
     let (slice_reader, slice_writer) = reflector::store::<EndpointSlice>();
     let slice_stream = {
         let owners = slice_owners.clone();
         let tx = trigger_tx.clone();
-        let managed_by = config.managed_by.clone();
         let keep = config.managed_by.clone();
-        watch_all::<EndpointSlice>(&client, &opts.namespaces, list_cfg.clone(), &gate)
+        let services = svc_reader.clone();
+        let gate = gate.clone();
+        let release_tx = release_tx.clone();
+        let ours = list_cfg
+            .clone()
+            .labels(&format!("{MANAGED_BY_LABEL}={}", config.managed_by));
+        watch_all::<EndpointSlice>(&client, &opts.namespaces, ours, &gate, |_| true)
             // Our own managedFields entry tells the planner which labels we
             // applied before, so one the Service dropped is removed too.
             .modify(move |s: &mut EndpointSlice| cache::keep_managed_fields_of(s, &keep))
@@ -202,13 +369,13 @@ pub(crate) async fn run(
                         let svc = slice_service(&s);
                         owners.set(&ns, &s.name_any(), svc.as_deref());
                         if let Some(svc) = svc {
-                            let relevant = s
-                                .labels()
-                                .get(MANAGED_BY_LABEL)
-                                .is_none_or(|m| m == &managed_by || m == migrate::NATIVE_MANAGER);
-                            if relevant {
-                                let _ = tx.unbounded_send(ObjectRef::new(&svc).within(&ns));
+                            let r = ObjectRef::new(&svc).within(&ns);
+                            // A slice of ours for a Service the cache does
+                            // not hold: it may have lost its key.
+                            if gate.synced() && services.get(&r).is_none() {
+                                let _ = release_tx.send(Gone::Check(r.clone()));
                             }
+                            let _ = tx.unbounded_send(r);
                         }
                     }
                     Ok(watcher::Event::Delete(s)) => {
@@ -321,6 +488,62 @@ pub(crate) async fn run(
         });
     }
 
+    // Services that leave the cache but not the cluster are released
+    // there; at start and on becoming leader, our slices of Services the
+    // cache does not hold are looked at (they may have lost their key
+    // while we were down or following).
+    // Stopped with the controller (an in-process run must not leave a
+    // writer behind).
+    let mut tasks = Vec::new();
+    tasks.push(tokio::spawn(release_gone(
+        client.clone(),
+        ctx.clone(),
+        release_tx.clone(),
+        release_rx,
+    )));
+    {
+        let ctx = ctx.clone();
+        let mut leader = opts.leader.clone();
+        let mut synced_at = Some(started);
+        tasks.push(tokio::spawn(async move {
+            loop {
+                while !ctx.synced.synced() {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                if let Some(at) = synced_at.take() {
+                    // Cold-start timings (docs/benchmarks.md, row 1b).
+                    info!(
+                        after_ms = at.elapsed().as_millis() as u64,
+                        services = ctx.services.len(),
+                        pods = ctx.pods.len(),
+                        slices = ctx.slices.len(),
+                        "caches synced"
+                    );
+                }
+                if ctx.is_leader() {
+                    sweep_gone(&ctx, &release_tx);
+                }
+                let Some(rx) = leader.as_mut() else { break };
+                // Until the next time we become leader.
+                loop {
+                    if rx.changed().await.is_err() {
+                        return;
+                    }
+                    if *rx.borrow_and_update() {
+                        break;
+                    }
+                }
+            }
+        }));
+    }
+    tasks.push(tokio::spawn(count_cached(
+        opts.metrics.clone(),
+        svc_reader.clone(),
+        ctx.pods.clone(),
+        ctx.slices.clone(),
+        ctx.nodes.clone(),
+    )));
+
     // Becoming leader (again) re-checks everything: while following we
     // wrote nothing, and the previous leader may have left work undone.
     if let Some(mut rx) = opts.leader.clone() {
@@ -357,6 +580,11 @@ pub(crate) async fn run(
 
     info!(namespaces = ?opts.namespaces, managed_by = %config.managed_by, "portwise controller starting");
     let metrics = opts.metrics.clone();
+    // Cold start: logs once every Service the synced cache held has been
+    // reconciled (docs/benchmarks.md, row 1b).
+    let mut cold: Option<std::collections::HashSet<ObjectRef<Service>>> = Some(Default::default());
+    let (cold_gate, cold_services) = (gate.clone(), svc_reader.clone());
+    let mut reconciles = 0u64;
     Controller::for_stream(services, svc_reader)
         // Unbounded here: `Context::reconcile_slots` bounds reconciles
         // fairly (see there).
@@ -365,6 +593,26 @@ pub(crate) async fn run(
         .graceful_shutdown_on(shutdown)
         .run(reconcile_in_turn, error_policy, ctx)
         .for_each(|res| {
+            reconciles += 1;
+            if let (Some(seen), Ok((obj, _))) = (cold.as_mut(), &res)
+                && cold_gate.synced()
+            {
+                seen.insert(obj.clone());
+                if seen.len() >= cold_services.len()
+                    && cold_services
+                        .state()
+                        .iter()
+                        .all(|s| seen.contains(&ObjectRef::from_obj(s.as_ref())))
+                {
+                    info!(
+                        after_ms = started.elapsed().as_millis() as u64,
+                        services = seen.len(),
+                        reconciles,
+                        "cold start: every Service reconciled once"
+                    );
+                    cold = None;
+                }
+            }
             match res {
                 Ok((obj, _)) => debug!(service = %obj, "reconciled"),
                 Err(kube::runtime::controller::Error::ReconcilerFailed(e, obj)) => {
@@ -377,6 +625,9 @@ pub(crate) async fn run(
         })
         .await;
     background.abort();
+    for task in tasks {
+        task.abort();
+    }
     info!("portwise controller stopped");
     Ok(())
 }

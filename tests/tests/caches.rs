@@ -1,0 +1,237 @@
+//! What portwise caches (issue 13, "Cost that grows with the managed set"):
+//! only pods and Services that carry the key, and only its own slices;
+//! objects that gain or lose the key move in and out, and a Service that
+//! loses its key still has its slices taken back, also when it lost it
+//! while portwise was down.
+//!
+//! The cache sizes are read from `portwise_cache_objects{kind}` on the
+//! binary's operations port. Every scenario runs with the key as a label
+//! (the apiserver selects) and as an annotation (portwise filters before
+//! its caches).
+
+use std::time::Duration;
+
+use anyhow::{Result, ensure};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::api::PostParams;
+use portwise_tests::*;
+use serde_json::json;
+
+#[derive(Clone, Copy, Debug)]
+enum Key {
+    Label,
+    Annotation,
+}
+
+impl Key {
+    fn config(self) -> String {
+        let kind = match self {
+            Key::Label => "label",
+            Key::Annotation => "annotation",
+        };
+        format!(
+            "managedBy: {MANAGED_BY}\n\
+             serviceKey: {{{kind}: {GROUP_KEY}}}\n\
+             resyncPeriod: 2s\n\
+             membership: podReady\n"
+        )
+    }
+
+    fn svc(self, name: &str, group: &str) -> ServiceBuilder {
+        let s = service(name).port("http", 8080);
+        match self {
+            Key::Label => s.label(GROUP_KEY, group),
+            Key::Annotation => s.annotation(GROUP_KEY, group),
+        }
+    }
+
+    fn pod(self, name: &str, group: &str) -> PodBuilder {
+        let p = pod(name).ips(next_ips().v4());
+        match self {
+            Key::Label => p.label(GROUP_KEY, group),
+            Key::Annotation => p.annotation(GROUP_KEY, group),
+        }
+    }
+
+    async fn set_pod(self, ns: &TestNs, name: &str, group: Option<&str>) -> Result<()> {
+        match self {
+            Key::Label => ns.label_pod(name, GROUP_KEY, group).await?,
+            Key::Annotation => ns.annotate_pod(name, GROUP_KEY, group).await?,
+        };
+        Ok(())
+    }
+
+    async fn drop_from_service(self, ns: &TestNs, name: &str) -> Result<()> {
+        let field = match self {
+            Key::Label => "labels",
+            Key::Annotation => "annotations",
+        };
+        ns.patch_service(name, json!({ "metadata": { field: { GROUP_KEY: null } } }))
+            .await?;
+        Ok(())
+    }
+}
+
+async fn start(ns: &TestNs, key: Key) -> Result<Portwise> {
+    let mut pw = Portwise::builder(ns.cp())
+        .namespace(ns.name())
+        .config(&key.config())
+        .binary()
+        .start()
+        .await?;
+    pw.wait_ready().await?;
+    Ok(pw)
+}
+
+/// `portwise_cache_objects` for services, pods, endpointslices, once they
+/// read `want` (the gauge is sampled every second).
+async fn caches_are(pw: &Portwise, want: (f64, f64, f64)) -> Result<()> {
+    wait_for(SETTLE, || async {
+        let m = pw.scrape().await?;
+        let got = (
+            m.sum("portwise_cache_objects", &[("kind", "services")]),
+            m.sum("portwise_cache_objects", &[("kind", "pods")]),
+            m.sum("portwise_cache_objects", &[("kind", "endpointslices")]),
+        );
+        ensure!(
+            got == want,
+            "cached (services, pods, slices) {got:?}, want {want:?}"
+        );
+        Ok(())
+    })
+    .await
+}
+
+async fn only_keyed_objects_are_cached(key: Key) -> Result<()> {
+    let cp = ControlPlane::shared().await?;
+    let ns = TestNs::new(cp, "caches").await?;
+    ns.create_service(key.svc("web", "g")).await?;
+    // Unmanaged: no key, or the key of the other kind.
+    ns.create_service(service("plain").port("http", 8080))
+        .await?;
+    ns.create_service(match key {
+        Key::Label => service("wrong-kind")
+            .annotation(GROUP_KEY, "g")
+            .port("http", 8080),
+        Key::Annotation => service("wrong-kind")
+            .label(GROUP_KEY, "g")
+            .port("http", 8080),
+    })
+    .await?;
+    ns.create_pods(vec![key.pod("a", "g"), key.pod("b", "g")])
+        .await?;
+    ns.create_pods(
+        (0..6)
+            .map(|i| pod(&format!("stranger-{i}")).ips(next_ips().v4()))
+            .collect(),
+    )
+    .await?;
+    // Another manager's slice (nobody's Service): not cached either.
+    let foreign: EndpointSlice = serde_json::from_value(json!({
+        "metadata": { "name": "foreign", "labels": {
+            SERVICE_NAME_LABEL: "plain", MANAGED_BY_LABEL: "someone-else.example.com",
+        }},
+        "addressType": "IPv4",
+        "endpoints": [],
+    }))?;
+    ns.api::<EndpointSlice>()
+        .create(&PostParams::default(), &foreign)
+        .await?;
+
+    let pw = start(&ns, key).await?;
+    expect_endpoints(&ns, "web", by_port([(("http", V4), &["a", "b"][..])])).await?;
+    caches_are(&pw, (1.0, 2.0, 1.0)).await?;
+
+    // A pod whose key is removed leaves the slice and the cache; one that
+    // gains it joins both.
+    key.set_pod(&ns, "b", None).await?;
+    expect_endpoints(&ns, "web", by_port([(("http", V4), &["a"][..])])).await?;
+    caches_are(&pw, (1.0, 1.0, 1.0)).await?;
+    key.set_pod(&ns, "stranger-0", Some("g")).await?;
+    expect_endpoints(
+        &ns,
+        "web",
+        by_port([(("http", V4), &["a", "stranger-0"][..])]),
+    )
+    .await?;
+    caches_are(&pw, (1.0, 2.0, 1.0)).await?;
+    // A pod that moves to another group leaves this one.
+    key.set_pod(&ns, "a", Some("h")).await?;
+    expect_endpoints(&ns, "web", by_port([(("http", V4), &["stranger-0"][..])])).await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_keyed_objects_are_cached_label_key() -> Result<()> {
+    only_keyed_objects_are_cached(Key::Label).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_keyed_objects_are_cached_annotation_key() -> Result<()> {
+    only_keyed_objects_are_cached(Key::Annotation).await
+}
+
+async fn service_losing_its_key_is_released(key: Key) -> Result<()> {
+    let cp = ControlPlane::shared().await?;
+    let ns = TestNs::new(cp, "key-lost").await?;
+    ns.create_service(key.svc("one", "g")).await?;
+    ns.create_service(key.svc("two", "g")).await?;
+    ns.create_pods(vec![key.pod("a", "g")]).await?;
+    let mut pw = start(&ns, key).await?;
+    for svc in ["one", "two"] {
+        expect_endpoints(&ns, svc, by_port([(("http", V4), &["a"][..])])).await?;
+    }
+    caches_are(&pw, (2.0, 1.0, 2.0)).await?;
+
+    // Loses its key while portwise watches: released, and out of the cache.
+    key.drop_from_service(&ns, "one").await?;
+    wait_for(SETTLE, || async {
+        let s = slices_managed_by(&ns, "one", Some(MANAGED_BY)).await?;
+        ensure!(s.is_empty(), "one keeps {} slice(s)", s.len());
+        Ok(())
+    })
+    .await?;
+    caches_are(&pw, (1.0, 1.0, 1.0)).await?;
+
+    // Loses its key while portwise is down: released after the restart.
+    pw.stop().await?;
+    key.drop_from_service(&ns, "two").await?;
+    pw.start_again().await?;
+    pw.wait_ready().await?;
+    wait_for(SETTLE, || async {
+        let s = slices_managed_by(&ns, "two", Some(MANAGED_BY)).await?;
+        ensure!(s.is_empty(), "two keeps {} slice(s)", s.len());
+        Ok(())
+    })
+    .await?;
+    caches_are(&pw, (0.0, 1.0, 0.0)).await?;
+
+    // Gaining the key back serves it again.
+    ns.patch_service(
+        "two",
+        match key {
+            Key::Label => json!({ "metadata": { "labels": { GROUP_KEY: "g" } } }),
+            Key::Annotation => json!({ "metadata": { "annotations": { GROUP_KEY: "g" } } }),
+        },
+    )
+    .await?;
+    expect_endpoints(&ns, "two", by_port([(("http", V4), &["a"][..])])).await?;
+    // "one" stays released.
+    stays_for(Duration::from_secs(4), || async {
+        let s = slices_managed_by(&ns, "one", Some(MANAGED_BY)).await?;
+        ensure!(s.is_empty(), "one got slices again: {s:?}");
+        Ok(())
+    })
+    .await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn service_losing_its_key_is_released_label_key() -> Result<()> {
+    service_losing_its_key_is_released(Key::Label).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn service_losing_its_key_is_released_annotation_key() -> Result<()> {
+    service_losing_its_key_is_released(Key::Annotation).await
+}
