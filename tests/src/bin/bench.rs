@@ -3082,7 +3082,9 @@ fn protocol_text(b: &Bench) -> String {
          differences**: after rows 2–4 each controller is stopped, its slices deleted, and it \
          is started cold again, the native one with `--kube-api-qps=1000 --kube-api-burst=1000` \
          and portwise without `--namespace`, so both cache the same cluster-wide state (both \
-         namespaces, row 3's 1000-pod Service included)."
+         namespaces, row 3's 1000-pod Service included). On a noisy machine one run decides \
+         nothing: each controller is started cold BENCH_FAIR_RUNS (3) times, alternating, \
+         every run is reported, and the goal applies to the median ratio."
             .into(),
     );
     p.join("\n")
