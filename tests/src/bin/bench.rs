@@ -1414,11 +1414,7 @@ impl Bench {
             None,
         );
         let mut detail = String::from(
-            "Where portwise's cold start spends its time, per run: from its exec to its              caches synced (every watch's first LIST, and the start-up LISTs of native              Endpoints and EndpointSlices), to every Service reconciled once (its own log),              to every slice right (the bench's watch); reconcile durations and writes from its              metrics.
-
-| run | caches synced | every Service reconciled | every slice right |              reconciles | mean reconcile | slice writes | native |
-|---|---|---|---|---|---|---|---|
-",
+            "Where portwise's cold start spends its time, per run: from its exec to its caches synced (every watch's first LIST, and the start-up LISTs of native Endpoints and EndpointSlices), to every Service reconciled once (its own log), to every slice right (the bench's watch); reconcile durations and writes from its metrics.\n\n| run | caches synced | every Service reconciled | every slice right | reconciles | mean reconcile | slice writes | native |\n|---|---|---|---|---|---|---|---|\n",
         );
         for (i, (nat, pw)) in results.iter().enumerate() {
             let t = &pw.3;
@@ -1598,7 +1594,7 @@ impl Bench {
             .await?;
         let setup = t.elapsed();
         self.protocol.push(format!(
-            "- Row 9 setup (not counted): {n_svc} Services × {per} Ready pods in `bench-cost-*`              carrying the key `{COST_KEY}` as a label and as an annotation (portwise:              `managedBy: {COST_MANAGER}`, cluster-wide, once with `serviceKey: {{label: …}}`,              once with `{{annotation: …}}`); then {unmanaged} pods without the key (a label, an              annotation, no status) in {spaces} other namespaces, created in {} ({:.0} pods/s,              {} requests in flight).",
+            "- Row 9 setup (not counted): {n_svc} Services × {per} Ready pods in `bench-cost-*` carrying the key `{COST_KEY}` as a label and as an annotation (portwise: `managedBy: {COST_MANAGER}`, cluster-wide, once with `serviceKey: {{label: …}}`, once with `{{annotation: …}}`); then {unmanaged} pods without the key (a label, an annotation, no status) in {spaces} other namespaces, created in {} ({:.0} pods/s, {} requests in flight).",
             secs(setup),
             unmanaged as f64 / setup.as_secs_f64(),
             4 * conc
@@ -1675,10 +1671,7 @@ impl Bench {
         tokio::time::sleep(Duration::from_secs(3)).await;
         eprintln!("bench: row 9: portwise, {key} keys, {tag}");
         let config = format!(
-            "managedBy: {COST_MANAGER}
-             serviceKey: {{{key}: {COST_KEY}}}
-             membership: podReady
-"
+            "managedBy: {COST_MANAGER}\nserviceKey: {{{key}: {COST_KEY}}}\nmembership: podReady\n"
         );
         let mut pw = spawn_portwise(
             self.cp,
