@@ -24,7 +24,6 @@ use kube::{
         reflector::{ObjectRef, Store},
     },
 };
-use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
 use portwise_core::{
@@ -57,7 +56,7 @@ pub(crate) struct Context {
     pub(crate) writer: SliceWriter,
     pub(crate) recorder: Recorder,
     pub(crate) metrics: Metrics,
-    pub(crate) leader: Option<watch::Receiver<bool>>,
+    pub(crate) leader: Option<crate::Tenure>,
     /// Services whose selector warning was emitted (per transition).
     pub(crate) selector_warned: Mutex<HashSet<String>>,
     /// Services whose ExternalName event was emitted.
@@ -84,8 +83,9 @@ pub(crate) struct Context {
 }
 
 impl Context {
+    /// Within this replica's term (by the clock, see [`crate::Tenure`]).
     pub(crate) fn is_leader(&self) -> bool {
-        self.leader.as_ref().is_none_or(|rx| *rx.borrow())
+        self.leader.as_ref().is_none_or(crate::Tenure::leads)
     }
 
     fn pods_in_group(&self, ns: &str, group: &str) -> Vec<Arc<Pod>> {

@@ -323,18 +323,23 @@ pub(crate) async fn run(
 
     // Becoming leader (again) re-checks everything: while following we
     // wrote nothing, and the previous leader may have left work undone.
-    if let Some(mut rx) = opts.leader.clone() {
+    // Renewals change the term too: only a new term re-checks.
+    if let Some(mut tenure) = opts.leader.clone() {
         let tx = trigger_tx.clone();
         let services = svc_reader.clone();
         tokio::spawn(async move {
+            let mut held = false;
+            let mut holds = tenure.holds_term();
             loop {
-                if *rx.borrow_and_update() {
+                if holds && !held {
                     for svc in services.state() {
                         let _ = tx.unbounded_send(ObjectRef::from_obj(svc.as_ref()));
                     }
                 }
-                if rx.changed().await.is_err() {
-                    break;
+                held = holds;
+                match tenure.changed().await {
+                    Some(h) => holds = h,
+                    None => break,
                 }
             }
         });
