@@ -53,6 +53,9 @@ use tower::{BoxError, Layer, Service, ServiceBuilder};
 /// controller's.
 pub const USER_AGENT: &str = concat!("portwise/", env!("CARGO_PKG_VERSION"));
 
+/// Bound on connecting (TCP and TLS) to the apiserver.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Idle time before a connection's first keepalive probe.
 const KEEPALIVE_IDLE: Duration = Duration::from_secs(5);
 
@@ -134,7 +137,18 @@ pub async fn connect(opts: &ClientOptions) -> anyhow::Result<kube::Client> {
     };
     let https = config.rustls_https_connector_with_connector(tcp)?;
     let mut timed = hyper_timeout::TimeoutConnector::new(https);
-    timed.set_connect_timeout(config.connect_timeout);
+    // kube's 30 s connect timeout outlasts a partition's heal: a connect
+    // started while cut off waits for its next SYN retransmission (the 5th
+    // comes 31 s in) or its timeout, whichever is first, and the watches
+    // with it. 10 s still covers three SYN retransmissions and a TLS
+    // handshake with a busy apiserver (client-go allows 10 s for the
+    // handshake).
+    timed.set_connect_timeout(
+        config
+            .connect_timeout
+            .map(|t| t.min(CONNECT_TIMEOUT))
+            .or(Some(CONNECT_TIMEOUT)),
+    );
     timed.set_read_timeout(config.read_timeout);
     timed.set_write_timeout(config.write_timeout);
     let hyper = hyper_util::client::legacy::Builder::new(TokioExecutor::new()).build(timed);
