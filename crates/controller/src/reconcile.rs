@@ -12,7 +12,7 @@ use std::{
 
 use jiff::Timestamp;
 use k8s_openapi::api::{
-    core::v1::{Node, Pod, Service},
+    core::v1::{Endpoints, Node, Pod, Service},
     discovery::v1::EndpointSlice,
 };
 use kube::{
@@ -48,6 +48,8 @@ pub(crate) struct Context {
     pub(crate) services: Store<Service>,
     pub(crate) pods: Store<Pod>,
     pub(crate) slices: Store<EndpointSlice>,
+    /// The legacy Endpoints objects that carry our managed-by label.
+    pub(crate) our_endpoints: Store<Endpoints>,
     pub(crate) nodes: Option<Store<PartialObjectMeta<Node>>>,
     pub(crate) pod_groups: Arc<GroupIndex>,
     /// slices by the Service they belong to (owner or service-name label)
@@ -197,6 +199,10 @@ pub(crate) async fn reconcile(svc: Arc<Service>, ctx: Arc<Context>) -> Result<Ac
             config: &ctx.config,
             pods_in_group: &pods_in_group,
             owned: &owned,
+            has_our_endpoints: ctx
+                .our_endpoints
+                .get(&ObjectRef::new(&svc.name_any()).within(&ns))
+                .is_some(),
         })
     };
 
@@ -365,6 +371,9 @@ async fn serve(ctx: &Context, svc: &Arc<Service>, mut serve: Serve) -> Result<bo
         }
     }
 
+    if serve.remove_legacy_endpoints {
+        remove_our_endpoints(ctx, svc).await?;
+    }
     if serve.publish_legacy_endpoints {
         let desired = plan::plan_endpoints(svc, &plan.members, &ctx.config.managed_by);
         if let Err(e) = ctx.migration.publish_endpoints(svc, desired).await {
@@ -395,13 +404,7 @@ async fn serve(ctx: &Context, svc: &Arc<Service>, mut serve: Serve) -> Result<bo
 async fn release(ctx: &Context, svc: &Service, release: &Release) -> Result<(), Error> {
     let ns = svc.namespace().unwrap_or_default();
     if release.remove_legacy_endpoints {
-        ctx.migration
-            .remove_our_endpoints(svc)
-            .await
-            .map_err(|source| Error::Migrate {
-                service: format!("{ns}/{}", svc.name_any()),
-                source,
-            })?;
+        remove_our_endpoints(ctx, svc).await?;
     }
     let owned = &release.delete_slices;
     if owned.is_empty() {
@@ -416,4 +419,24 @@ async fn release(ctx: &Context, svc: &Service, release: &Release) -> Result<(), 
             service: format!("{ns}/{}", svc.name_any()),
             source,
         })
+}
+
+/// Deletes the legacy Endpoints object we wrote for `svc`.
+async fn remove_our_endpoints(ctx: &Context, svc: &Service) -> Result<(), Error> {
+    let removed = ctx
+        .migration
+        .remove_our_endpoints(svc)
+        .await
+        .map_err(|source| Error::Migrate {
+            service: service_name(svc),
+            source,
+        })?;
+    if removed {
+        info!(service = %service_name(svc), "deleted the legacy Endpoints portwise had written");
+    }
+    Ok(())
+}
+
+fn service_name(svc: &Service) -> String {
+    format!("{}/{}", svc.namespace().unwrap_or_default(), svc.name_any())
 }

@@ -23,7 +23,7 @@ use futures::{
 };
 use k8s_openapi::{
     api::{
-        core::v1::{Node, Pod, Service},
+        core::v1::{Endpoints, Node, Pod, Service},
         discovery::v1::EndpointSlice,
     },
     apimachinery::pkg::apis::meta::v1::OwnerReference,
@@ -45,7 +45,7 @@ use portwise_checkers::{BuildContext, Checker};
 use portwise_core::{
     align::key_value,
     config::{Config, KeySource},
-    plan::{MANAGED_BY_LABEL, SERVICE_NAME_LABEL},
+    plan::{ENDPOINTS_MANAGED_BY_LABEL, MANAGED_BY_LABEL, SERVICE_NAME_LABEL},
 };
 
 use crate::{
@@ -224,6 +224,35 @@ pub(crate) async fn run(
             })
     };
 
+    // Our own legacy Endpoints only (label-selected: the cluster's others
+    // are never cached), so that one written while `publishLegacyEndpoints`
+    // was on, possibly by an earlier process, is removed once it is off or
+    // the Service leaves, without a GET per reconcile.
+    let (our_endpoints_reader, our_endpoints_writer) = reflector::store::<Endpoints>();
+    let our_endpoints_stream = {
+        let tx = trigger_tx.clone();
+        let selector = format!("{ENDPOINTS_MANAGED_BY_LABEL}={}", config.managed_by);
+        watch_all::<Endpoints>(
+            &client,
+            &opts.namespaces,
+            list_cfg.clone().labels(&selector),
+            &gate,
+        )
+        .modify(cache::strip_managed_fields)
+        .reflect(our_endpoints_writer)
+        .for_each(move |ev| {
+            match ev {
+                Ok(watcher::Event::Apply(ep)) | Ok(watcher::Event::InitApply(ep)) => {
+                    let ns = ep.namespace().unwrap_or_default();
+                    let _ = tx.unbounded_send(ObjectRef::new(&ep.name_any()).within(&ns));
+                }
+                Ok(_) => {}
+                Err(e) => warn!(error = %e, "endpoints watch"),
+            }
+            future::ready(())
+        })
+    };
+
     // Node metadata: zones only.
     let (node_store, node_stream): (
         Option<Store<PartialObjectMeta<Node>>>,
@@ -280,6 +309,7 @@ pub(crate) async fn run(
         services: svc_reader.clone(),
         pods: pod_reader,
         slices: slice_reader,
+        our_endpoints: our_endpoints_reader,
         nodes: node_store,
         pod_groups,
         slice_owners,
@@ -357,7 +387,7 @@ pub(crate) async fn run(
     }
 
     let background = tokio::spawn(async move {
-        tokio::join!(pod_stream, slice_stream, node_stream);
+        tokio::join!(pod_stream, slice_stream, our_endpoints_stream, node_stream);
     });
 
     info!(namespaces = ?opts.namespaces, managed_by = %config.managed_by, "portwise controller starting");
