@@ -100,6 +100,12 @@ pub fn verdict_for_probe_error(what: &str, err: &ProbeError) -> Verdict {
     v.because(format!("{what}: {err}"))
 }
 
+/// A port probe asked about a port-less Service: there is nothing to
+/// reach, which is a fact about the Service, not a doubt (so not abstain).
+fn no_port_to_probe(what: &str) -> Verdict {
+    Verdict::exclude().because(format!("{what}: the Service has no ports to probe"))
+}
+
 /// `tcpDial(timeout)`: a TCP connection to the address and target port.
 /// Probes always dial TCP, whatever the Service port's protocol.
 #[derive(Debug)]
@@ -110,6 +116,9 @@ pub struct TcpDial {
 impl Checker for TcpDial {
     fn check<'a>(&'a self, subject: &'a Subject) -> BoxFuture<'a, Verdict> {
         Box::pin(async move {
+            if subject.port.is_portless() {
+                return no_port_to_probe("tcpDial");
+            }
             let addr = probe_addr(subject);
             match probe::tcp_dial(addr, self.timeout).await {
                 Ok(()) => Verdict::include(),
@@ -150,6 +159,9 @@ impl HttpGet {
 impl Checker for HttpGet {
     fn check<'a>(&'a self, subject: &'a Subject) -> BoxFuture<'a, Verdict> {
         Box::pin(async move {
+            if subject.port.is_portless() {
+                return no_port_to_probe("httpGet");
+            }
             let addr = probe_addr(subject);
             let result =
                 probe::http_get(addr, &self.path, self.timeout, HTTP_BODY_FOR_REASON).await;

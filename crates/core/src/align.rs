@@ -212,6 +212,19 @@ pub fn resolved_port(port: &ServicePort, target: u16) -> ResolvedPort {
     }
 }
 
+/// A headless Service with no ports: judged and published port-less
+/// ([`ResolvedPort::portless`]).
+pub fn is_portless_headless(service: &Service) -> bool {
+    let spec = service.spec.as_ref();
+    spec.and_then(|s| s.ports.as_deref())
+        .unwrap_or_default()
+        .is_empty()
+        && matches!(
+            spec.and_then(|s| s.cluster_ip.as_deref()),
+            None | Some("") | Some("None")
+        )
+}
+
 /// Every (Service port, family, candidate pod) whose target port resolves
 /// and which has an address of that family: what the checker judges.
 ///
@@ -231,6 +244,25 @@ pub fn subjects(service: &Arc<Service>, pods: &[Arc<Pod>]) -> Vec<Subject> {
         .filter(|p| is_candidate(p))
         .collect();
     let mut out = Vec::new();
+    // A headless Service without ports (DNS-based peer discovery, e.g. a
+    // StatefulSet's governing Service): one port-less subject per pod and
+    // family, as the native controller publishes its pods under `ports: []`.
+    if ports.is_empty() && is_portless_headless(service) {
+        for &family in &families {
+            for pod in &pods {
+                if let Some(address) = pod_address(pod, family) {
+                    out.push(Subject {
+                        service: service.clone(),
+                        pod: Arc::clone(pod),
+                        port: ResolvedPort::portless(),
+                        family,
+                        address,
+                    });
+                }
+            }
+        }
+        return out;
+    }
     for sp in ports {
         for &family in &families {
             for pod in &pods {
