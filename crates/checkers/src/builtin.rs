@@ -116,6 +116,10 @@ pub struct TcpDial {
 impl Checker for TcpDial {
     fn check<'a>(&'a self, subject: &'a Subject) -> BoxFuture<'a, Verdict> {
         Box::pin(async move {
+            if facts::readiness_yields(subject) {
+                return Verdict::include()
+                    .because("tcpDial: the Service publishes not-ready addresses");
+            }
             if subject.port.is_portless() {
                 return no_port_to_probe("tcpDial");
             }
@@ -159,6 +163,10 @@ impl HttpGet {
 impl Checker for HttpGet {
     fn check<'a>(&'a self, subject: &'a Subject) -> BoxFuture<'a, Verdict> {
         Box::pin(async move {
+            if facts::readiness_yields(subject) {
+                return Verdict::include()
+                    .because("httpGet: the Service publishes not-ready addresses");
+            }
             if subject.port.is_portless() {
                 return no_port_to_probe("httpGet");
             }
@@ -554,6 +562,56 @@ pub(crate) mod tests {
         no_status.status = None;
         assert_eq!(
             PodReady.check(&subj(no_status, "http")).await.decision,
+            Decision::Exclude
+        );
+    }
+
+    /// `subject` for a Service with `publishNotReadyAddresses: true`.
+    fn under_pnra(mut s: Subject) -> Subject {
+        let mut svc = (*s.service).clone();
+        svc.spec
+            .get_or_insert_with(Default::default)
+            .publish_not_ready_addresses = Some(true);
+        s.service = Arc::new(svc);
+        s
+    }
+
+    /// Issue 12: under publishNotReadyAddresses the readiness signals
+    /// (podReady and the probes) include without looking; the membership
+    /// signals still decide.
+    #[tokio::test]
+    async fn readiness_signals_yield_to_publish_not_ready_addresses() {
+        let unready = under_pnra(subj(pod("a", Some("False"), &[]), "http"));
+        assert_eq!(PodReady.check(&unready).await.decision, Decision::Include);
+        // Port 9 on loopback: nothing listens, and it is not even dialled.
+        let dial = TcpDial {
+            timeout: Duration::from_millis(200),
+        };
+        assert_eq!(
+            dial.check(&subj(pod("a", Some("True"), &[]), "http"))
+                .await
+                .decision,
+            Decision::Exclude
+        );
+        assert_eq!(dial.check(&unready).await.decision, Decision::Include);
+        let get = HttpGet {
+            path: "/".into(),
+            timeout: Duration::from_millis(200),
+        };
+        assert_eq!(get.check(&unready).await.decision, Decision::Include);
+        // Membership signals do not yield.
+        let key = "port-mapper.example.com/ports";
+        let names = PortNames(KeySource::Annotation(key.into()));
+        let elsewhere = under_pnra(subj(pod("a", Some("False"), &[(key, "https")]), "http"));
+        assert_eq!(names.check(&elsewhere).await.decision, Decision::Exclude);
+        let mut dying = pod("a", Some("False"), &[]);
+        dying.metadata.deletion_timestamp =
+            Some(Time(jiff::Timestamp::from_second(1_700_000_000).unwrap()));
+        assert_eq!(
+            NotTerminating
+                .check(&under_pnra(subj(dying, "x")))
+                .await
+                .decision,
             Decision::Exclude
         );
     }
