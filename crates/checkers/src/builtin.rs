@@ -299,13 +299,25 @@ pub struct StableStore {
     success_threshold: u32,
     failure_threshold: u32,
     ttl: Duration,
+    /// Observations closer than this to the last counted one are not
+    /// counted (see [`StableStore::observe`]).
+    spacing: Duration,
     inner: Mutex<StoreInner>,
 }
 
 #[derive(Debug)]
 struct StoreInner {
-    entries: HashMap<StableKey, (Damper, Instant)>,
+    entries: HashMap<StableKey, Entry>,
     last_sweep: Option<Instant>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    damper: Damper,
+    /// Last observation, counted or not (for the TTL).
+    used: Instant,
+    /// Last observation the damper counted.
+    counted: Instant,
 }
 
 impl StableStore {
@@ -314,6 +326,7 @@ impl StableStore {
             success_threshold,
             failure_threshold,
             ttl,
+            spacing: Duration::ZERO,
             inner: Mutex::new(StoreInner {
                 entries: HashMap::new(),
                 last_sweep: None,
@@ -321,8 +334,21 @@ impl StableStore {
         }
     }
 
+    /// Counts observations only `spacing` apart (see
+    /// [`BuildContext::stable_spacing_for`](crate::BuildContext::stable_spacing_for)).
+    pub fn counting_every(mut self, spacing: Duration) -> Self {
+        self.spacing = spacing;
+        self
+    }
+
     /// Feeds one observation for `key` at time `now`; returns the damped
     /// decision and the damper after the observation.
+    ///
+    /// Thresholds count distinct observations at least `spacing` apart,
+    /// as kubelet counts one probe per period: one closer to the last
+    /// counted observation changes nothing and answers the damped state.
+    /// Before the first conclusive observation every one counts (the first
+    /// is taken as is).
     pub fn observe(&self, key: StableKey, d: Decision, now: Instant) -> (Decision, Damper) {
         // A panic elsewhere cannot leave a Damper half-updated; keep going.
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
@@ -333,17 +359,38 @@ impl StableStore {
             let ttl = self.ttl;
             inner
                 .entries
-                .retain(|_, (_, used)| now.saturating_duration_since(*used) < ttl);
+                .retain(|_, e| now.saturating_duration_since(e.used) < ttl);
             inner.last_sweep = Some(now);
         }
         let fresh = Damper::new(self.success_threshold, self.failure_threshold);
-        let entry = inner.entries.entry(key).or_insert((fresh, now));
-        if now.saturating_duration_since(entry.1) >= self.ttl {
-            entry.0 = fresh; // expired but not yet swept
+        let mut is_new = false;
+        let entry = inner.entries.entry(key).or_insert_with(|| {
+            is_new = true;
+            Entry {
+                damper: fresh,
+                used: now,
+                counted: now,
+            }
+        });
+        if now.saturating_duration_since(entry.used) >= self.ttl {
+            // expired but not yet swept
+            *entry = Entry {
+                damper: fresh,
+                used: now,
+                counted: now,
+            };
+            is_new = true;
         }
-        entry.1 = now;
-        let decision = entry.0.observe(d);
-        (decision, entry.0)
+        entry.used = now;
+        let counts = is_new
+            || entry.damper.state().is_none()
+            || now.saturating_duration_since(entry.counted) >= self.spacing;
+        if !counts {
+            return (entry.damper.state().unwrap_or(d), entry.damper);
+        }
+        entry.counted = now;
+        let decision = entry.damper.observe(d);
+        (decision, entry.damper)
     }
 
     /// Number of keys currently remembered.
@@ -369,6 +416,12 @@ pub struct Stable {
 }
 
 impl Stable {
+    /// See [`StableStore::counting_every`].
+    pub fn counting_every(mut self, spacing: Duration) -> Self {
+        self.store = self.store.counting_every(spacing);
+        self
+    }
+
     pub fn new(
         inner: Arc<dyn Checker>,
         success_threshold: u32,
@@ -1003,6 +1056,36 @@ pub(crate) mod tests {
         let v = st.check(&s).await;
         assert_eq!(v.decision, Decision::Include);
         assert!(v.reason.as_deref().unwrap().contains("abstained"), "{v:?}");
+    }
+
+    /// Issue 12: re-checks closer together than the spacing (a pod updated
+    /// every 100 ms) are one observation; a failure threshold of 3 needs
+    /// three observations a period apart.
+    #[test]
+    fn stable_counts_observations_a_period_apart_not_rechecks() {
+        use Decision::*;
+        let period = Duration::from_secs(1);
+        let store = StableStore::new(1, 3, Duration::from_secs(600)).counting_every(period);
+        let key = StableKey::of(&subj(pod("p", None, &[]), "http"));
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        assert_eq!(store.observe(key.clone(), Include, at(0)).0, Include);
+        // Failing re-checks every 100 ms for 2.9 s: counted at 1 s and 2 s.
+        for ms in (100..3000).step_by(100) {
+            assert_eq!(
+                store.observe(key.clone(), Exclude, at(ms)).0,
+                Include,
+                "left at {ms} ms"
+            );
+        }
+        // The third observation a period apart.
+        assert_eq!(store.observe(key.clone(), Exclude, at(3000)).0, Exclude);
+        // Without spacing, every re-check counts: out at the third.
+        let eager = StableStore::new(1, 3, Duration::from_secs(600));
+        eager.observe(key.clone(), Include, at(0));
+        eager.observe(key.clone(), Exclude, at(100));
+        eager.observe(key.clone(), Exclude, at(200));
+        assert_eq!(eager.observe(key, Exclude, at(300)).0, Exclude);
     }
 
     #[test]

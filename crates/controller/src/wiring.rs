@@ -126,6 +126,7 @@ pub(crate) async fn run(
         &BuildContext {
             wasm: opts.wasm.as_deref(),
             stable_ttl: BuildContext::stable_ttl_for(config.resync_period),
+            stable_spacing: BuildContext::stable_spacing_for(config.resync_period),
         },
     )
     .map_err(|e| Error::Build(e.to_string()))?;
