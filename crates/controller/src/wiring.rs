@@ -295,6 +295,7 @@ pub(crate) async fn run(
             config.max_concurrent_checks,
             opts.check_timeout,
             config.resync_period,
+            config.abstain_limit(),
             opts.metrics.clone(),
         ),
         writer: SliceWriter::new(client.clone(), config.managed_by.clone()),
