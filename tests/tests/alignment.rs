@@ -308,6 +308,25 @@ async fn service_being_deleted_gets_no_new_slices() -> Result<()> {
         Ok(())
     })
     .await?;
+    // Still served, only without new slices: a pod that leaves leaves its
+    // slice (the quiet above was not portwise having stopped).
+    ns.set_ready("a", false).await?;
+    wait_for(SETTLE, || async {
+        let slices = slices_for(&ns, "web").await?;
+        let pods: Vec<String> = slices
+            .iter()
+            .flat_map(|s| s.endpoints.iter().flatten())
+            .filter_map(|e| e.target_ref.as_ref()?.name.clone())
+            .collect();
+        ensure!(
+            !pods.contains(&"a".to_string()),
+            "a still published: {pods:?}"
+        );
+        let now: Vec<_> = slices.into_iter().filter_map(|s| s.metadata.name).collect();
+        ensure!(now.iter().all(|n| names.contains(n)), "new slices {now:?}");
+        Ok(())
+    })
+    .await?;
 
     ns.api::<k8s_openapi::api::core::v1::Service>()
         .patch(
