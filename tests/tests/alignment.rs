@@ -99,8 +99,13 @@ async fn selector_service_warned_once_and_served() -> Result<()> {
         Ok(())
     })
     .await?;
-    // Several resyncs (2s) later, still one warning.
-    tokio::time::sleep(Duration::from_secs(8)).await;
+    // Later reconciles (each pod change below is published, so each was
+    // reconciled), still one warning.
+    for (name, published) in [("b", &["a", "b"][..]), ("c", &["a", "b", "c"][..])] {
+        ns.create_pod(pod(name).annotation(GROUP_KEY, "g").ips(next_ips().v4()))
+            .await?;
+        expect_endpoints(&ns, "web", by_port([(("http", V4), published)])).await?;
+    }
     let events = events_for(&ns, "web", None).await?;
     let summary: Vec<_> = events
         .iter()
