@@ -98,6 +98,13 @@ impl Context {
             .collect()
     }
 
+    /// The Node exists (always, without Node lookups: nothing to go by).
+    fn node_known(&self, node: &str) -> bool {
+        self.nodes
+            .as_ref()
+            .is_none_or(|nodes| nodes.get(&ObjectRef::new(node)).is_some())
+    }
+
     fn slice_by_name(&self, ns: &str, name: &str) -> Option<Arc<EndpointSlice>> {
         self.writer
             .overlay(ns, name, self.slices.get(&ObjectRef::new(name).within(ns)))
@@ -192,7 +199,13 @@ pub(crate) async fn reconcile(svc: Arc<Service>, ctx: Arc<Context>) -> Result<Ac
     let uid = svc.uid().unwrap_or_default();
 
     let decided = {
-        let pods_in_group = |group: &str| ctx.pods_in_group(&ns, group);
+        let node_known = |node: &str| ctx.node_known(node);
+        let pods_in_group = |group: &str| {
+            ctx.pods_in_group(&ns, group)
+                .into_iter()
+                .filter(|p| portwise_core::align::on_known_node(&svc, p, &node_known))
+                .collect()
+        };
         let owned = || ctx.owned_slices(&svc);
         decision::decide(&decision::Input {
             service: &svc,

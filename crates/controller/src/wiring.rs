@@ -263,6 +263,12 @@ pub(crate) async fn run(
     } else {
         let (reader, writer) = reflector::store::<PartialObjectMeta<Node>>();
         let mut token = Some(gate.register());
+        // A Node that appears or goes changes which pods are candidates
+        // (`align::on_known_node`): re-check every Service then. Node
+        // updates (heartbeats) change nothing here and trigger nothing.
+        let mut known: std::collections::HashSet<String> = Default::default();
+        let tx = trigger_tx.clone();
+        let services = svc_reader.clone();
         let stream = watcher(
             Api::<PartialObjectMeta<Node>>::all(client.clone()),
             list_cfg.clone(),
@@ -274,6 +280,20 @@ pub(crate) async fn run(
             // node metadata is optional for correctness; count it as
             // synced after its first list. (Dropping a SyncToken does not
             // complete it: it must be completed explicitly.)
+            let changed = match &ev {
+                Ok(watcher::Event::InitApply(n)) => {
+                    known.insert(n.name_any());
+                    false
+                }
+                Ok(watcher::Event::Apply(n)) => known.insert(n.name_any()),
+                Ok(watcher::Event::Delete(n)) => known.remove(&n.name_any()),
+                _ => false,
+            };
+            if changed && token.is_none() {
+                for svc in services.state() {
+                    let _ = tx.unbounded_send(ObjectRef::from_obj(svc.as_ref()));
+                }
+            }
             if let Ok(watcher::Event::InitDone) = ev
                 && let Some(mut token) = token.take()
             {

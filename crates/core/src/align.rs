@@ -212,6 +212,25 @@ pub fn resolved_port(port: &ServicePort, target: u16) -> ResolvedPort {
     }
 }
 
+/// Upstream's rule for a pod whose Node is gone: it is left out (unless the
+/// Service publishes not-ready addresses), so that slices do not keep
+/// endpoints of a vanished Node until the pod garbage collector gets to
+/// them; a kubelet that is gone cannot mark its pods unready. `node_known`
+/// answers from the Node cache. A pod without `nodeName` is not scheduled
+/// and so has no address in a real cluster; it is judged as usual (the
+/// native controller skips it too, which only matters for hand-made pods).
+pub fn on_known_node(service: &Service, pod: &Pod, node_known: &dyn Fn(&str) -> bool) -> bool {
+    let pnra = service
+        .spec
+        .as_ref()
+        .and_then(|s| s.publish_not_ready_addresses)
+        .unwrap_or(false);
+    match pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) {
+        Some(node) if !node.is_empty() => pnra || node_known(node),
+        _ => true,
+    }
+}
+
 /// A headless Service with no ports: judged and published port-less
 /// ([`ResolvedPort::portless`]).
 pub fn is_portless_headless(service: &Service) -> bool {

@@ -444,11 +444,22 @@ fn terminating_members_and_publish_not_ready() {
     assert_eq!(conditions(s, 0), (Some(true), Some(true), Some(false)));
     assert_eq!(conditions(s, 1), (Some(false), Some(true), Some(true)));
 
+    // publishNotReadyAddresses: every member ready; serving is the pod's
+    // own Ready condition, as from the native controller (a has Ready=True,
+    // b none).
     svc.spec.as_mut().unwrap().publish_not_ready_addresses = Some(true);
+    let mut a = pod("a", &["10.244.0.1"], 8080);
+    a.status.get_or_insert_with(Default::default).conditions =
+        Some(vec![k8s_openapi::api::core::v1::PodCondition {
+            type_: "Ready".into(),
+            status: "True".into(),
+            ..Default::default()
+        }]);
+    let pods = vec![Arc::new(a), pods[1].clone()];
     let plan = World::default().plan(&svc, &include_all(&svc, &pods), 100);
     let s = &plan.applies[0];
     assert_eq!(conditions(s, 0), (Some(true), Some(true), Some(false)));
-    assert_eq!(conditions(s, 1), (Some(true), Some(true), Some(true)));
+    assert_eq!(conditions(s, 1), (Some(true), Some(false), Some(true)));
 }
 
 #[test]
