@@ -45,14 +45,16 @@ use crate::{ByPort, ControlPlane, TestNs, control_plane::repo_root};
 
 /// Audit policy of an isolated control plane: every request portwise makes
 /// (to count them, 429s included: the audit filter wraps the inflight
-/// limit), plus everyone's writes to slices and Endpoints (as the default
-/// policy of tests/control-plane/start).
+/// limit), as any ServiceAccount of `portwise-system` (each replica of a
+/// partition test has its own, `crate::partition::replica_identity`), plus
+/// everyone's writes to slices and Endpoints (as the default policy of
+/// tests/control-plane/start).
 const AUDIT_POLICY: &str = r#"apiVersion: audit.k8s.io/v1
 kind: Policy
 omitStages: ["RequestReceived"]
 rules:
 - level: Metadata
-  users: ["system:serviceaccount:portwise-system:portwise"]
+  userGroups: ["system:serviceaccounts:portwise-system"]
 - level: Metadata
   verbs: ["create", "update", "patch", "delete", "deletecollection"]
   resources:

@@ -34,6 +34,7 @@ mod namespace;
 mod objects;
 mod observe;
 mod ops;
+pub mod partition;
 mod portwise;
 mod scenario;
 mod writes;

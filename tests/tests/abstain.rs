@@ -132,3 +132,94 @@ async fn abstain_inside_combinators() -> Result<()> {
     expect_endpoints(&ns, "web", by_port([(("http", V4), &["a", "b"][..])])).await?;
     Ok(())
 }
+
+/// Issue 12: an abstain keeps what was published only for `abstainLimit`.
+/// `b` drops off the network: an nftables rule answers its address with
+/// ICMP host-unreachable (TCP only: the ICMP error itself goes to that
+/// same local address and must not be rejected too), so `tcpDial` abstains (EHOSTUNREACH is the
+/// controller's doubt, not the pod's failure). It stays published while
+/// the abstain is younger than the limit, then counts as exclude and
+/// leaves; the metrics show how long the abstain lasted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abstain_that_outlasts_the_limit_excludes() -> Result<()> {
+    use anyhow::ensure;
+    use std::time::Instant;
+    const LIMIT: Duration = Duration::from_secs(4);
+    let cp = ControlPlane::shared().await?;
+    let ns = TestNs::new(cp, "abstain-limit").await?;
+    ns.create_service(service("web").annotation(GROUP_KEY, "g").port("http", 8080))
+        .await?;
+    let (a_ip, b_ip) = (next_ips(), next_ips());
+    let _a = TcpListener::start(a_ip.v4, 8080).await?;
+    let _b = TcpListener::start(b_ip.v4, 8080).await?;
+    for (name, ip) in [("a", &a_ip), ("b", &b_ip)] {
+        ns.create_pod(pod(name).annotation(GROUP_KEY, "g").ips(ip.v4()))
+            .await?;
+    }
+    let cfg = format!(
+        "managedBy: {MANAGED_BY}\n\
+         serviceKey: {{annotation: {GROUP_KEY}}}\n\
+         resyncPeriod: 1s\n\
+         abstainLimit: 4s\n\
+         membership: {{tcpDial: {{timeout: 500ms}}}}\n"
+    );
+    let pw = Portwise::spawn_binary(&ns, &cfg).await?;
+    expect_endpoints(&ns, "web", by_port([(("http", V4), &["a", "b"][..])])).await?;
+
+    let table = format!("portwise-unreachable-{}", ns.name());
+    let nft = |script: String| async move {
+        let mut child = tokio::process::Command::new("nft")
+            .args(["-f", "-"])
+            .stdin(std::process::Stdio::piped())
+            .spawn()?;
+        use tokio::io::AsyncWriteExt;
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(script.as_bytes())
+            .await?;
+        let status = child.wait().await?;
+        ensure!(status.success(), "nft failed: {status}");
+        Ok::<_, anyhow::Error>(())
+    };
+    nft(format!(
+        "table inet {table} {{\n chain out {{\n  type filter hook output priority 0;\n  \
+         ip daddr {} tcp dport 8080 reject with icmp host-unreachable\n }}\n}}\n",
+        b_ip.v4
+    ))
+    .await?;
+    let cut = Instant::now();
+    let result = async {
+        // Still published while the abstain is younger than the limit.
+        stays_for(LIMIT - Duration::from_millis(1500), || async {
+            expect_eq(
+                endpoints_by_port(&ns, "web").await?,
+                by_port([(("http", V4), &["a", "b"][..])]),
+            )
+        })
+        .await?;
+        let m = pw.scrape().await?;
+        let longest = m
+            .value(
+                "portwise_abstain_longest_seconds",
+                &[("namespace", ns.name()), ("service", "web")],
+            )?
+            .unwrap_or(0.0);
+        ensure!(longest > 0.5, "abstain_longest {longest} while b abstains");
+        expect_endpoints(&ns, "web", by_port([(("http", V4), &["a"][..])])).await?;
+        let left = cut.elapsed();
+        println!("b left {left:?} after it became unreachable (abstainLimit {LIMIT:?})");
+        ensure!(left >= LIMIT, "b left after {left:?}, before abstainLimit");
+        let expired = pw
+            .scrape()
+            .await?
+            .value("portwise_abstains_expired_total", &[])?
+            .unwrap_or(0.0);
+        ensure!(expired >= 1.0, "abstains_expired_total {expired}");
+        Ok::<_, anyhow::Error>(())
+    }
+    .await;
+    nft(format!("delete table inet {table}\n")).await?;
+    result
+}

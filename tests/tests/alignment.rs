@@ -99,8 +99,13 @@ async fn selector_service_warned_once_and_served() -> Result<()> {
         Ok(())
     })
     .await?;
-    // Several resyncs (2s) later, still one warning.
-    tokio::time::sleep(Duration::from_secs(8)).await;
+    // Later reconciles (each pod change below is published, so each was
+    // reconciled), still one warning.
+    for (name, published) in [("b", &["a", "b"][..]), ("c", &["a", "b", "c"][..])] {
+        ns.create_pod(pod(name).annotation(GROUP_KEY, "g").ips(next_ips().v4()))
+            .await?;
+        expect_endpoints(&ns, "web", by_port([(("http", V4), published)])).await?;
+    }
     let events = events_for(&ns, "web", None).await?;
     let summary: Vec<_> = events
         .iter()
@@ -305,6 +310,25 @@ async fn service_being_deleted_gets_no_new_slices() -> Result<()> {
             now.iter().all(|n| names.contains(n)),
             "new slices {now:?} (had {names:?})"
         );
+        Ok(())
+    })
+    .await?;
+    // Still served, only without new slices: a pod that leaves leaves its
+    // slice (the quiet above was not portwise having stopped).
+    ns.set_ready("a", false).await?;
+    wait_for(SETTLE, || async {
+        let slices = slices_for(&ns, "web").await?;
+        let pods: Vec<String> = slices
+            .iter()
+            .flat_map(|s| s.endpoints.iter().flatten())
+            .filter_map(|e| e.target_ref.as_ref()?.name.clone())
+            .collect();
+        ensure!(
+            !pods.contains(&"a".to_string()),
+            "a still published: {pods:?}"
+        );
+        let now: Vec<_> = slices.into_iter().filter_map(|s| s.metadata.name).collect();
+        ensure!(now.iter().all(|n| names.contains(n)), "new slices {now:?}");
         Ok(())
     })
     .await?;

@@ -2,10 +2,9 @@
 //! another manager's slice is an error with an `EndpointSliceNameCollision`
 //! Event, never an overwrite.
 //!
-//! Both scenarios are written so that they hold whatever naming scheme
-//! portwise uses: either the names do not collide and both sides are served,
-//! or they do and the Event appears while the existing slice is untouched.
-//! With the Go library's `<svc>-<port>` scheme they collide.
+//! Both scenarios take a name portwise wants (`<svc>-<port>`, the Go
+//! library's scheme): the Event must appear, the existing slice stays
+//! untouched, and portwise serves the Service under the next free name.
 
 use std::{collections::BTreeMap, time::Duration};
 
@@ -54,24 +53,31 @@ async fn name_collision_between_two_services() -> Result<()> {
 
     ns.create_service(service("a-b").annotation(GROUP_KEY, "g").port("http", 8080))
         .await?;
-    let collided = wait_for(SETTLE, || async {
-        let served = endpoints_by_port(&ns, "a-b").await?;
-        if served == by_port([(("http", V4), &["x", "y"][..])]) {
-            return Ok(false);
-        }
+    // The wanted name is taken: an Event says so, and a-b is served under
+    // the next free name.
+    wait_for(SETTLE, || async {
+        expect_eq(
+            endpoints_by_port(&ns, "a-b").await?,
+            by_port([(("http", V4), &["x", "y"][..])]),
+        )?;
         let events = events_for(&ns, "a-b", Some(COLLISION)).await?;
-        ensure!(
-            !events.is_empty(),
-            "a-b neither served ({served:?}) nor a {COLLISION} Event"
-        );
+        ensure!(!events.is_empty(), "no {COLLISION} Event for a-b");
         ensure!(
             events.iter().all(|e| e.type_.as_deref() == Some("Warning")),
             "{events:?}"
         );
-        Ok(true)
+        let names: Vec<String> = slices_for(&ns, "a-b")
+            .await?
+            .into_iter()
+            .filter_map(|s| s.metadata.name)
+            .collect();
+        ensure!(
+            !names.contains(&"a-b-http".to_string()),
+            "a-b holds the taken name: {names:?}"
+        );
+        Ok(())
     })
     .await?;
-    eprintln!("names collided: {collided}");
 
     // Service a's slices are never touched: same objects, same versions,
     // still a's, still serving x and y.
@@ -112,14 +118,27 @@ async fn name_taken_by_another_manager() -> Result<()> {
         .start()
         .await?;
 
+    // Served under another name, with the Event naming the taken one.
     wait_for(SETTLE, || async {
-        if endpoints_by_port(&ns, "web").await? == by_port([(("http", V4), &["x"][..])]) {
-            return Ok(());
-        }
-        let events = events_for(&ns, "web", Some(COLLISION)).await?;
+        let mine = versions(&ns, "web", Some(MANAGED_BY)).await?;
         ensure!(
-            !events.is_empty(),
-            "web neither served nor a {COLLISION} Event"
+            !mine.contains_key("web-http"),
+            "portwise holds web-http: {mine:?}"
+        );
+        let x: Vec<String> = slices_managed_by(&ns, "web", Some(MANAGED_BY))
+            .await?
+            .iter()
+            .flat_map(|s| s.endpoints.iter().flatten())
+            .filter_map(|e| e.target_ref.as_ref()?.name.clone())
+            .collect();
+        expect_eq(x, vec!["x".to_string()])?;
+        let events = events_for(&ns, "web", Some(COLLISION)).await?;
+        ensure!(!events.is_empty(), "no {COLLISION} Event for web");
+        ensure!(
+            events
+                .iter()
+                .any(|e| e.message.as_deref().is_some_and(|m| m.contains("web-http"))),
+            "{events:?}"
         );
         Ok(())
     })

@@ -92,8 +92,19 @@ async fn good_config_is_accepted() -> Result<()> {
     )
     .await?;
     let text = format!("{}{}", out.stderr, out.stdout);
+    // Accepted means: still running when the time was up, having started
+    // the controller, and no configuration error on the way.
     ensure!(
-        !text.contains("membership") && !text.contains("serviceKey"),
+        out.timed_out,
+        "portwise exited ({:?}) with a good config:\n{text}",
+        out.code
+    );
+    ensure!(
+        text.contains("portwise controller starting"),
+        "the controller never started with a good config:\n{text}"
+    );
+    ensure!(
+        !text.contains("invalid configuration"),
         "a good config was reported as bad:\n{text}"
     );
     Ok(())

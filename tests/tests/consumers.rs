@@ -409,7 +409,7 @@ async fn coredns_srv_lists_each_ports_members() -> Result<()> {
 
 /// `publishNotReadyAddresses`: a member published not ready (terminating,
 /// still included) resolves only when the Service publishes not-ready
-/// addresses.
+/// addresses, and so does a pod that is not ready yet.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn coredns_publish_not_ready_addresses() -> Result<()> {
     let cp = ControlPlane::shared().await?;
@@ -466,6 +466,31 @@ async fn coredns_publish_not_ready_addresses() -> Result<()> {
         Ok(())
     })
     .await?;
+
+    // Issue 12: a pod that is not ready yet (a StatefulSet peer starting
+    // up) resolves where not-ready addresses are published: podReady
+    // yields there, as the native controller disregards readiness.
+    ns.create_pod(
+        pod("new")
+            .annotation(GROUP_KEY, "g")
+            .node(&node)
+            .ips(next_ips().v4())
+            .ready(false),
+    )
+    .await?;
+    wait_for(SETTLE, || async {
+        let answer = dns
+            .query(&service_name("pnra", ns.name()), RecordType::A)
+            .await?;
+        let want = addresses_of(&ns, &["a", "new", "old"], false).await?;
+        ensure!(
+            answer.addresses == want,
+            "pnra: wanted {want:?}, got {answer:?}"
+        );
+        Ok(())
+    })
+    .await?;
+    expect_addresses(&dns, &ns, "plain", &["a"]).await?;
     for p in ["a", "old"] {
         ns.release_pod(p).await?;
     }

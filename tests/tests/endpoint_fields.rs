@@ -219,3 +219,67 @@ async fn node_lookups_can_be_disabled() -> Result<()> {
     .await?;
     Ok(())
 }
+
+/// Issue 12: a headless Service without ports (DNS peer discovery for a
+/// StatefulSet) gets slices with no ports, which the apiserver accepts,
+/// holding its Ready pods with their hostnames; portwise then leaves them be.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn portless_headless_service_gets_slices_without_ports() -> Result<()> {
+    let cp = ControlPlane::shared().await?;
+    let ns = TestNs::new(cp, "portless").await?;
+    ns.create_service(service("peers").annotation(GROUP_KEY, "g").headless())
+        .await?;
+    for (name, ready) in [("a", true), ("b", true), ("c", false)] {
+        ns.create_pod(
+            pod(name)
+                .annotation(GROUP_KEY, "g")
+                .ips(next_ips().v4())
+                .ready(ready),
+        )
+        .await?;
+    }
+    let _pw = Portwise::start(&ns, &config("podReady")).await?;
+    // The apiserver makes a selector-less headless Service dual-stack; the
+    // pods have IPv4 addresses only.
+    let v4 = || async {
+        let slices = slices_for(&ns, "peers").await?;
+        let v4: Vec<_> = slices
+            .into_iter()
+            .filter(|s| s.address_type == "IPv4")
+            .collect();
+        ensure!(v4.len() == 1, "{} IPv4 slices", v4.len());
+        Ok(v4.into_iter().next().unwrap())
+    };
+    wait_for(SETTLE, || async {
+        let s = &v4().await?;
+        ensure!(
+            s.ports.as_deref().unwrap_or_default().is_empty(),
+            "ports {:?}",
+            s.ports
+        );
+        let mut pods: Vec<String> = s
+            .endpoints
+            .iter()
+            .flatten()
+            .filter_map(|e| e.target_ref.as_ref()?.name.clone())
+            .collect();
+        pods.sort();
+        expect_eq(pods, vec!["a".to_string(), "b".to_string()])
+    })
+    .await?;
+    let before = v4().await?.metadata.resource_version.clone();
+    // Several resyncs: a second plan against the live slice writes nothing.
+    stays_for(std::time::Duration::from_secs(5), || async {
+        expect_eq(
+            v4().await?.metadata.resource_version.clone(),
+            before.clone(),
+        )
+    })
+    .await?;
+    ns.set_ready("c", true).await?;
+    wait_for(SETTLE, || async {
+        expect_eq(v4().await?.endpoints.as_ref().map_or(0, Vec::len), 3)
+    })
+    .await?;
+    Ok(())
+}

@@ -214,3 +214,98 @@ async fn foreign_endpoints_left_alone() -> Result<()> {
     .await?;
     Ok(())
 }
+
+async fn our_endpoints_published(ns: &TestNs, name: &str, pods: &[&str]) -> Result<()> {
+    wait_for(SETTLE, || async {
+        let ep = ns
+            .api::<Endpoints>()
+            .get_opt(name)
+            .await?
+            .context("no Endpoints")?;
+        let all: BTreeSet<String> = subsets(&ep).into_values().flatten().collect();
+        expect_eq(all, set(pods))
+    })
+    .await
+}
+
+async fn endpoints_gone(ns: &TestNs, name: &str) -> Result<()> {
+    wait_for(SETTLE, || async {
+        let ep = ns.api::<Endpoints>().get_opt(name).await?;
+        ensure!(ep.is_none(), "Endpoints {name} still there: {ep:?}");
+        Ok(())
+    })
+    .await
+}
+
+/// Issue 12: turning `publishLegacyEndpoints` off removes the Endpoints
+/// portwise wrote, also across a restart (the new process never wrote it),
+/// while the slices stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn turning_legacy_endpoints_off_removes_ours() -> Result<()> {
+    let cp = ControlPlane::shared().await?;
+    let ns = TestNs::new(cp, "legacy-off").await?;
+    ns.create_service(
+        service("my-service")
+            .annotation(GROUP_KEY, "g")
+            .port("http", 8080),
+    )
+    .await?;
+    ns.create_pod(pod("a").annotation(GROUP_KEY, "g").ips(next_ips().v4()))
+        .await?;
+    let mut pw = Portwise::start(
+        &ns,
+        &config_with("podReady", "publishLegacyEndpoints: true\n"),
+    )
+    .await?;
+    our_endpoints_published(&ns, "my-service", &["a"]).await?;
+
+    pw.restart_with(&config("podReady")).await?;
+    endpoints_gone(&ns, "my-service").await?;
+    expect_endpoints(&ns, "my-service", by_port([(("http", V4), &["a"][..])])).await?;
+    Ok(())
+}
+
+/// Issue 12: a Service that leaves portwise's management (loses its key,
+/// or turns ExternalName) loses portwise's slices and its legacy Endpoints.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn services_that_leave_lose_slices_and_legacy_endpoints() -> Result<()> {
+    let cp = ControlPlane::shared().await?;
+    let ns = TestNs::new(cp, "legacy-leave").await?;
+    for name in ["loses-key", "turns-external"] {
+        ns.create_service(service(name).annotation(GROUP_KEY, "g").port("http", 8080))
+            .await?;
+    }
+    ns.create_pod(pod("a").annotation(GROUP_KEY, "g").ips(next_ips().v4()))
+        .await?;
+    let _pw = Portwise::start(
+        &ns,
+        &config_with("podReady", "publishLegacyEndpoints: true\n"),
+    )
+    .await?;
+    for name in ["loses-key", "turns-external"] {
+        our_endpoints_published(&ns, name, &["a"]).await?;
+        expect_endpoints(&ns, name, by_port([(("http", V4), &["a"][..])])).await?;
+    }
+
+    ns.patch_service(
+        "loses-key",
+        serde_json::json!({"metadata": {"annotations": {GROUP_KEY: null}}}),
+    )
+    .await?;
+    ns.patch_service(
+        "turns-external",
+        serde_json::json!({"spec": {"type": "ExternalName", "externalName": "example.com",
+            "clusterIP": null, "clusterIPs": null, "ipFamilies": null, "ipFamilyPolicy": null}}),
+    )
+    .await?;
+    for name in ["loses-key", "turns-external"] {
+        endpoints_gone(&ns, name).await?;
+        wait_for(SETTLE, || async {
+            let left = slices_for(&ns, name).await?;
+            ensure!(left.is_empty(), "{name} still has {} slices", left.len());
+            Ok(())
+        })
+        .await?;
+    }
+    Ok(())
+}

@@ -187,8 +187,18 @@ async fn max_concurrent_checks_bounds_probes() -> Result<()> {
         expect_eq(members(&ns, "web", "http", V4).await?, set(&expected))
     })
     .await?;
-    // Let a few resync rounds run, then look at the high-water mark.
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    // Let a few resync rounds run (the hanging pod is probed once a
+    // round), then look at the high-water mark.
+    let rounds = h.request_count();
+    wait_for(SETTLE, || async {
+        ensure!(
+            h.request_count() >= rounds + 2,
+            "only {} probes of the hanging pod",
+            h.request_count()
+        );
+        Ok(())
+    })
+    .await?;
     let max = gauge.max();
     ensure!(
         max <= 2,

@@ -107,6 +107,22 @@ async fn restart_costs_no_writes() -> Result<()> {
     tokio::time::sleep(Duration::from_secs(15)).await;
     pw.check_running()?;
     counter.expect(0, "restart").await?;
+
+    // The quiet was not a dead process: the restarted instance has synced
+    // and reconciles. One pod leaves: exactly its slice is rewritten.
+    let counter = WriteCounter::start(&ns).await?;
+    ns.set_ready("p00", false).await?;
+    let rest: Vec<&str> = all[1..].to_vec();
+    expect_endpoints(
+        &ns,
+        "web",
+        by_port([(("http", V4), &rest[..]), (("spare", V4), &[][..])]),
+    )
+    .await?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    counter
+        .expect(1, "one pod leaving after the restart")
+        .await?;
     Ok(())
 }
 

@@ -40,9 +40,23 @@ pub struct BuildContext<'a> {
     /// several `resyncPeriod`s, so a state outlives a missed resync but a
     /// deleted pod's state goes away.
     pub stable_ttl: Duration,
+    /// The least time between two observations that a `stable` threshold
+    /// counts separately ([`BuildContext::stable_spacing_for`]); zero counts
+    /// every check.
+    pub stable_spacing: Duration,
 }
 
 impl BuildContext<'_> {
+    /// [`BuildContext::stable_spacing`] for a resync period: 90% of it. The
+    /// resync re-checks every Service once a period; any other reconcile
+    /// (an unrelated pod update, a status heartbeat) checks again in
+    /// between, and counting those would let a threshold of 3 trip within
+    /// one period. kubelet counts one probe per `periodSeconds`; the 10%
+    /// slack keeps a resync that runs a little early from being dropped.
+    pub fn stable_spacing_for(resync_period: Duration) -> Duration {
+        resync_period.mul_f64(0.9)
+    }
+
     /// Default [`BuildContext::stable_ttl`].
     pub const DEFAULT_STABLE_TTL: Duration = Duration::from_secs(600);
 
@@ -57,6 +71,7 @@ impl Default for BuildContext<'_> {
         BuildContext {
             wasm: None,
             stable_ttl: Self::DEFAULT_STABLE_TTL,
+            stable_spacing: Duration::ZERO,
         }
     }
 }
@@ -66,6 +81,7 @@ impl std::fmt::Debug for BuildContext<'_> {
         f.debug_struct("BuildContext")
             .field("wasm", &self.wasm.is_some())
             .field("stable_ttl", &self.stable_ttl)
+            .field("stable_spacing", &self.stable_spacing)
             .finish()
     }
 }
@@ -128,12 +144,15 @@ pub fn build_at(
         }
         CheckerExpr::Stable(spec) => {
             let inner = build_at(&spec.checker, ctx, &format!("{}.checker", at("stable")))?;
-            Arc::new(Stable::new(
-                inner,
-                spec.success_threshold,
-                spec.failure_threshold,
-                ctx.stable_ttl,
-            ))
+            Arc::new(
+                Stable::new(
+                    inner,
+                    spec.success_threshold,
+                    spec.failure_threshold,
+                    ctx.stable_ttl,
+                )
+                .counting_every(ctx.stable_spacing),
+            )
         }
         CheckerExpr::Wasm(spec) => {
             let Some(provider) = ctx.wasm else {
@@ -384,6 +403,7 @@ membership:
         let ctx = BuildContext {
             wasm: Some(&provider),
             stable_ttl: BuildContext::stable_ttl_for(config.resync_period),
+            stable_spacing: BuildContext::stable_spacing_for(config.resync_period),
         };
         let c = build(&config.membership, &ctx).unwrap();
         let key = "port-mapper.example.com/ports";

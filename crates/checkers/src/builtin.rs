@@ -100,6 +100,12 @@ pub fn verdict_for_probe_error(what: &str, err: &ProbeError) -> Verdict {
     v.because(format!("{what}: {err}"))
 }
 
+/// A port probe asked about a port-less Service: there is nothing to
+/// reach, which is a fact about the Service, not a doubt (so not abstain).
+fn no_port_to_probe(what: &str) -> Verdict {
+    Verdict::exclude().because(format!("{what}: the Service has no ports to probe"))
+}
+
 /// `tcpDial(timeout)`: a TCP connection to the address and target port.
 /// Probes always dial TCP, whatever the Service port's protocol.
 #[derive(Debug)]
@@ -110,6 +116,13 @@ pub struct TcpDial {
 impl Checker for TcpDial {
     fn check<'a>(&'a self, subject: &'a Subject) -> BoxFuture<'a, Verdict> {
         Box::pin(async move {
+            if facts::readiness_yields(subject) {
+                return Verdict::include()
+                    .because("tcpDial: the Service publishes not-ready addresses");
+            }
+            if subject.port.is_portless() {
+                return no_port_to_probe("tcpDial");
+            }
             let addr = probe_addr(subject);
             match probe::tcp_dial(addr, self.timeout).await {
                 Ok(()) => Verdict::include(),
@@ -150,6 +163,13 @@ impl HttpGet {
 impl Checker for HttpGet {
     fn check<'a>(&'a self, subject: &'a Subject) -> BoxFuture<'a, Verdict> {
         Box::pin(async move {
+            if facts::readiness_yields(subject) {
+                return Verdict::include()
+                    .because("httpGet: the Service publishes not-ready addresses");
+            }
+            if subject.port.is_portless() {
+                return no_port_to_probe("httpGet");
+            }
             let addr = probe_addr(subject);
             let result =
                 probe::http_get(addr, &self.path, self.timeout, HTTP_BODY_FOR_REASON).await;
@@ -279,13 +299,25 @@ pub struct StableStore {
     success_threshold: u32,
     failure_threshold: u32,
     ttl: Duration,
+    /// Observations closer than this to the last counted one are not
+    /// counted (see [`StableStore::observe`]).
+    spacing: Duration,
     inner: Mutex<StoreInner>,
 }
 
 #[derive(Debug)]
 struct StoreInner {
-    entries: HashMap<StableKey, (Damper, Instant)>,
+    entries: HashMap<StableKey, Entry>,
     last_sweep: Option<Instant>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    damper: Damper,
+    /// Last observation, counted or not (for the TTL).
+    used: Instant,
+    /// Last observation the damper counted.
+    counted: Instant,
 }
 
 impl StableStore {
@@ -294,6 +326,7 @@ impl StableStore {
             success_threshold,
             failure_threshold,
             ttl,
+            spacing: Duration::ZERO,
             inner: Mutex::new(StoreInner {
                 entries: HashMap::new(),
                 last_sweep: None,
@@ -301,8 +334,21 @@ impl StableStore {
         }
     }
 
+    /// Counts observations only `spacing` apart (see
+    /// [`BuildContext::stable_spacing_for`](crate::BuildContext::stable_spacing_for)).
+    pub fn counting_every(mut self, spacing: Duration) -> Self {
+        self.spacing = spacing;
+        self
+    }
+
     /// Feeds one observation for `key` at time `now`; returns the damped
     /// decision and the damper after the observation.
+    ///
+    /// Thresholds count distinct observations at least `spacing` apart,
+    /// as kubelet counts one probe per period: one closer to the last
+    /// counted observation changes nothing and answers the damped state.
+    /// Before the first conclusive observation every one counts (the first
+    /// is taken as is).
     pub fn observe(&self, key: StableKey, d: Decision, now: Instant) -> (Decision, Damper) {
         // A panic elsewhere cannot leave a Damper half-updated; keep going.
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
@@ -313,17 +359,38 @@ impl StableStore {
             let ttl = self.ttl;
             inner
                 .entries
-                .retain(|_, (_, used)| now.saturating_duration_since(*used) < ttl);
+                .retain(|_, e| now.saturating_duration_since(e.used) < ttl);
             inner.last_sweep = Some(now);
         }
         let fresh = Damper::new(self.success_threshold, self.failure_threshold);
-        let entry = inner.entries.entry(key).or_insert((fresh, now));
-        if now.saturating_duration_since(entry.1) >= self.ttl {
-            entry.0 = fresh; // expired but not yet swept
+        let mut is_new = false;
+        let entry = inner.entries.entry(key).or_insert_with(|| {
+            is_new = true;
+            Entry {
+                damper: fresh,
+                used: now,
+                counted: now,
+            }
+        });
+        if now.saturating_duration_since(entry.used) >= self.ttl {
+            // expired but not yet swept
+            *entry = Entry {
+                damper: fresh,
+                used: now,
+                counted: now,
+            };
+            is_new = true;
         }
-        entry.1 = now;
-        let decision = entry.0.observe(d);
-        (decision, entry.0)
+        entry.used = now;
+        let counts = is_new
+            || entry.damper.state().is_none()
+            || now.saturating_duration_since(entry.counted) >= self.spacing;
+        if !counts {
+            return (entry.damper.state().unwrap_or(d), entry.damper);
+        }
+        entry.counted = now;
+        let decision = entry.damper.observe(d);
+        (decision, entry.damper)
     }
 
     /// Number of keys currently remembered.
@@ -349,6 +416,12 @@ pub struct Stable {
 }
 
 impl Stable {
+    /// See [`StableStore::counting_every`].
+    pub fn counting_every(mut self, spacing: Duration) -> Self {
+        self.store = self.store.counting_every(spacing);
+        self
+    }
+
     pub fn new(
         inner: Arc<dyn Checker>,
         success_threshold: u32,
@@ -542,6 +615,56 @@ pub(crate) mod tests {
         no_status.status = None;
         assert_eq!(
             PodReady.check(&subj(no_status, "http")).await.decision,
+            Decision::Exclude
+        );
+    }
+
+    /// `subject` for a Service with `publishNotReadyAddresses: true`.
+    fn under_pnra(mut s: Subject) -> Subject {
+        let mut svc = (*s.service).clone();
+        svc.spec
+            .get_or_insert_with(Default::default)
+            .publish_not_ready_addresses = Some(true);
+        s.service = Arc::new(svc);
+        s
+    }
+
+    /// Issue 12: under publishNotReadyAddresses the readiness signals
+    /// (podReady and the probes) include without looking; the membership
+    /// signals still decide.
+    #[tokio::test]
+    async fn readiness_signals_yield_to_publish_not_ready_addresses() {
+        let unready = under_pnra(subj(pod("a", Some("False"), &[]), "http"));
+        assert_eq!(PodReady.check(&unready).await.decision, Decision::Include);
+        // Port 9 on loopback: nothing listens, and it is not even dialled.
+        let dial = TcpDial {
+            timeout: Duration::from_millis(200),
+        };
+        assert_eq!(
+            dial.check(&subj(pod("a", Some("True"), &[]), "http"))
+                .await
+                .decision,
+            Decision::Exclude
+        );
+        assert_eq!(dial.check(&unready).await.decision, Decision::Include);
+        let get = HttpGet {
+            path: "/".into(),
+            timeout: Duration::from_millis(200),
+        };
+        assert_eq!(get.check(&unready).await.decision, Decision::Include);
+        // Membership signals do not yield.
+        let key = "port-mapper.example.com/ports";
+        let names = PortNames(KeySource::Annotation(key.into()));
+        let elsewhere = under_pnra(subj(pod("a", Some("False"), &[(key, "https")]), "http"));
+        assert_eq!(names.check(&elsewhere).await.decision, Decision::Exclude);
+        let mut dying = pod("a", Some("False"), &[]);
+        dying.metadata.deletion_timestamp =
+            Some(Time(jiff::Timestamp::from_second(1_700_000_000).unwrap()));
+        assert_eq!(
+            NotTerminating
+                .check(&under_pnra(subj(dying, "x")))
+                .await
+                .decision,
             Decision::Exclude
         );
     }
@@ -933,6 +1056,36 @@ pub(crate) mod tests {
         let v = st.check(&s).await;
         assert_eq!(v.decision, Decision::Include);
         assert!(v.reason.as_deref().unwrap().contains("abstained"), "{v:?}");
+    }
+
+    /// Issue 12: re-checks closer together than the spacing (a pod updated
+    /// every 100 ms) are one observation; a failure threshold of 3 needs
+    /// three observations a period apart.
+    #[test]
+    fn stable_counts_observations_a_period_apart_not_rechecks() {
+        use Decision::*;
+        let period = Duration::from_secs(1);
+        let store = StableStore::new(1, 3, Duration::from_secs(600)).counting_every(period);
+        let key = StableKey::of(&subj(pod("p", None, &[]), "http"));
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        assert_eq!(store.observe(key.clone(), Include, at(0)).0, Include);
+        // Failing re-checks every 100 ms for 2.9 s: counted at 1 s and 2 s.
+        for ms in (100..3000).step_by(100) {
+            assert_eq!(
+                store.observe(key.clone(), Exclude, at(ms)).0,
+                Include,
+                "left at {ms} ms"
+            );
+        }
+        // The third observation a period apart.
+        assert_eq!(store.observe(key.clone(), Exclude, at(3000)).0, Exclude);
+        // Without spacing, every re-check counts: out at the third.
+        let eager = StableStore::new(1, 3, Duration::from_secs(600));
+        eager.observe(key.clone(), Include, at(0));
+        eager.observe(key.clone(), Exclude, at(100));
+        eager.observe(key.clone(), Exclude, at(200));
+        assert_eq!(eager.observe(key, Exclude, at(300)).0, Exclude);
     }
 
     #[test]

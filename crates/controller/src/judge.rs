@@ -24,7 +24,7 @@ use tracing::debug;
 
 use portwise_checkers::Checker;
 use portwise_core::{
-    membership::{Decision, Family, Subject, Verdict},
+    membership::{Decision, Family, Subject, Verdict, algebra::bound_abstain},
     plan::Judged,
 };
 
@@ -44,6 +44,18 @@ struct CheckKey {
 /// One Service's verdicts and when each was reached.
 type Verdicts = HashMap<CheckKey, (Verdict, Instant)>;
 
+/// What an abstain run is kept for: the pod address under one port.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct AbstainKey {
+    pod_uid: String,
+    port: String,
+    family: Family,
+    address: IpAddr,
+}
+
+/// One Service's unbroken abstain runs, by when each began.
+type Abstains = HashMap<AbstainKey, Instant>;
+
 /// Judges subjects with the configured checker.
 pub struct Judge {
     checker: Arc<dyn Checker>,
@@ -54,6 +66,10 @@ pub struct Judge {
     metrics: Metrics,
     /// Per Service UID: the verdicts of its last reconcile.
     cache: Mutex<HashMap<String, Verdicts>>,
+    /// `abstainLimit`.
+    abstain_limit: Duration,
+    /// Per Service UID: its subjects that have abstained since when.
+    abstains: Mutex<HashMap<String, Abstains>>,
 }
 
 impl Judge {
@@ -62,6 +78,7 @@ impl Judge {
         max_concurrent: usize,
         timeout: Duration,
         resync: Duration,
+        abstain_limit: Duration,
         metrics: Metrics,
     ) -> Self {
         Self {
@@ -74,6 +91,8 @@ impl Judge {
             freshness: resync.mul_f32(0.9),
             metrics,
             cache: Mutex::default(),
+            abstain_limit,
+            abstains: Mutex::default(),
         }
     }
 
@@ -118,23 +137,62 @@ impl Judge {
 
         let mut fresh = HashMap::with_capacity(results.len());
         let mut judged = Vec::with_capacity(results.len());
+        let before = self
+            .abstains
+            .lock()
+            .unwrap()
+            .remove(&svc_uid)
+            .unwrap_or_default();
+        // Subjects gone from the Service end their runs with it.
+        let mut abstains = Abstains::new();
+        let mut longest = Duration::ZERO;
         for (key, subject, verdict, at) in results {
-            fresh.insert(key, (verdict.clone(), at));
+            let run = AbstainKey {
+                pod_uid: key.pod_uid.clone(),
+                port: key.port.clone(),
+                family: key.family,
+                address: key.address,
+            };
+            let (decision, since) = bound_abstain(
+                verdict.decision,
+                before.get(&run).copied(),
+                now,
+                self.abstain_limit,
+            );
+            if let Some(since) = since {
+                longest = longest.max(now.saturating_duration_since(since));
+                abstains.insert(run, since);
+            }
+            if decision != verdict.decision {
+                self.metrics.count_abstain_expired();
+                debug!(pod = %subject.pod.name_any(), port = %subject.port.name,
+                    limit = ?self.abstain_limit, "abstained for longer than abstainLimit: excluded");
+            }
+            fresh.insert(key, (verdict, at));
             judged.push(Judged {
                 port: subject.port,
                 family: subject.family,
                 pod: subject.pod,
                 address: subject.address,
-                decision: verdict.decision,
+                decision,
             });
+        }
+        let (ns, name) = (svc.namespace().unwrap_or_default(), svc.name_any());
+        self.metrics.set_abstain_longest(&ns, &name, longest);
+        if !abstains.is_empty() {
+            self.abstains
+                .lock()
+                .unwrap()
+                .insert(svc_uid.clone(), abstains);
         }
         self.cache.lock().unwrap().insert(svc_uid, fresh);
         judged
     }
 
-    /// Forgets a deleted Service's verdicts.
+    /// Forgets a deleted Service's verdicts and abstain runs.
     pub fn forget(&self, svc_uid: &str) {
         self.cache.lock().unwrap().remove(svc_uid);
+        self.abstains.lock().unwrap().remove(svc_uid);
     }
 
     async fn check_one(&self, subject: &Subject) -> Verdict {

@@ -29,12 +29,12 @@ pub mod migrate;
 mod readiness;
 mod reconcile;
 mod retry;
+mod tenure;
 mod wiring;
 
 use std::{future::Future, sync::Arc, time::Duration};
 
 use kube::Client;
-use tokio::sync::watch;
 
 use portwise_checkers::WasmCheckers;
 use portwise_core::config::Config;
@@ -44,6 +44,7 @@ pub use judge::Judge;
 /// One ownership rule and one spelling of the slice labels, in the core.
 pub use portwise_core::plan::{MANAGED_BY_LABEL, SERVICE_NAME_LABEL, is_ours};
 pub use readiness::Readiness;
+pub use tenure::Tenure;
 
 /// Errors of one reconcile. Each is retried with backoff by the runtime.
 #[derive(Debug, thiserror::Error)]
@@ -87,8 +88,9 @@ pub struct RunOptions {
     pub check_timeout: Duration,
     /// Shared metrics registry.
     pub metrics: Metrics,
-    /// `true` while this replica may write. `None`: always (no election).
-    pub leader: Option<watch::Receiver<bool>>,
+    /// This replica's term as leader; it writes only within it. `None`:
+    /// always (no election).
+    pub leader: Option<Tenure>,
     /// Set once every cache has listed once.
     pub ready: Option<Readiness>,
     /// Name of this replica in Events (`reportingInstance`).

@@ -26,7 +26,7 @@
 
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
-    sync::{Arc, Mutex, PoisonError, RwLock},
+    sync::{Arc, Mutex, PoisonError, RwLock, atomic::AtomicU64},
     time::Duration,
 };
 
@@ -275,6 +275,8 @@ pub struct Metrics {
     writes: MetricFamily<KindLabels, Counter>,
     leader: Gauge,
     cache_objects: MetricFamily<KindLabels, Gauge>,
+    abstain_longest: MetricFamily<ServiceLabels, Gauge<f64, AtomicU64>>,
+    abstains_expired: Counter,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -368,8 +370,23 @@ impl Metrics {
             "Objects held in the informer caches by kind (services|pods|endpointslices|nodes)",
             cache_objects.clone(),
         );
+        let abstain_longest = MetricFamily::<ServiceLabels, Gauge<f64, AtomicU64>>::default();
+        registry.register_with_unit(
+            "abstain_longest",
+            "How long the longest unbroken abstain of a Service's (pod, port, family) has lasted; past abstainLimit it counts as exclude",
+            Unit::Seconds,
+            abstain_longest.clone(),
+        );
+        let abstains_expired = Counter::default();
+        registry.register(
+            "abstains_expired",
+            "Checks whose abstain had lasted longer than abstainLimit and so counted as exclude",
+            abstains_expired.clone(),
+        );
 
         Self {
+            abstain_longest,
+            abstains_expired,
             registry: Arc::new(registry),
             endpoints_published,
             published_index: Arc::default(),
@@ -491,10 +508,27 @@ impl Metrics {
                 });
             }
         }
-        self.slices_managed.remove(&ServiceLabels {
+        let labels = ServiceLabels {
             namespace: label(namespace),
             service: label(service),
-        });
+        };
+        self.slices_managed.remove(&labels);
+        self.abstain_longest.remove(&labels);
+    }
+
+    /// The longest ongoing abstain of a Service (zero when none).
+    pub fn set_abstain_longest(&self, namespace: &str, service: &str, longest: Duration) {
+        self.abstain_longest
+            .get_or_create(&ServiceLabels {
+                namespace: label(namespace),
+                service: label(service),
+            })
+            .set(longest.as_secs_f64());
+    }
+
+    /// One abstain counted as exclude because it outlasted `abstainLimit`.
+    pub fn count_abstain_expired(&self) {
+        self.abstains_expired.inc();
     }
 
     /// Counts one top-level membership check and records how long it took.

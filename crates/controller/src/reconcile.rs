@@ -12,7 +12,7 @@ use std::{
 
 use jiff::Timestamp;
 use k8s_openapi::api::{
-    core::v1::{Node, Pod, Service},
+    core::v1::{Endpoints, Node, Pod, Service},
     discovery::v1::EndpointSlice,
 };
 use kube::{
@@ -24,7 +24,6 @@ use kube::{
         reflector::{ObjectRef, Store},
     },
 };
-use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
 use portwise_core::{
@@ -49,6 +48,8 @@ pub(crate) struct Context {
     pub(crate) services: Store<Service>,
     pub(crate) pods: Store<Pod>,
     pub(crate) slices: Store<EndpointSlice>,
+    /// The legacy Endpoints objects that carry our managed-by label.
+    pub(crate) our_endpoints: Store<Endpoints>,
     pub(crate) nodes: Option<Store<PartialObjectMeta<Node>>>,
     pub(crate) pod_groups: Arc<GroupIndex>,
     /// slices by the Service they belong to (owner or service-name label)
@@ -57,7 +58,7 @@ pub(crate) struct Context {
     pub(crate) writer: SliceWriter,
     pub(crate) recorder: Recorder,
     pub(crate) metrics: Metrics,
-    pub(crate) leader: Option<watch::Receiver<bool>>,
+    pub(crate) leader: Option<crate::Tenure>,
     /// Services whose selector warning was emitted (per transition).
     pub(crate) selector_warned: Mutex<HashSet<String>>,
     /// Services whose ExternalName event was emitted.
@@ -84,8 +85,9 @@ pub(crate) struct Context {
 }
 
 impl Context {
+    /// Within this replica's term (by the clock, see [`crate::Tenure`]).
     pub(crate) fn is_leader(&self) -> bool {
-        self.leader.as_ref().is_none_or(|rx| *rx.borrow())
+        self.leader.as_ref().is_none_or(crate::Tenure::leads)
     }
 
     fn pods_in_group(&self, ns: &str, group: &str) -> Vec<Arc<Pod>> {
@@ -94,6 +96,13 @@ impl Context {
             .into_iter()
             .filter_map(|name| self.pods.get(&ObjectRef::new(&name).within(ns)))
             .collect()
+    }
+
+    /// The Node exists (always, without Node lookups: nothing to go by).
+    fn node_known(&self, node: &str) -> bool {
+        self.nodes
+            .as_ref()
+            .is_none_or(|nodes| nodes.get(&ObjectRef::new(node)).is_some())
     }
 
     fn slice_by_name(&self, ns: &str, name: &str) -> Option<Arc<EndpointSlice>> {
@@ -190,13 +199,23 @@ pub(crate) async fn reconcile(svc: Arc<Service>, ctx: Arc<Context>) -> Result<Ac
     let uid = svc.uid().unwrap_or_default();
 
     let decided = {
-        let pods_in_group = |group: &str| ctx.pods_in_group(&ns, group);
+        let node_known = |node: &str| ctx.node_known(node);
+        let pods_in_group = |group: &str| {
+            ctx.pods_in_group(&ns, group)
+                .into_iter()
+                .filter(|p| portwise_core::align::on_known_node(&svc, p, &node_known))
+                .collect()
+        };
         let owned = || ctx.owned_slices(&svc);
         decision::decide(&decision::Input {
             service: &svc,
             config: &ctx.config,
             pods_in_group: &pods_in_group,
             owned: &owned,
+            has_our_endpoints: ctx
+                .our_endpoints
+                .get(&ObjectRef::new(&svc.name_any()).within(&ns))
+                .is_some(),
         })
     };
 
@@ -355,6 +374,9 @@ async fn serve(ctx: &Context, svc: &Arc<Service>, mut serve: Serve) -> Result<bo
         }
     }
 
+    if serve.remove_legacy_endpoints {
+        remove_our_endpoints(ctx, svc).await?;
+    }
     if serve.publish_legacy_endpoints {
         let desired = plan::plan_endpoints(svc, &plan.members, &ctx.config.managed_by);
         if let Err(e) = ctx.migration.publish_endpoints(svc, desired).await {
@@ -385,13 +407,7 @@ async fn serve(ctx: &Context, svc: &Arc<Service>, mut serve: Serve) -> Result<bo
 async fn release(ctx: &Context, svc: &Service, release: &Release) -> Result<(), Error> {
     let ns = svc.namespace().unwrap_or_default();
     if release.remove_legacy_endpoints {
-        ctx.migration
-            .remove_our_endpoints(svc)
-            .await
-            .map_err(|source| Error::Migrate {
-                service: format!("{ns}/{}", svc.name_any()),
-                source,
-            })?;
+        remove_our_endpoints(ctx, svc).await?;
     }
     let owned = &release.delete_slices;
     if owned.is_empty() {
@@ -406,4 +422,24 @@ async fn release(ctx: &Context, svc: &Service, release: &Release) -> Result<(), 
             service: format!("{ns}/{}", svc.name_any()),
             source,
         })
+}
+
+/// Deletes the legacy Endpoints object we wrote for `svc`.
+async fn remove_our_endpoints(ctx: &Context, svc: &Service) -> Result<(), Error> {
+    let removed = ctx
+        .migration
+        .remove_our_endpoints(svc)
+        .await
+        .map_err(|source| Error::Migrate {
+            service: service_name(svc),
+            source,
+        })?;
+    if removed {
+        info!(service = %service_name(svc), "deleted the legacy Endpoints portwise had written");
+    }
+    Ok(())
+}
+
+fn service_name(svc: &Service) -> String {
+    format!("{}/{}", svc.namespace().unwrap_or_default(), svc.name_any())
 }

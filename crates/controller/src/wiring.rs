@@ -23,7 +23,7 @@ use futures::{
 };
 use k8s_openapi::{
     api::{
-        core::v1::{Node, Pod, Service},
+        core::v1::{Endpoints, Node, Pod, Service},
         discovery::v1::EndpointSlice,
     },
     apimachinery::pkg::apis::meta::v1::OwnerReference,
@@ -45,7 +45,7 @@ use portwise_checkers::{BuildContext, Checker};
 use portwise_core::{
     align::key_value,
     config::{Config, KeySource},
-    plan::{MANAGED_BY_LABEL, SERVICE_NAME_LABEL},
+    plan::{ENDPOINTS_MANAGED_BY_LABEL, MANAGED_BY_LABEL, SERVICE_NAME_LABEL},
 };
 
 use crate::{
@@ -253,6 +253,7 @@ pub(crate) async fn run(
         &BuildContext {
             wasm: opts.wasm.as_deref(),
             stable_ttl: BuildContext::stable_ttl_for(config.resync_period),
+            stable_spacing: BuildContext::stable_spacing_for(config.resync_period),
         },
     )
     .map_err(|e| Error::Build(e.to_string()))?;
@@ -391,6 +392,36 @@ pub(crate) async fn run(
             })
     };
 
+    // Our own legacy Endpoints only (label-selected: the cluster's others
+    // are never cached), so that one written while `publishLegacyEndpoints`
+    // was on, possibly by an earlier process, is removed once it is off or
+    // the Service leaves, without a GET per reconcile.
+    let (our_endpoints_reader, our_endpoints_writer) = reflector::store::<Endpoints>();
+    let our_endpoints_stream = {
+        let tx = trigger_tx.clone();
+        let selector = format!("{ENDPOINTS_MANAGED_BY_LABEL}={}", config.managed_by);
+        watch_all::<Endpoints>(
+            &client,
+            &opts.namespaces,
+            list_cfg.clone().labels(&selector),
+            &gate,
+            |_: &Endpoints| true,
+        )
+        .modify(cache::strip_managed_fields)
+        .reflect(our_endpoints_writer)
+        .for_each(move |ev| {
+            match ev {
+                Ok(watcher::Event::Apply(ep)) | Ok(watcher::Event::InitApply(ep)) => {
+                    let ns = ep.namespace().unwrap_or_default();
+                    let _ = tx.unbounded_send(ObjectRef::new(&ep.name_any()).within(&ns));
+                }
+                Ok(_) => {}
+                Err(e) => warn!(error = %e, "endpoints watch"),
+            }
+            future::ready(())
+        })
+    };
+
     // Node metadata: zones only.
     let (node_store, node_stream): (
         Option<Store<PartialObjectMeta<Node>>>,
@@ -400,6 +431,12 @@ pub(crate) async fn run(
     } else {
         let (reader, writer) = reflector::store::<PartialObjectMeta<Node>>();
         let mut token = Some(gate.register());
+        // A Node that appears or goes changes which pods are candidates
+        // (`align::on_known_node`): re-check every Service then. Node
+        // updates (heartbeats) change nothing here and trigger nothing.
+        let mut known: std::collections::HashSet<String> = Default::default();
+        let tx = trigger_tx.clone();
+        let services = svc_reader.clone();
         let stream = watcher(
             Api::<PartialObjectMeta<Node>>::all(client.clone()),
             list_cfg.clone(),
@@ -411,6 +448,20 @@ pub(crate) async fn run(
             // node metadata is optional for correctness; count it as
             // synced after its first list. (Dropping a SyncToken does not
             // complete it: it must be completed explicitly.)
+            let changed = match &ev {
+                Ok(watcher::Event::InitApply(n)) => {
+                    known.insert(n.name_any());
+                    false
+                }
+                Ok(watcher::Event::Apply(n)) => known.insert(n.name_any()),
+                Ok(watcher::Event::Delete(n)) => known.remove(&n.name_any()),
+                _ => false,
+            };
+            if changed && token.is_none() {
+                for svc in services.state() {
+                    let _ = tx.unbounded_send(ObjectRef::from_obj(svc.as_ref()));
+                }
+            }
             if let Ok(watcher::Event::InitDone) = ev
                 && let Some(mut token) = token.take()
             {
@@ -432,6 +483,7 @@ pub(crate) async fn run(
             config.max_concurrent_checks,
             opts.check_timeout,
             config.resync_period,
+            config.abstain_limit(),
             opts.metrics.clone(),
         ),
         writer: SliceWriter::new(client.clone(), config.managed_by.clone()),
@@ -447,6 +499,7 @@ pub(crate) async fn run(
         services: svc_reader.clone(),
         pods: pod_reader,
         slices: slice_reader,
+        our_endpoints: our_endpoints_reader,
         nodes: node_store,
         pod_groups,
         slice_owners,
@@ -524,13 +577,19 @@ pub(crate) async fn run(
                     sweep_gone(&ctx, &release_tx);
                 }
                 let Some(rx) = leader.as_mut() else { break };
-                // Until the next time we become leader.
+                // Until the next time we become leader (a renewal changes
+                // the term too: only a new one counts).
+                let mut held = rx.holds_term();
                 loop {
-                    if rx.changed().await.is_err() {
-                        return;
-                    }
-                    if *rx.borrow_and_update() {
-                        break;
+                    match rx.changed().await {
+                        None => return,
+                        Some(holds) => {
+                            let became = holds && !held;
+                            held = holds;
+                            if became {
+                                break;
+                            }
+                        }
                     }
                 }
             }
@@ -546,18 +605,23 @@ pub(crate) async fn run(
 
     // Becoming leader (again) re-checks everything: while following we
     // wrote nothing, and the previous leader may have left work undone.
-    if let Some(mut rx) = opts.leader.clone() {
+    // Renewals change the term too: only a new term re-checks.
+    if let Some(mut tenure) = opts.leader.clone() {
         let tx = trigger_tx.clone();
         let services = svc_reader.clone();
         tokio::spawn(async move {
+            let mut held = false;
+            let mut holds = tenure.holds_term();
             loop {
-                if *rx.borrow_and_update() {
+                if holds && !held {
                     for svc in services.state() {
                         let _ = tx.unbounded_send(ObjectRef::from_obj(svc.as_ref()));
                     }
                 }
-                if rx.changed().await.is_err() {
-                    break;
+                held = holds;
+                match tenure.changed().await {
+                    Some(h) => holds = h,
+                    None => break,
                 }
             }
         });
@@ -575,7 +639,7 @@ pub(crate) async fn run(
     }
 
     let background = tokio::spawn(async move {
-        tokio::join!(pod_stream, slice_stream, node_stream);
+        tokio::join!(pod_stream, slice_stream, our_endpoints_stream, node_stream);
     });
 
     info!(namespaces = ?opts.namespaces, managed_by = %config.managed_by, "portwise controller starting");

@@ -212,6 +212,38 @@ pub fn resolved_port(port: &ServicePort, target: u16) -> ResolvedPort {
     }
 }
 
+/// Upstream's rule for a pod whose Node is gone: it is left out (unless the
+/// Service publishes not-ready addresses), so that slices do not keep
+/// endpoints of a vanished Node until the pod garbage collector gets to
+/// them; a kubelet that is gone cannot mark its pods unready. `node_known`
+/// answers from the Node cache. A pod without `nodeName` is not scheduled
+/// and so has no address in a real cluster; it is judged as usual (the
+/// native controller skips it too, which only matters for hand-made pods).
+pub fn on_known_node(service: &Service, pod: &Pod, node_known: &dyn Fn(&str) -> bool) -> bool {
+    let pnra = service
+        .spec
+        .as_ref()
+        .and_then(|s| s.publish_not_ready_addresses)
+        .unwrap_or(false);
+    match pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) {
+        Some(node) if !node.is_empty() => pnra || node_known(node),
+        _ => true,
+    }
+}
+
+/// A headless Service with no ports: judged and published port-less
+/// ([`ResolvedPort::portless`]).
+pub fn is_portless_headless(service: &Service) -> bool {
+    let spec = service.spec.as_ref();
+    spec.and_then(|s| s.ports.as_deref())
+        .unwrap_or_default()
+        .is_empty()
+        && matches!(
+            spec.and_then(|s| s.cluster_ip.as_deref()),
+            None | Some("") | Some("None")
+        )
+}
+
 /// Every (Service port, family, candidate pod) whose target port resolves
 /// and which has an address of that family: what the checker judges.
 ///
@@ -231,6 +263,25 @@ pub fn subjects(service: &Arc<Service>, pods: &[Arc<Pod>]) -> Vec<Subject> {
         .filter(|p| is_candidate(p))
         .collect();
     let mut out = Vec::new();
+    // A headless Service without ports (DNS-based peer discovery, e.g. a
+    // StatefulSet's governing Service): one port-less subject per pod and
+    // family, as the native controller publishes its pods under `ports: []`.
+    if ports.is_empty() && is_portless_headless(service) {
+        for &family in &families {
+            for pod in &pods {
+                if let Some(address) = pod_address(pod, family) {
+                    out.push(Subject {
+                        service: service.clone(),
+                        pod: Arc::clone(pod),
+                        port: ResolvedPort::portless(),
+                        family,
+                        address,
+                    });
+                }
+            }
+        }
+        return out;
+    }
     for sp in ports {
         for &family in &families {
             for pod in &pods {
@@ -632,5 +683,43 @@ mod tests {
         let s = &subjects(&svc, &pods)[0];
         assert_eq!(s.port.protocol, "TCP");
         assert_eq!(s.port.port, 80);
+    }
+}
+
+#[cfg(test)]
+mod node_tests {
+    use k8s_openapi::api::core::v1::{PodSpec, ServiceSpec};
+
+    use super::*;
+
+    fn pod_on(node: Option<&str>) -> Pod {
+        Pod {
+            spec: Some(PodSpec {
+                node_name: node.map(str::to_string),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn svc(pnra: bool) -> Service {
+        Service {
+            spec: Some(ServiceSpec {
+                publish_not_ready_addresses: Some(pnra),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    /// Found by the oracle (issue 12): the native controller leaves out pods
+    /// whose Node does not exist, except under publishNotReadyAddresses.
+    #[test]
+    fn pods_on_a_missing_node_are_left_out_unless_not_ready_addresses_are_published() {
+        let known = |n: &str| n == "node-1";
+        assert!(on_known_node(&svc(false), &pod_on(Some("node-1")), &known));
+        assert!(!on_known_node(&svc(false), &pod_on(Some("gone")), &known));
+        assert!(on_known_node(&svc(true), &pod_on(Some("gone")), &known));
+        assert!(on_known_node(&svc(false), &pod_on(None), &known));
     }
 }

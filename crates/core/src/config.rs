@@ -63,6 +63,12 @@ pub struct Config {
     /// Probes re-run at least this often.
     #[serde(default = "default_resync_period", with = "duration_str")]
     pub resync_period: Duration,
+    /// How long an `abstain` keeps what was published; a (pod, port,
+    /// family) that has abstained without a break for longer counts as
+    /// `exclude`. `None`: [`default_abstain_limit`] (use
+    /// [`Config::abstain_limit`]).
+    #[serde(default, with = "optional_duration_str")]
+    pub abstain_limit: Option<Duration>,
     #[serde(default = "default_max_endpoints_per_slice")]
     pub max_endpoints_per_slice: usize,
     /// Global bound on checks in flight.
@@ -90,6 +96,17 @@ fn default_managed_by() -> String {
 }
 fn default_resync_period() -> Duration {
     Duration::from_secs(30)
+}
+/// The default `abstainLimit`: five minutes, or two resync periods when
+/// that is longer (an abstain must be seen twice to outlast it).
+///
+/// Five minutes is Kubernetes' own patience with a node it cannot reach
+/// (the default `tolerationSeconds` of `node.kubernetes.io/unreachable`
+/// before its pods are evicted). A controller that lost its own network
+/// for less keeps every endpoint; a pod gone from the network for longer
+/// stops getting traffic even if its Pod object lingers.
+pub fn default_abstain_limit(resync_period: Duration) -> Duration {
+    Duration::from_secs(300).max(resync_period * 2)
 }
 fn default_max_endpoints_per_slice() -> usize {
     100
@@ -268,6 +285,17 @@ mod duration_str {
     }
 }
 
+/// [`duration_str`] for an optional field (absent: `None`).
+mod optional_duration_str {
+    use std::time::Duration;
+
+    use serde::de::Deserializer;
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+        super::duration_str::deserialize(d).map(Some)
+    }
+}
+
 /// A problem found in a configuration, with the path of the field.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -372,6 +400,7 @@ impl Config {
             service_key,
             pod_key: None,
             resync_period: default_resync_period(),
+            abstain_limit: None,
             max_endpoints_per_slice: default_max_endpoints_per_slice(),
             max_concurrent_checks: default_max_concurrent_checks(),
             native_cleanup: true,
@@ -380,6 +409,12 @@ impl Config {
             modules_dir: None,
             membership: CheckerExpr::default(),
         }
+    }
+
+    /// How long an abstain keeps what was published (`abstainLimit`).
+    pub fn abstain_limit(&self) -> Duration {
+        self.abstain_limit
+            .unwrap_or_else(|| default_abstain_limit(self.resync_period))
     }
 
     /// The key pods join a group by (`podKey`, defaulting to `serviceKey`).
@@ -411,6 +446,14 @@ impl Config {
         self.service_key.validate(&root.field("serviceKey"))?;
         if let Some(k) = &self.pod_key {
             k.validate(&root.field("podKey"))?;
+        }
+        if let Some(limit) = self.abstain_limit
+            && limit < self.resync_period
+        {
+            return Err(root.field("abstainLimit").issue(format!(
+                "must be at least resyncPeriod ({}): an abstain is re-checked once a period",
+                humantime::format_duration(self.resync_period)
+            )));
         }
         if self.resync_period < MIN_RESYNC_PERIOD {
             return Err(root.field("resyncPeriod").issue(format!(
@@ -901,6 +944,7 @@ membership: podReady
         );
         assert_eq!(c.managed_by, "portwise");
         assert_eq!(c.resync_period, Duration::from_secs(30));
+        assert_eq!(c.abstain_limit(), Duration::from_secs(300));
         assert_eq!(
             (c.max_endpoints_per_slice, c.max_concurrent_checks),
             (100, 16)
@@ -1410,5 +1454,35 @@ membership:
         .validate_at("check", false)
         .unwrap_err();
         assert_eq!(e.field_path(), Some("check.not.tcpDial.timeout"));
+    }
+}
+
+#[cfg(test)]
+mod abstain_limit_tests {
+    use super::*;
+
+    #[test]
+    fn abstain_limit_defaults_to_five_minutes_or_two_periods_and_is_checked() {
+        let c = Config::from_yaml("serviceKey: {label: g}\n").unwrap();
+        assert_eq!(c.abstain_limit(), Duration::from_secs(300));
+        let c = Config::from_yaml("serviceKey: {label: g}\nresyncPeriod: 10m\n").unwrap();
+        assert_eq!(
+            c.abstain_limit(),
+            Duration::from_secs(1200),
+            "a valid file stays valid"
+        );
+        let c = Config::from_yaml("serviceKey: {label: g}\nabstainLimit: 90s\n").unwrap();
+        assert_eq!(c.abstain_limit(), Duration::from_secs(90));
+        let e = Config::from_yaml("serviceKey: {label: g}\nabstainLimit: 10s\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("abstainLimit") && e.contains("resyncPeriod"),
+            "{e}"
+        );
+        let e = Config::from_yaml("serviceKey: {label: g}\nabstainLimit: later\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("abstainLimit"), "{e}");
     }
 }

@@ -48,6 +48,9 @@ pub struct Input<'a> {
     /// recent writes). Called at most once, only for a released Service;
     /// filtered with [`plan::is_ours`] here.
     pub owned: &'a dyn Fn() -> Vec<Arc<EndpointSlice>>,
+    /// A v1 Endpoints object of ours exists for this Service (written with
+    /// `publishLegacyEndpoints`, possibly by an earlier process).
+    pub has_our_endpoints: bool,
 }
 
 /// What to do for one Service.
@@ -97,8 +100,9 @@ pub struct Warnings {
 pub struct Release {
     pub why: Unmanaged,
     pub warnings: Warnings,
-    /// Delete the v1 Endpoints we wrote (`publishLegacyEndpoints`); first,
-    /// before the slices.
+    /// Delete the v1 Endpoints we wrote (whatever `publishLegacyEndpoints`
+    /// says now: it may have been on when we wrote it); first, before the
+    /// slices.
     pub remove_legacy_endpoints: bool,
     /// Names of the slices we own for it, to delete. Sorted, as given.
     pub delete_slices: Vec<String>,
@@ -125,6 +129,9 @@ pub struct Serve {
     pub native_cleanup: bool,
     /// Also write v1 Endpoints (`publishLegacyEndpoints`).
     pub publish_legacy_endpoints: bool,
+    /// `publishLegacyEndpoints` is off but an Endpoints object of ours is
+    /// still there: delete it, or legacy consumers keep stale addresses.
+    pub remove_legacy_endpoints: bool,
 }
 
 /// When to look at the Service again after a successful reconcile.
@@ -212,6 +219,7 @@ pub fn decide(input: &Input) -> Decision {
         subjects: align::subjects(svc, &pods),
         native_cleanup: cfg.native_cleanup && !has_selector,
         publish_legacy_endpoints: cfg.publish_legacy_endpoints,
+        remove_legacy_endpoints: !cfg.publish_legacy_endpoints && input.has_our_endpoints,
     })
 }
 
@@ -224,7 +232,7 @@ fn release(input: &Input, why: Unmanaged, warnings: Warnings) -> Release {
     Release {
         why,
         warnings,
-        remove_legacy_endpoints: input.config.publish_legacy_endpoints,
+        remove_legacy_endpoints: input.has_our_endpoints,
         delete_slices,
         forget_metrics: why == Unmanaged::NoKey,
     }

@@ -32,7 +32,10 @@ use portwise_core::{
 };
 use portwise_wasm::{Limits, WasmConfig, WasmRuntime, default_cache_dir};
 
-use crate::ops;
+use crate::ops::{
+    self,
+    client::{ClientOptions, connect},
+};
 
 #[derive(Args, Debug, Clone)]
 pub struct RunArgs {
@@ -119,7 +122,23 @@ pub struct CheckArgs {
 pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let config = Config::load(&args.config)
         .with_context(|| format!("invalid configuration {}", args.config.display()))?;
-    let client = connect()
+    // Leader election's timings decide the API connections' TCP timeout
+    // (ops::client explains why).
+    let timings = args.leader_elect.then(|| {
+        let secs = args.lease_duration.as_secs().max(3);
+        ops::leader::Timings {
+            lease_duration: Duration::from_secs(secs),
+            renew_deadline: Duration::from_secs(secs).mul_f64(2.0 / 3.0),
+            retry_period: Duration::from_secs(secs).mul_f64(2.0 / 15.0),
+        }
+    });
+    let client_opts = match &timings {
+        Some(t) => ClientOptions::elected(t),
+        None => ClientOptions::standalone(),
+    };
+    // The elector renews on a client of its own: the controller's is fenced
+    // by the term the elector hands out.
+    let unfenced = connect(&client_opts)
         .await
         .context("no Kubernetes connection (set KUBECONFIG or run in a cluster)")?;
 
@@ -151,39 +170,42 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     };
 
     if let Some(rt) = &wasm {
+        // Every replica reports its own modules, leading or not.
         report_wasm(
             rt.clone(),
             metrics.clone(),
-            client.clone(),
+            unfenced.clone(),
             config.managed_by.clone(),
         );
     }
 
     let identity = ops::leader::identity(args.identity.as_deref());
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
-    let elector = if args.leader_elect {
-        let ns = args
-            .lease_namespace
-            .clone()
-            .unwrap_or_else(|| "default".into());
-        let secs = args.lease_duration.as_secs().max(3);
-        let timings = ops::leader::Timings {
-            lease_duration: Duration::from_secs(secs),
-            renew_deadline: Duration::from_secs(secs).mul_f64(2.0 / 3.0),
-            retry_period: Duration::from_secs(secs).mul_f64(2.0 / 15.0),
-        };
-        Some(
-            ops::leader::LeaderElector::start(
-                client.clone(),
-                &ns,
-                &args.lease_name,
-                &identity,
-                timings,
+    let elector = match timings {
+        Some(timings) => {
+            let ns = args
+                .lease_namespace
+                .clone()
+                .unwrap_or_else(|| "default".into());
+            Some(
+                ops::leader::LeaderElector::start(
+                    unfenced.clone(),
+                    &ns,
+                    &args.lease_name,
+                    &identity,
+                    timings,
+                )
+                .context("cannot start leader election")?,
             )
-            .context("cannot start leader election")?,
-        )
-    } else {
-        None
+        }
+        None => None,
+    };
+    let tenure = elector
+        .as_ref()
+        .map(|e| portwise_controller::Tenure::new(e.subscribe_term()));
+    let client = match &tenure {
+        Some(t) => connect(&client_opts.clone().fenced(t.clone())).await?,
+        None => unfenced,
     };
 
     match &elector {
@@ -198,7 +220,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         namespaces: args.namespaces.clone(),
         check_timeout,
         metrics: metrics.clone(),
-        leader: elector.as_ref().map(|e| e.subscribe()),
+        leader: tenure,
         ready: Some(readiness.clone()),
         instance: Some(identity),
         wasm: wasm.clone().map(|w| w as Arc<dyn WasmCheckers>),
@@ -361,48 +383,6 @@ fn read_guest_failures(metrics: &portwise_controller::metrics::Metrics, rt: Arc<
     });
 }
 
-/// The product's User-Agent: kube-rs sends none, and audit logs (and
-/// `./bench`) tell controllers apart by it, as they do for
-/// `kube-controller-manager/…/endpointslice-controller`.
-pub const USER_AGENT: &str = concat!("portwise/", env!("CARGO_PKG_VERSION"));
-
-/// A client from KUBECONFIG or the in-cluster service account, sending
-/// [`USER_AGENT`].
-async fn connect() -> anyhow::Result<Client> {
-    let mut config = kube::Config::infer().await?;
-    config.headers.push((
-        hyper::header::USER_AGENT,
-        hyper::header::HeaderValue::from_static(USER_AGENT),
-    ));
-    // kube's default retry (`RetryPolicy::server_retry`) doubles from 5 ms
-    // up to 1000 s over 15 attempts: after a long 429/503 episode a single
-    // request could sleep a minute past the apiserver's recovery (20 s of
-    // 429s cost 71 s of stale slices, docs/reliability.md 1.3). Retries
-    // here stay within seconds and honour the server's `Retry-After`; what
-    // is still failing after them goes back to the controller, whose
-    // error policy requeues the Service.
-    config.default_retry = false;
-    let client = kube::client::ClientBuilder::try_from(config)?
-        // The retry layer clones its service per attempt; the stack kube
-        // builds is boxed (not `Clone`), so a buffer goes in between.
-        .with_layer(&tower::buffer::BufferLayer::new(1024))
-        .with_layer(&tower::retry::RetryLayer::new(api_retry_policy()))
-        .build();
-    Ok(client)
-}
-
-/// Retries of 429, 503 and 504: 5 at most, 100 ms doubling to 5 s (or the
-/// server's `Retry-After`), so one request gives up within about 10 s.
-fn api_retry_policy() -> kube::client::retry::RetryPolicy {
-    kube::client::retry::RetryPolicy::new(
-        Duration::from_millis(100),
-        Duration::from_secs(5),
-        5,
-        true,
-    )
-    .expect("constant retry parameters are valid")
-}
-
 async fn wait_for_signal() {
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
@@ -424,7 +404,11 @@ fn read_object<T: serde::de::DeserializeOwned>(path: &Path) -> anyhow::Result<T>
 pub async fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
     let needs_cluster = args.pod_name.is_some() || args.service_name.is_some();
     let client = if needs_cluster {
-        Some(connect().await.context("no Kubernetes connection")?)
+        Some(
+            connect(&ClientOptions::standalone())
+                .await
+                .context("no Kubernetes connection")?,
+        )
     } else {
         None
     };

@@ -10,6 +10,8 @@
 //! | `not` | `include` ↔ `exclude`; `abstain` stays `abstain` |
 //! | `stable` | see [`Damper`] |
 
+use std::time::{Duration, Instant};
+
 use super::Decision;
 
 /// Left-to-right evaluation of `all`/`any` that knows when the answer is
@@ -78,6 +80,33 @@ impl Fold {
 
 /// `all`: the first `exclude` wins; otherwise any `abstain` gives `abstain`;
 /// otherwise `include` (so `all()` includes).
+/// `abstainLimit`: an abstain keeps what was published only for so long.
+///
+/// `since` is when the current unbroken run of abstains for one (pod,
+/// port, family) began (`None`: the last answer was conclusive). Returns
+/// the decision to act on and the new `since`: an abstain that has lasted
+/// longer than `limit` counts as exclude, so a pod that vanished from the
+/// network (EHOSTUNREACH makes probes abstain) does not stay published
+/// until someone deletes its Pod object; a conclusive answer ends the run.
+pub fn bound_abstain(
+    d: Decision,
+    since: Option<Instant>,
+    now: Instant,
+    limit: Duration,
+) -> (Decision, Option<Instant>) {
+    match d {
+        Decision::Abstain => {
+            let since = since.unwrap_or(now);
+            if now.saturating_duration_since(since) > limit {
+                (Decision::Exclude, Some(since))
+            } else {
+                (Decision::Abstain, Some(since))
+            }
+        }
+        conclusive => (conclusive, None),
+    }
+}
+
 pub fn all(ds: &[Decision]) -> Decision {
     Fold::all().run(ds.iter().copied())
 }
@@ -379,5 +408,37 @@ mod tests {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod abstain_bound_tests {
+    use super::*;
+
+    #[test]
+    fn an_abstain_counts_as_exclude_once_it_outlasts_the_limit() {
+        use Decision::*;
+        let limit = Duration::from_secs(300);
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let (d, since) = bound_abstain(Abstain, None, at(0), limit);
+        assert_eq!((d, since), (Abstain, Some(at(0))));
+        assert_eq!(
+            bound_abstain(Abstain, since, at(300), limit),
+            (Abstain, since)
+        );
+        assert_eq!(
+            bound_abstain(Abstain, since, at(301), limit),
+            (Exclude, since)
+        );
+        // A conclusive answer ends the run; the next abstain starts afresh.
+        assert_eq!(
+            bound_abstain(Include, since, at(302), limit),
+            (Include, None)
+        );
+        assert_eq!(
+            bound_abstain(Abstain, None, at(303), limit),
+            (Abstain, Some(at(303)))
+        );
     }
 }

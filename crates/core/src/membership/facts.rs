@@ -6,8 +6,28 @@
 use super::{Subject, Verdict};
 use crate::config::KeySource;
 
-/// `podReady`: the pod's `Ready` condition is `True`.
+/// The Service asks for its pods whatever their readiness
+/// (`spec.publishNotReadyAddresses`): the *readiness signals* (`podReady`,
+/// `tcpDial`, `httpGet`) then yield and include, as the native controller
+/// disregards readiness, so that peers (a StatefulSet's members) can find
+/// each other before they are ready. The *membership signals* (`portNames`,
+/// `notTerminating`, constants, guests) still decide: they say which pods
+/// belong to a port, not whether they are ready.
+pub fn readiness_yields(subject: &Subject) -> bool {
+    subject
+        .service
+        .spec
+        .as_ref()
+        .and_then(|s| s.publish_not_ready_addresses)
+        .unwrap_or(false)
+}
+
+/// `podReady`: the pod's `Ready` condition is `True`, or readiness yields
+/// ([`readiness_yields`]).
 pub fn pod_ready(subject: &Subject) -> Verdict {
+    if readiness_yields(subject) {
+        return Verdict::include().because("podReady: the Service publishes not-ready addresses");
+    }
     let ready = subject
         .pod
         .status

@@ -72,8 +72,27 @@ pub struct ResolvedPort {
     pub port: i32,
     /// `TCP`, `UDP` or `SCTP`.
     pub protocol: String,
-    /// The container port this Service port resolves to on this pod.
+    /// The container port this Service port resolves to on this pod; 0 for
+    /// a port-less Service ([`ResolvedPort::portless`]).
     pub target: u16,
+}
+
+impl ResolvedPort {
+    /// What a headless Service without ports is judged under: no name, no
+    /// number, nothing to probe. Readiness, pod facts and guests still
+    /// decide; port probes exclude (there is no port to reach).
+    pub fn portless() -> Self {
+        Self {
+            name: String::new(),
+            port: 0,
+            protocol: "TCP".into(),
+            target: 0,
+        }
+    }
+
+    pub fn is_portless(&self) -> bool {
+        self.port == 0 && self.target == 0
+    }
 }
 
 /// What one check judges.

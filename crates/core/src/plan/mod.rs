@@ -197,15 +197,30 @@ fn slice_group(slice: &EndpointSlice) -> Option<GroupKey> {
     let family = slice_family(slice)?;
     match slice.ports.as_deref() {
         Some([p]) => Some((p.name.clone().unwrap_or_default(), family)),
+        // A port-less Service's slice (the apiserver may drop the empty list).
+        None | Some([]) => Some((String::new(), family)),
         _ => None,
     }
 }
 
-/// Target port of a live slice (its only port's number).
+/// Target port of a live slice (its only port's number); 0 for a
+/// port-less slice.
 fn slice_target(slice: &EndpointSlice) -> Option<u16> {
-    let p = slice.ports.as_deref()?.first()?.port?;
-    u16::try_from(p).ok().filter(|p| *p != 0)
+    match slice.ports.as_deref() {
+        None | Some([]) => Some(0),
+        Some([p, ..]) => u16::try_from(p.port?).ok().filter(|p| *p != 0),
+    }
 }
+
+/// The Service port a port-less headless Service is planned under.
+static PORTLESS: ServicePort = ServicePort {
+    app_protocol: None,
+    name: None,
+    node_port: None,
+    port: 0,
+    protocol: None,
+    target_port: None,
+};
 
 /// (Service port name, family).
 type GroupKey = (String, Family);
@@ -227,6 +242,8 @@ struct Group<'a> {
     base: String,
     /// The placeholder's port number: a numeric `targetPort` (or `port`).
     placeholder_target: Option<u16>,
+    /// A port-less headless Service's group: its slices carry `ports: []`.
+    portless: bool,
 }
 
 impl Group<'_> {
@@ -311,6 +328,18 @@ pub fn plan(input: &PlanInput) -> Plan {
     let families = align::families(svc);
     let mut groups: Vec<Group> = Vec::new();
     let mut seen_ports = HashSet::new();
+    if align::is_portless_headless(svc) {
+        for &family in &families {
+            groups.push(Group {
+                sp: &PORTLESS,
+                name: String::new(),
+                family,
+                base: naming::portless_base_name(svc_name, family),
+                placeholder_target: Some(0),
+                portless: true,
+            });
+        }
+    }
     for sp in svc
         .spec
         .as_ref()
@@ -328,6 +357,7 @@ pub fn plan(input: &PlanInput) -> Plan {
                 family,
                 base: naming::base_name(svc_name, &name, sp.port, family),
                 placeholder_target: placeholder_target(sp),
+                portless: false,
             });
         }
     }
@@ -366,12 +396,16 @@ pub fn plan(input: &PlanInput) -> Plan {
                 ..Default::default()
             },
             address_type: address_type(g.family).to_string(),
-            ports: Some(vec![EndpointPort {
-                name: Some(g.name.clone()),
-                port: target.map(i32::from),
-                protocol: Some(protocol(g.sp.protocol.as_deref()).to_string()),
-                app_protocol: g.sp.app_protocol.clone(),
-            }]),
+            ports: Some(if g.portless {
+                Vec::new()
+            } else {
+                vec![EndpointPort {
+                    name: Some(g.name.clone()),
+                    port: target.map(i32::from),
+                    protocol: Some(protocol(g.sp.protocol.as_deref()).to_string()),
+                    app_protocol: g.sp.app_protocol.clone(),
+                }]
+            }),
             endpoints: Some(endpoints),
         };
 

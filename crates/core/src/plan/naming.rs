@@ -32,6 +32,16 @@ pub fn base_name(service: &str, port_name: &str, port: i32, family: Family) -> S
     s
 }
 
+/// The base name of a port-less headless Service's slices: `<service>-noports`
+/// (`--ipv6` for IPv6), so that it cannot be read as a port number.
+pub fn portless_base_name(service: &str, family: Family) -> String {
+    let mut s = format!("{service}-noports");
+    if family == Family::V6 {
+        s.push_str("--ipv6");
+    }
+    s
+}
+
 /// The stem of a slice set: the base, plus `--p<target>` unless the set
 /// holds the group's primary target.
 pub fn stem(base: &str, target: Option<u16>) -> String {

@@ -102,6 +102,20 @@ pub fn is_ready(svc: &Service, pod: &Pod) -> bool {
     publish_not_ready(svc) || !is_terminating(pod)
 }
 
+/// The `serving` condition of a member: it serves (membership said so),
+/// except where readiness yielded to `publishNotReadyAddresses`: there, as
+/// for the native controller, serving is the pod's own Ready condition.
+pub fn is_serving(svc: &Service, pod: &Pod) -> bool {
+    !publish_not_ready(svc) || pod_condition_ready(pod)
+}
+
+fn pod_condition_ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
 fn publish_not_ready(svc: &Service) -> bool {
     svc.spec
         .as_ref()
@@ -172,7 +186,7 @@ pub fn endpoint(
         addresses: vec![address.to_string()],
         conditions: Some(EndpointConditions {
             ready: Some(ready),
-            serving: Some(true),
+            serving: Some(is_serving(svc, pod)),
             terminating: Some(terminating),
         }),
         hostname: hostname(svc, pod),

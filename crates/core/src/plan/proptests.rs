@@ -341,6 +341,64 @@ proptest! {
             );
         }
 
+        // An oracle independent of the planner's own `members`: from the
+        // verdicts and what was live before, per (port, family, address,
+        // pod): include is published, exclude is absent, abstain is as it
+        // was live; and nothing is published that no verdict allows.
+        // (Conflicting verdicts for one key are ranked by their own test.)
+        let strip = |p: &Published| -> BTreeSet<(String, String, IpAddr, String)> {
+            p.iter().map(|(port, fam, _, ip, pod)| (port.clone(), fam.clone(), *ip, pod.clone())).collect()
+        };
+        let live_before = strip(&endpoints(&before, &svc));
+        let live_after = strip(&endpoints(&after, &svc));
+        let mut verdicts_by_key: HashMap<(String, String, IpAddr, String), Vec<Decision>> = HashMap::new();
+        for j in &judged {
+            verdicts_by_key
+                .entry((
+                    j.port.name.clone(),
+                    align::address_type(j.family).to_string(),
+                    j.address,
+                    j.pod.metadata.name.clone().unwrap(),
+                ))
+                .or_default()
+                .push(j.decision);
+        }
+        for ds in verdicts_by_key.values_mut() {
+            ds.dedup();
+        }
+        for (key, ds) in &verdicts_by_key {
+            if ds.len() != 1 {
+                continue;
+            }
+            let published_now = live_after.contains(key);
+            match ds[0] {
+                Decision::Include if !case.deleting => {
+                    prop_assert!(published_now, "included {:?} not published", key)
+                }
+                Decision::Include => {}
+                Decision::Exclude => prop_assert!(!published_now, "excluded {:?} published", key),
+                Decision::Abstain => {
+                    if case.deleting {
+                        prop_assert!(!published_now || live_before.contains(key));
+                    } else {
+                        prop_assert_eq!(
+                            published_now,
+                            live_before.contains(key),
+                            "abstain changed {:?}",
+                            key
+                        );
+                    }
+                }
+            }
+        }
+        for key in &live_after {
+            let allowed = verdicts_by_key.get(key).is_some_and(|ds| {
+                ds.contains(&Decision::Include)
+                    || (ds.contains(&Decision::Abstain) && live_before.contains(key))
+            });
+            prop_assert!(allowed, "{:?} published without a verdict that allows it", key);
+        }
+
         // Each member exactly once per (port, family); nothing else.
         let published = published(&after, &svc);
         let mut want: HashMap<(String, String), Vec<(std::net::IpAddr, String)>> = HashMap::new();

@@ -444,11 +444,22 @@ fn terminating_members_and_publish_not_ready() {
     assert_eq!(conditions(s, 0), (Some(true), Some(true), Some(false)));
     assert_eq!(conditions(s, 1), (Some(false), Some(true), Some(true)));
 
+    // publishNotReadyAddresses: every member ready; serving is the pod's
+    // own Ready condition, as from the native controller (a has Ready=True,
+    // b none).
     svc.spec.as_mut().unwrap().publish_not_ready_addresses = Some(true);
+    let mut a = pod("a", &["10.244.0.1"], 8080);
+    a.status.get_or_insert_with(Default::default).conditions =
+        Some(vec![k8s_openapi::api::core::v1::PodCondition {
+            type_: "Ready".into(),
+            status: "True".into(),
+            ..Default::default()
+        }]);
+    let pods = vec![Arc::new(a), pods[1].clone()];
     let plan = World::default().plan(&svc, &include_all(&svc, &pods), 100);
     let s = &plan.applies[0];
     assert_eq!(conditions(s, 0), (Some(true), Some(true), Some(false)));
-    assert_eq!(conditions(s, 1), (Some(true), Some(true), Some(true)));
+    assert_eq!(conditions(s, 1), (Some(true), Some(false), Some(true)));
 }
 
 #[test]
@@ -1581,4 +1592,56 @@ fn timing_4000_endpoints() {
         "4000 endpoints in {} slices: from scratch {from_scratch:?}, steady {steady_time:?}, one flip {flip_time:?}",
         first.applies.len()
     );
+}
+
+/// Issue 12: a headless Service without ports (a StatefulSet's governing
+/// Service) gets slices with `ports: []`, as from the native controller,
+/// and a second plan against them writes nothing, also when the apiserver
+/// returns the empty list as absent.
+#[test]
+fn portless_headless_service_publishes_slices_without_ports() {
+    let mut svc = service("peers", vec![], &["IPv4", "IPv6"]);
+    svc.spec.as_mut().unwrap().cluster_ip = Some("None".into());
+    let pods = many_pods(3, true);
+    let subjects = crate::align::subjects(&Arc::new(svc.clone()), &pods);
+    assert_eq!(
+        subjects.len(),
+        6,
+        "one port-less subject per pod and family"
+    );
+    assert!(subjects.iter().all(|s| s.port.is_portless()));
+    let judged = include_all(&svc, &pods);
+    let mut world = World::default();
+    let plan = world.plan(&svc, &judged, 100);
+    let mut names: Vec<String> = plan
+        .applies
+        .iter()
+        .filter_map(|s| s.metadata.name.clone())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["peers-noports", "peers-noports--ipv6"]);
+    for s in &plan.applies {
+        assert_eq!(s.ports.as_deref(), Some(&[][..]));
+        assert_eq!(addresses(s).len(), 3);
+    }
+    world.apply(&plan);
+    let again = world.plan(&svc, &judged, 100);
+    assert!(
+        again.applies.is_empty() && again.deletes.is_empty(),
+        "{again:?}"
+    );
+    // The apiserver may hand the empty list back as absent.
+    for s in world.slices.values_mut() {
+        Arc::make_mut(s).ports = None;
+    }
+    let again = world.plan(&svc, &judged, 100);
+    assert!(
+        again.applies.is_empty() && again.deletes.is_empty(),
+        "{again:?}"
+    );
+
+    // A ClusterIP Service cannot lack ports; one that does is not port-less.
+    let mut clustered = service("web", vec![], &["IPv4"]);
+    clustered.spec.as_mut().unwrap().cluster_ip = Some("10.96.0.9".into());
+    assert!(crate::align::subjects(&Arc::new(clustered), &pods).is_empty());
 }

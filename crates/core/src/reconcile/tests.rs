@@ -77,6 +77,16 @@ struct Run {
 }
 
 fn run(svc: Service, cfg: &Config, owned: Vec<Arc<EndpointSlice>>) -> Run {
+    run_with_endpoints(svc, cfg, owned, false)
+}
+
+/// [`run`], with an Endpoints object of ours present or not.
+fn run_with_endpoints(
+    svc: Service,
+    cfg: &Config,
+    owned: Vec<Arc<EndpointSlice>>,
+    has_our_endpoints: bool,
+) -> Run {
     let svc = Arc::new(svc);
     let groups = std::cell::RefCell::new(Vec::new());
     let owned_calls = Cell::new(0);
@@ -93,6 +103,7 @@ fn run(svc: Service, cfg: &Config, owned: Vec<Arc<EndpointSlice>>) -> Run {
         config: cfg,
         pods_in_group: &pods_in_group,
         owned: &owned_fn,
+        has_our_endpoints,
     });
     Run {
         decision,
@@ -326,12 +337,32 @@ fn native_cleanup_waits_for_a_published_endpoint() {
 #[test]
 fn publish_legacy_endpoints_writes_when_served_and_removes_when_released() {
     let cfg = config("publishLegacyEndpoints: true\n");
-    let r = run(web(), &cfg, vec![]);
+    let r = run_with_endpoints(web(), &cfg, vec![], true);
     assert!(served(&r).publish_legacy_endpoints);
+    assert!(!served(&r).remove_legacy_endpoints);
+    let r = run_with_endpoints(unkeyed(web()), &cfg, vec![], true);
+    assert!(released(&r).remove_legacy_endpoints);
+    let r = run_with_endpoints(external_name(web()), &cfg, vec![], true);
+    assert!(released(&r).remove_legacy_endpoints);
+    // Nothing of ours to remove: no request.
     let r = run(unkeyed(web()), &cfg, vec![]);
+    assert!(!released(&r).remove_legacy_endpoints);
+}
+
+/// Issue 12: an Endpoints object written while `publishLegacyEndpoints`
+/// was on goes once it is off, served or not.
+#[test]
+fn our_endpoints_go_once_legacy_publishing_is_off() {
+    let cfg = config("");
+    let r = run_with_endpoints(web(), &cfg, vec![], true);
+    assert!(!served(&r).publish_legacy_endpoints);
+    assert!(served(&r).remove_legacy_endpoints);
+    let r = run_with_endpoints(unkeyed(web()), &cfg, vec![], true);
     assert!(released(&r).remove_legacy_endpoints);
-    let r = run(external_name(web()), &cfg, vec![]);
+    let r = run_with_endpoints(external_name(web()), &cfg, vec![], true);
     assert!(released(&r).remove_legacy_endpoints);
+    let r = run(web(), &cfg, vec![]);
+    assert!(!served(&r).remove_legacy_endpoints);
 }
 
 #[test]
@@ -343,6 +374,7 @@ fn group_without_pods_is_served_empty() {
         config: &cfg,
         pods_in_group: &|_| Vec::new(),
         owned: &Vec::new,
+        has_our_endpoints: false,
     });
     let Decision::Serve(s) = d else {
         panic!("expected Serve");

@@ -239,13 +239,17 @@ fn jitter(max: Duration) -> Duration {
 pub struct LeaderElector {
     identity: String,
     leader: watch::Receiver<bool>,
+    term: watch::Receiver<Option<Instant>>,
     mode: Mode,
 }
 
 #[derive(Debug)]
 enum Mode {
     /// `--leader-elect=false`: always leader.
-    Standalone { _leader: watch::Sender<bool> },
+    Standalone {
+        _leader: watch::Sender<bool>,
+        _term: watch::Sender<Option<Instant>>,
+    },
     Elected {
         shutdown: Option<oneshot::Sender<()>>,
         task: Option<JoinHandle<Elector>>,
@@ -266,6 +270,7 @@ impl LeaderElector {
         timings.validate()?;
         let identity = identity.to_owned();
         let (tx, rx) = watch::channel(false);
+        let (term_tx, term) = watch::channel(None);
         let (shutdown, shutdown_rx) = oneshot::channel();
         let elector = Elector {
             api: Api::namespaced(client, namespace),
@@ -273,6 +278,7 @@ impl LeaderElector {
             identity: identity.clone(),
             timings,
             leader: tx,
+            term: term_tx,
             observed: None,
         };
         info!(lease = %format!("{namespace}/{name}"), %identity, "starting leader election");
@@ -280,6 +286,7 @@ impl LeaderElector {
         Ok(Self {
             identity,
             leader: rx,
+            term,
             mode: Mode::Elected {
                 shutdown: Some(shutdown),
                 task: Some(task),
@@ -290,10 +297,18 @@ impl LeaderElector {
     /// No election: this process always leads (single replica, tests).
     pub fn standalone(identity: &str) -> Self {
         let (tx, rx) = watch::channel(true);
+        // A term without end: nobody else can lead.
+        let (term_tx, term) = watch::channel(Some(
+            Instant::now() + Duration::from_secs(100 * 365 * 86_400),
+        ));
         Self {
             identity: identity.to_owned(),
             leader: rx,
-            mode: Mode::Standalone { _leader: tx },
+            term,
+            mode: Mode::Standalone {
+                _leader: tx,
+                _term: term_tx,
+            },
         }
     }
 
@@ -310,6 +325,20 @@ impl LeaderElector {
     /// elector is dropped) it reads `false` and `changed()` returns an error.
     pub fn subscribe(&self) -> watch::Receiver<bool> {
         self.leader.clone()
+    }
+
+    /// A watch of the current term: `Some(until)` while this replica
+    /// leads, where `until` is the instant its leadership ends at the
+    /// latest, on this process's monotonic clock (the renew deadline,
+    /// counted from the start of the last successful renewal; no other
+    /// replica can take over before `until` plus the remaining
+    /// `lease_duration - renew_deadline`). Writers check the clock against
+    /// it, not only the flag of [`Self::subscribe`]: a process that was
+    /// frozen (SIGSTOP, a stalled VM) wakes up with the flag still `true`
+    /// but the term long over, and must not write before the election loop
+    /// gets to run. `portwise_controller::Tenure` wraps it.
+    pub fn subscribe_term(&self) -> watch::Receiver<Option<Instant>> {
+        self.term.clone()
     }
 
     /// Keeps `metrics`' `portwise_leader` gauge equal to [`Self::is_leader`]
@@ -376,6 +405,8 @@ struct Elector {
     identity: String,
     timings: Timings,
     leader: watch::Sender<bool>,
+    /// `Some(end of the term)` while leading; see [`LeaderElector::subscribe_term`].
+    term: watch::Sender<Option<Instant>>,
     /// The record's `resourceVersion` and when this replica first saw it.
     observed: Option<(String, Instant)>,
 }
@@ -393,7 +424,7 @@ impl Elector {
             {
                 error!(identity = %self.identity, "could not renew the Lease within the renew deadline; stepping down");
                 renewed_at = None;
-                self.set_leader(false);
+                self.set_leader(None);
             }
             let budget = match renewed_at {
                 Some(at) => (at + deadline).saturating_duration_since(started),
@@ -411,13 +442,13 @@ impl Elector {
                         info!(identity = %self.identity, lease = %self.name, "acquired the Lease: leading");
                     }
                     renewed_at = Some(started);
-                    self.set_leader(true);
+                    self.set_leader(Some(started + deadline));
                 }
                 Ok(Ok(Attempt::NotHeld { retry_in })) => {
                     if renewed_at.take().is_some() {
                         warn!(identity = %self.identity, "the Lease has another holder: stepping down");
                     }
-                    self.set_leader(false);
+                    self.set_leader(None);
                     // Poll at the retry period (keeps the observation of the
                     // holder's renewals fresh), but wake exactly at the end of
                     // a term that ends sooner.
@@ -436,11 +467,15 @@ impl Elector {
                 () = tokio::time::sleep(pause) => {}
             }
         }
-        self.set_leader(false);
+        self.set_leader(None);
         self
     }
 
-    fn set_leader(&self, leading: bool) {
+    /// Reports the term (`Some(until)`: leading), then the flag: writers
+    /// go by the term, so it changes first either way.
+    fn set_leader(&self, term: Option<Instant>) {
+        let leading = term.is_some();
+        self.term.send_replace(term);
         self.leader
             .send_if_modified(|current| std::mem::replace(current, leading) != leading);
     }

@@ -6,6 +6,7 @@
 //! [`Readiness`] once its caches are synced, and writes only while
 //! [`leader::LeaderElector`] says it leads.
 
+pub mod client;
 pub mod http;
 pub mod leader;
 pub mod logging;
