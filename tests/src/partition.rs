@@ -103,7 +103,9 @@ impl Route {
     }
 }
 
-async fn nft(script: &str) -> Result<()> {
+/// `nft -f -` with `script`; fails with nft's message. Only inside a test
+/// network namespace.
+pub async fn nft(script: &str) -> Result<()> {
     let mut child = tokio::process::Command::new("nft")
         .args(["-f", "-"])
         .stdin(std::process::Stdio::piped())

@@ -167,23 +167,8 @@ async fn an_abstain_that_outlasts_the_limit_excludes() -> Result<()> {
     expect_endpoints(&ns, "web", by_port([(("http", V4), &["a", "b"][..])])).await?;
 
     let table = format!("portwise-unreachable-{}", ns.name());
-    let nft = |script: String| async move {
-        let mut child = tokio::process::Command::new("nft")
-            .args(["-f", "-"])
-            .stdin(std::process::Stdio::piped())
-            .spawn()?;
-        use tokio::io::AsyncWriteExt;
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(script.as_bytes())
-            .await?;
-        let status = child.wait().await?;
-        ensure!(status.success(), "nft failed: {status}");
-        Ok::<_, anyhow::Error>(())
-    };
-    nft(format!(
+    use portwise_tests::partition::nft;
+    nft(&format!(
         "table inet {table} {{\n chain out {{\n  type filter hook output priority 0;\n  \
          ip daddr {} tcp dport 8080 reject with icmp host-unreachable\n }}\n}}\n",
         b_ip.v4
@@ -220,6 +205,6 @@ async fn an_abstain_that_outlasts_the_limit_excludes() -> Result<()> {
         Ok::<_, anyhow::Error>(())
     }
     .await;
-    nft(format!("delete table inet {table}\n")).await?;
+    nft(&format!("delete table inet {table}\n")).await?;
     result
 }

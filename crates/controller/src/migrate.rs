@@ -171,75 +171,45 @@ impl Migrator {
     /// logged and leaves cleanup to GET per Service, as before.
     pub async fn prime(&self, namespaces: &[String]) {
         let selector = format!("{ENDPOINTS_MANAGED_BY_LABEL}={NATIVE_ENDPOINTS_MANAGER}");
-        let apis: Vec<Api<Endpoints>> = if namespaces.is_empty() {
-            vec![Api::all(self.client.clone())]
-        } else {
-            namespaces
-                .iter()
-                .map(|ns| Api::namespaced(self.client.clone(), ns))
-                .collect()
-        };
-        let mut found = HashMap::new();
-        for api in apis {
-            let mut params = ListParams::default().labels(&selector).limit(500);
-            loop {
-                let page = match api.list_metadata(&params).await {
-                    Ok(page) => page,
-                    Err(e) => {
-                        warn!(error = %e, "listing native Endpoints failed; cleanup will GET per Service");
-                        return;
-                    }
-                };
-                for ep in &page.items {
-                    found.insert(
-                        (ep.namespace().unwrap_or_default(), ep.name_any()),
-                        AtStart::Native(ep.uid()),
-                    );
-                }
-                match page.metadata.continue_.filter(|c| !c.is_empty()) {
-                    Some(token) => params = params.continue_token(&token),
-                    None => break,
-                }
+        let endpoints = match list_metadata::<Endpoints>(&self.client, namespaces, &selector).await
+        {
+            Ok(items) => items,
+            Err(e) => {
+                warn!(error = %e, "listing native Endpoints failed; cleanup will GET per Service");
+                return;
             }
-        }
+        };
+        let found: NativeAtStart = endpoints
+            .iter()
+            .map(|ep| {
+                (
+                    (ep.namespace().unwrap_or_default(), ep.name_any()),
+                    AtStart::Native(ep.uid()),
+                )
+            })
+            .collect();
         debug!(native_endpoints = found.len(), "primed native Endpoints");
         *self.native_at_start.lock().unwrap() = Some((Instant::now(), found));
 
         let selector = format!("{MANAGED_BY_LABEL}={NATIVE_MANAGER}");
-        let apis: Vec<Api<EndpointSlice>> = if namespaces.is_empty() {
-            vec![Api::all(self.client.clone())]
-        } else {
-            namespaces
-                .iter()
-                .map(|ns| Api::namespaced(self.client.clone(), ns))
-                .collect()
+        let native = match list_metadata::<EndpointSlice>(&self.client, namespaces, &selector).await
+        {
+            Ok(items) => items,
+            Err(e) => {
+                warn!(error = %e, "listing native EndpointSlices failed; cleanup will LIST per Service");
+                return;
+            }
         };
         let mut slices: SlicesAtStart = HashMap::new();
-        for api in apis {
-            let mut params = ListParams::default().labels(&selector).limit(500);
-            loop {
-                let page = match api.list_metadata(&params).await {
-                    Ok(page) => page,
-                    Err(e) => {
-                        warn!(error = %e, "listing native EndpointSlices failed; cleanup will LIST per Service");
-                        return;
-                    }
-                };
-                for s in &page.items {
-                    let Some(svc) = s.labels().get(SERVICE_NAME_LABEL) else {
-                        continue;
-                    };
-                    slices
-                        .entry((s.namespace().unwrap_or_default(), svc.clone()))
-                        .or_insert_with(|| Some(Vec::new()))
-                        .get_or_insert_with(Vec::new)
-                        .push((s.name_any(), s.uid()));
-                }
-                match page.metadata.continue_.filter(|c| !c.is_empty()) {
-                    Some(token) => params = params.continue_token(&token),
-                    None => break,
-                }
-            }
+        for s in &native {
+            let Some(svc) = s.labels().get(SERVICE_NAME_LABEL) else {
+                continue;
+            };
+            slices
+                .entry((s.namespace().unwrap_or_default(), svc.clone()))
+                .or_insert_with(|| Some(Vec::new()))
+                .get_or_insert_with(Vec::new)
+                .push((s.name_any(), s.uid()));
         }
         debug!(services = slices.len(), "primed native EndpointSlices");
         *self.slices_at_start.lock().unwrap() = Some((Instant::now(), slices));
@@ -413,6 +383,43 @@ impl Migrator {
         .await?;
         Ok(true)
     }
+}
+
+/// Every object's metadata in `namespaces` (all when empty) that
+/// `selector` selects, in pages of 500.
+async fn list_metadata<K>(
+    client: &Client,
+    namespaces: &[String],
+    selector: &str,
+) -> Result<Vec<kube::core::PartialObjectMeta<K>>, kube::Error>
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+    K::DynamicType: Default,
+{
+    let apis: Vec<Api<K>> = if namespaces.is_empty() {
+        vec![Api::all(client.clone())]
+    } else {
+        namespaces
+            .iter()
+            .map(|ns| Api::namespaced(client.clone(), ns))
+            .collect()
+    };
+    let mut items = Vec::new();
+    for api in apis {
+        let mut params = ListParams::default().labels(selector).limit(500);
+        loop {
+            let page = api.list_metadata(&params).await?;
+            items.extend(page.items);
+            match page.metadata.continue_.filter(|c| !c.is_empty()) {
+                Some(token) => params = params.continue_token(&token),
+                None => break,
+            }
+        }
+    }
+    Ok(items)
 }
 
 async fn delete_guarded<K>(api: &Api<K>, name: &str, uid: Option<String>) -> Result<(), Error>
