@@ -14,7 +14,7 @@ use k8s_openapi::{
 use portwise_core::membership::{Family, Subject};
 
 wasmtime::component::bindgen!({
-    path: "../../wit",
+    path: "../../wit/v0.1",
     world: "membership-checker",
     // Probes await network I/O: async imports keep a probing guest from
     // blocking a runtime thread. Exports are async so calls run on a fiber

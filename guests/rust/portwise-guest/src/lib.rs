@@ -33,7 +33,7 @@ use std::time::Duration;
 /// reachable.
 pub mod bindings {
     wit_bindgen::generate!({
-        path: "../../../wit",
+        path: "../../../wit/v0.1",
         world: "membership-checker",
         pub_export_macro: true,
         export_macro_name: "__export_membership_checker",
