@@ -7,7 +7,10 @@
 
 use std::{sync::Arc, time::Duration};
 
-use portwise_core::{config::CheckerExpr, membership::Decision};
+use portwise_core::{
+    config::{CheckerExpr, WasmSpec},
+    membership::Decision,
+};
 
 use crate::{
     Checker,
@@ -19,16 +22,12 @@ use crate::{
 
 /// Supplies `wasm` checkers (implemented by the wasm runtime).
 pub trait WasmCheckers {
-    /// A checker for `module` (a file name in `modulesDir`) with the guest's
-    /// `config`; `sha256` pins the module's content when given. An `Err`
-    /// says why the module cannot serve (missing, wrong digest, config
-    /// rejected by the guest...).
-    fn checker(
-        &self,
-        module: &str,
-        config: &serde_json::Value,
-        sha256: Option<&str>,
-    ) -> Result<Arc<dyn Checker>, String>;
+    /// A checker for `spec.module` (a file name in `modulesDir`) with the
+    /// guest's `config`, pinned by `sha256` when given and bounded by
+    /// `limits`. An `Err` says why the module cannot serve (missing, wrong
+    /// digest, config rejected by the guest, a limit past the runtime's
+    /// ceiling...).
+    fn checker(&self, spec: &WasmSpec) -> Result<Arc<dyn Checker>, String>;
 }
 
 /// What building needs besides the expression.
@@ -161,12 +160,10 @@ pub fn build_at(
                     message: "WebAssembly checkers are not available here (no wasm runtime)".into(),
                 });
             };
-            provider
-                .checker(&spec.module, &spec.config, spec.sha256.as_deref())
-                .map_err(|message| BuildError {
-                    path: at("wasm"),
-                    message,
-                })?
+            provider.checker(spec).map_err(|message| BuildError {
+                path: at("wasm"),
+                message,
+            })?
         }
     })
 }
@@ -326,17 +323,13 @@ mod tests {
     }
 
     impl WasmCheckers for FakeWasm {
-        fn checker(
-            &self,
-            module: &str,
-            config: &serde_json::Value,
-            sha256: Option<&str>,
-        ) -> Result<Arc<dyn Checker>, String> {
-            self.0
-                .lock()
-                .unwrap()
-                .push((module.into(), config.clone(), sha256.map(Into::into)));
-            if module == "broken.wasm" {
+        fn checker(&self, spec: &WasmSpec) -> Result<Arc<dyn Checker>, String> {
+            self.0.lock().unwrap().push((
+                spec.module.clone(),
+                spec.config.clone(),
+                spec.sha256.clone(),
+            ));
+            if spec.module == "broken.wasm" {
                 return Err("failed to compile: bad magic".into());
             }
             Ok(Arc::new(Answer(Decision::Include)))

@@ -261,6 +261,94 @@ pub struct WasmSpec {
     /// the digest of the file as stored (compressed, for a `.wasm.gz`).
     #[serde(default)]
     pub sha256: Option<String>,
+    /// Limits of this expression's guest calls, each defaulting to the
+    /// runtime's (`portwise run --guest-deadline`, `--guest-memory-mib`, ...).
+    #[serde(default)]
+    pub limits: WasmLimits,
+}
+
+/// `wasm: {limits: {deadline, callTimeout, memoryMiB, probesPerCall}}`: the
+/// bounds of one expression's guest calls. What a key leaves out is the
+/// runtime's default. Two expressions on one module may differ: instances
+/// are kept apart by memory limit, and the rest applies per call.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct WasmLimits {
+    /// The guest's own compute time per call (probe time not counted).
+    #[serde(default, with = "duration_opt")]
+    pub deadline: Option<Duration>,
+    /// Wall clock of a whole call, probes included.
+    #[serde(default, with = "duration_opt")]
+    pub call_timeout: Option<Duration>,
+    /// Memory of one instance (per linear memory), in MiB.
+    #[serde(default, rename = "memoryMiB")]
+    pub memory_mib: Option<u64>,
+    /// Probes one call may make; more are denied.
+    #[serde(default)]
+    pub probes_per_call: Option<u32>,
+}
+
+/// Bounds that keep a per-module limit meaningful: a deadline under a
+/// millisecond cannot be measured by the host's 1 ms epoch ticks, and a
+/// call longer than a minute would hold a reconcile (and its Service's
+/// slices) hostage.
+pub const WASM_MAX_CALL_TIMEOUT: Duration = Duration::from_secs(60);
+pub const WASM_MAX_MEMORY_MIB: u64 = 4096;
+pub const WASM_MAX_PROBES_PER_CALL: u32 = 256;
+
+impl WasmLimits {
+    fn validate(&self, path: &FieldPath) -> Result<(), Issue> {
+        let ms = Duration::from_millis(1);
+        if let Some(d) = self.deadline
+            && !(ms..=WASM_MAX_CALL_TIMEOUT).contains(&d)
+        {
+            return Err(path
+                .field("deadline")
+                .issue(format!("must be between 1ms and 60s, got {d:?}")));
+        }
+        if let Some(t) = self.call_timeout
+            && !(ms..=WASM_MAX_CALL_TIMEOUT).contains(&t)
+        {
+            return Err(path
+                .field("callTimeout")
+                .issue(format!("must be between 1ms and 60s, got {t:?}")));
+        }
+        if let (Some(d), Some(t)) = (self.deadline, self.call_timeout)
+            && d > t
+        {
+            return Err(path.field("deadline").issue(format!(
+                "{d:?} is longer than callTimeout {t:?}: the call would time out first"
+            )));
+        }
+        if let Some(m) = self.memory_mib
+            && !(1..=WASM_MAX_MEMORY_MIB).contains(&m)
+        {
+            return Err(path.field("memoryMiB").issue(format!(
+                "must be between 1 and {WASM_MAX_MEMORY_MIB}, got {m}"
+            )));
+        }
+        if let Some(n) = self.probes_per_call
+            && n > WASM_MAX_PROBES_PER_CALL
+        {
+            return Err(path.field("probesPerCall").issue(format!(
+                "must be at most {WASM_MAX_PROBES_PER_CALL}, got {n}"
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Optional humantime durations.
+mod duration_opt {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer};
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+        #[derive(Deserialize)]
+        struct Wrapped(#[serde(with = "super::duration_str")] Duration);
+        Ok(Option::<Wrapped>::deserialize(d)?.map(|Wrapped(d)| d))
+    }
 }
 
 /// Durations as humantime strings (`500ms`, `1s`, `2m`).
@@ -553,12 +641,35 @@ impl CheckerExpr {
                         "must be 64 hexadecimal digits (a SHA-256 digest), got {sum:?}"
                     )));
                 }
+                spec.limits.validate(&p.field("limits"))?;
                 if !has_modules_dir {
                     return Err(p.issue("a wasm checker needs `modulesDir` to be set"));
                 }
                 Ok(())
             }
         }
+    }
+
+    /// Every `wasm` expression in this tree, depth first.
+    pub fn wasm_specs(&self) -> Vec<&WasmSpec> {
+        fn walk<'a>(e: &'a CheckerExpr, out: &mut Vec<&'a WasmSpec>) {
+            match e {
+                CheckerExpr::Wasm(spec) => out.push(spec),
+                CheckerExpr::All(xs) | CheckerExpr::Any(xs) => xs.iter().for_each(|x| walk(x, out)),
+                CheckerExpr::Not(x) => walk(x, out),
+                CheckerExpr::Stable(s) => walk(&s.checker, out),
+                CheckerExpr::PerPort(p) => {
+                    p.ports.values().for_each(|x| walk(x, out));
+                    if let Some(f) = &p.fallback {
+                        walk(f, out);
+                    }
+                }
+                _ => {}
+            }
+        }
+        let mut out = Vec::new();
+        walk(self, &mut out);
+        out
     }
 
     /// The expression's keyword (`podReady`, `all`, ...), for logs.
@@ -909,6 +1020,7 @@ membership: podReady
                 module: "admin-check.wasm".into(),
                 config: serde_json::json!({"minReplicas": 2}),
                 sha256: None,
+                limits: WasmLimits::default(),
             })
         );
         assert_eq!(
@@ -1031,6 +1143,7 @@ membership: podReady
                     module: "a.wasm".into(),
                     config: serde_json::Value::Null,
                     sha256: Some("aB".repeat(32)),
+                    limits: WasmLimits::default(),
                 }),
             ),
         ];
@@ -1439,12 +1552,68 @@ membership:
     }
 
     #[test]
+    fn wasm_limits_parse_and_default_to_none() {
+        let c = Config::from_yaml(&with_membership(
+            "{wasm: {module: a.wasm, limits: {deadline: 20ms, callTimeout: 2s, memoryMiB: 16, probesPerCall: 2}}}",
+        ))
+        .unwrap();
+        let CheckerExpr::Wasm(spec) = &c.membership else {
+            panic!("{:?}", c.membership)
+        };
+        assert_eq!(
+            spec.limits,
+            WasmLimits {
+                deadline: Some(Duration::from_millis(20)),
+                call_timeout: Some(Duration::from_secs(2)),
+                memory_mib: Some(16),
+                probes_per_call: Some(2),
+            }
+        );
+        let c = Config::from_yaml(&with_membership("{wasm: {module: a.wasm}}")).unwrap();
+        let CheckerExpr::Wasm(spec) = &c.membership else {
+            panic!()
+        };
+        assert_eq!(spec.limits, WasmLimits::default());
+    }
+
+    #[test]
+    fn bad_wasm_limits_name_the_key() {
+        for (limits, field, words) in [
+            ("{deadline: 0s}", "deadline", "between 1ms and 60s"),
+            ("{callTimeout: 2m}", "callTimeout", "between 1ms and 60s"),
+            (
+                "{deadline: 3s, callTimeout: 1s}",
+                "deadline",
+                "longer than callTimeout",
+            ),
+            ("{memoryMiB: 0}", "memoryMiB", "between 1 and 4096"),
+            ("{memoryMiB: 5000}", "memoryMiB", "between 1 and 4096"),
+            ("{probesPerCall: 1000}", "probesPerCall", "at most 256"),
+        ] {
+            let yaml = with_membership(&format!("{{wasm: {{module: a.wasm, limits: {limits}}}}}"));
+            let e = Config::from_yaml(&yaml).unwrap_err();
+            assert_eq!(
+                e.field_path(),
+                Some(format!("membership.wasm.limits.{field}").as_str()),
+                "{limits}: {e}"
+            );
+            assert!(e.to_string().contains(words), "{limits}: {e}");
+        }
+        let e = Config::from_yaml(&with_membership(
+            "{wasm: {module: a.wasm, limits: {memory: 16}}}",
+        ))
+        .unwrap_err();
+        assert!(e.to_string().contains("memory"), "{e}");
+    }
+
+    #[test]
     fn programmatic_configs_are_validated_too() {
         let mut c = Config::with_service_key(KeySource::Label("g".into()));
         c.membership = CheckerExpr::All(vec![CheckerExpr::Wasm(WasmSpec {
             module: "x.wasm".into(),
             config: serde_json::Value::Null,
             sha256: None,
+            limits: WasmLimits::default(),
         })]);
         let e = c.validate().unwrap_err();
         assert_eq!(e.field_path(), Some("membership.all[0].wasm"));

@@ -118,6 +118,26 @@ pub struct CheckArgs {
     pub cache_dir: Option<PathBuf>,
 }
 
+/// The WebAssembly runtime's limits: the flags as every expression's
+/// defaults, and a memory ceiling that fits the largest per-expression
+/// `limits.memoryMiB` (the pooling allocator sizes its slots once, at start).
+fn runtime_limits(membership: &CheckerExpr, args: &RunArgs) -> Limits {
+    let default = (args.guest_memory_mib * 1024 * 1024) as usize;
+    let largest = membership
+        .wasm_specs()
+        .iter()
+        .filter_map(|w| w.limits.memory_mib)
+        .map(|mib| (mib as usize) << 20)
+        .max()
+        .unwrap_or(0);
+    Limits {
+        deadline: args.guest_deadline,
+        memory_bytes: default,
+        max_memory_bytes: default.max(largest),
+        ..Limits::default()
+    }
+}
+
 /// `portwise run`.
 pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let config = Config::load(&args.config)
@@ -158,11 +178,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
                 modules_dir: Some(dir.clone()),
                 cache_dir: Some(args.cache_dir.clone().unwrap_or_else(default_cache_dir)),
                 watch: true,
-                limits: Limits {
-                    deadline: args.guest_deadline,
-                    memory_bytes: (args.guest_memory_mib * 1024 * 1024) as usize,
-                    ..Limits::default()
-                },
+                limits: runtime_limits(&config.membership, &args),
             })
             .context("cannot start the WebAssembly runtime")?,
         )),
@@ -462,6 +478,7 @@ pub async fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
                 module: file,
                 config,
                 sha256: None,
+                limits: Default::default(),
             }),
             Some(dir),
         )
@@ -474,7 +491,16 @@ pub async fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
             modules_dir: Some(dir),
             cache_dir: Some(args.cache_dir.clone().unwrap_or_else(default_cache_dir)),
             watch: false,
-            limits: Limits::default(),
+            limits: Limits {
+                max_memory_bytes: expr
+                    .wasm_specs()
+                    .iter()
+                    .filter_map(|w| w.limits.memory_mib)
+                    .map(|mib| (mib as usize) << 20)
+                    .max()
+                    .unwrap_or(0),
+                ..Limits::default()
+            },
         })?),
         None => None,
     };

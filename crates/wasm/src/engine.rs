@@ -42,7 +42,7 @@ pub(crate) fn build(limits: &Limits) -> wasmtime::Result<Engine> {
         .total_tables(instances.saturating_mul(20))
         .total_memories(instances.saturating_mul(4))
         .total_stacks(instances)
-        .max_memory_size(limits.memory_bytes);
+        .max_memory_size(limits.memory_ceiling());
     config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
     Engine::new(&config)
 }

@@ -33,7 +33,7 @@ use crate::bindings::{
     HttpRequest, WitHttpResponse, WitLevel, WitProbeError, normalise_ip,
     v01::portwise::membership::{log, probes, types},
 };
-use crate::{Limits, failures::FailureKind, failures::ModuleCounters};
+use crate::{CallLimits, Limits, failures::FailureKind, failures::ModuleCounters};
 use portwise_probe as probe;
 
 /// Longest log line a guest can emit through `log` (bytes).
@@ -90,6 +90,8 @@ pub(crate) struct CallState {
     /// deadline bounds the guest's own work, the call timeout bounds the
     /// whole call.
     pub compute_deadline: Instant,
+    /// This call's expression's cap on probes.
+    pub max_probes: u32,
     pub probes: u32,
     pub log_lines: u32,
     pub denied_probes: u32,
@@ -101,6 +103,7 @@ impl Default for CallState {
             address: None,
             labels: CallLabels::default(),
             compute_deadline: Instant::now(),
+            max_probes: 0,
             probes: 0,
             log_lines: 0,
             denied_probes: 0,
@@ -121,7 +124,13 @@ pub(crate) struct HostState {
 }
 
 impl HostState {
-    pub(crate) fn new(limits: Arc<Limits>, counters: Arc<ModuleCounters>) -> Self {
+    /// A store's state; `memory_bytes` is its instance's memory limit (the
+    /// expression's, or the runtime's default).
+    pub(crate) fn new(
+        limits: Arc<Limits>,
+        counters: Arc<ModuleCounters>,
+        memory_bytes: usize,
+    ) -> Self {
         let stdout = Capture::new(limits.max_output_bytes);
         let stderr = Capture::new(limits.max_output_bytes);
         let mut wasi = WasiCtx::builder();
@@ -136,7 +145,7 @@ impl HostState {
         HostState {
             wasi: wasi.build(),
             table: ResourceTable::new(),
-            limiter: MemoryLimiter::new(limits.memory_bytes),
+            limiter: MemoryLimiter::new(memory_bytes),
             call: CallState::default(),
             stdout,
             stderr,
@@ -146,11 +155,17 @@ impl HostState {
     }
 
     /// Resets the per-call state before a call.
-    pub(crate) fn begin_call(&mut self, address: Option<IpAddr>, labels: CallLabels) {
+    pub(crate) fn begin_call(
+        &mut self,
+        address: Option<IpAddr>,
+        labels: CallLabels,
+        limits: &CallLimits,
+    ) {
         self.call = CallState {
             address: address.map(normalise_ip),
             labels,
-            compute_deadline: Instant::now() + self.limits.deadline,
+            compute_deadline: Instant::now() + limits.deadline,
+            max_probes: limits.max_probes_per_call,
             probes: 0,
             log_lines: 0,
             denied_probes: 0,
@@ -207,10 +222,10 @@ impl HostState {
             return Err("port 0".into());
         }
         self.call.probes += 1;
-        if self.call.probes > self.limits.max_probes_per_call {
+        if self.call.probes > self.call.max_probes {
             return Err(format!(
                 "more than {} probes in one call",
-                self.limits.max_probes_per_call
+                self.call.max_probes
             ));
         }
         if host.is_empty() {
@@ -627,8 +642,13 @@ mod tests {
             max_probes_per_call: 3,
             ..Limits::default()
         });
-        let mut s = HostState::new(limits, Arc::new(ModuleCounters::default()));
-        s.begin_call(address.map(|a| a.parse().unwrap()), CallLabels::default());
+        let call = limits.for_expression(&Default::default()).unwrap();
+        let mut s = HostState::new(limits, Arc::new(ModuleCounters::default()), 64 << 20);
+        s.begin_call(
+            address.map(|a| a.parse().unwrap()),
+            CallLabels::default(),
+            &call,
+        );
         s
     }
 
@@ -688,8 +708,32 @@ mod tests {
                 .unwrap_err()
                 .contains("more than 3 probes")
         );
-        s.begin_call(Some("10.244.0.5".parse().unwrap()), CallLabels::default());
+        let call = s.limits.for_expression(&Default::default()).unwrap();
+        s.begin_call(
+            Some("10.244.0.5".parse().unwrap()),
+            CallLabels::default(),
+            &call,
+        );
         assert!(s.authorize("", 80).is_ok());
+        // An expression's own cap replaces the runtime's.
+        let tighter = s
+            .limits
+            .for_expression(&portwise_core::config::WasmLimits {
+                probes_per_call: Some(1),
+                ..Default::default()
+            })
+            .unwrap();
+        s.begin_call(
+            Some("10.244.0.5".parse().unwrap()),
+            CallLabels::default(),
+            &tighter,
+        );
+        assert!(s.authorize("", 80).is_ok());
+        assert!(
+            s.authorize("", 80)
+                .unwrap_err()
+                .contains("more than 1 probes")
+        );
     }
 
     #[test]

@@ -64,7 +64,10 @@ pub use failures::{FailureCount, FailureKind};
 
 use modules::{CheckerSpec, Runtime};
 use portwise_checkers::{BoxFuture, Checker};
-use portwise_core::membership::{Subject, Verdict};
+use portwise_core::{
+    config::{WasmLimits, WasmSpec},
+    membership::{Subject, Verdict},
+};
 
 /// Resource limits for guests. The defaults suit small checkers written in
 /// compiled languages and still leave room for Python and JavaScript ones.
@@ -74,8 +77,14 @@ pub struct Limits {
     pub deadline: Duration,
     /// Wall-clock bound of a whole call, probes included.
     pub call_timeout: Duration,
-    /// Bytes per linear memory of an instance.
+    /// Bytes per linear memory of an instance, unless its `wasm`
+    /// expression's `limits.memoryMiB` says otherwise.
     pub memory_bytes: usize,
+    /// The most memory any expression may give an instance: the pooling
+    /// allocator reserves slots this large, so it is fixed when the runtime
+    /// starts (`portwise run` sets it to the largest limit in the
+    /// configuration). Never below `memory_bytes`.
+    pub max_memory_bytes: usize,
     /// Upper bound on a probe's timeout, whatever the guest asks for.
     pub probe_timeout_cap: Duration,
     /// Probes one call may make.
@@ -105,6 +114,7 @@ impl Default for Limits {
             deadline: Duration::from_millis(100),
             call_timeout: Duration::from_secs(5),
             memory_bytes: 64 << 20,
+            max_memory_bytes: 64 << 20,
             probe_timeout_cap: Duration::from_secs(2),
             max_probes_per_call: 16,
             idle_instances: 4,
@@ -114,6 +124,58 @@ impl Default for Limits {
             max_gunzipped_bytes: 64 << 20,
         }
     }
+}
+
+impl Limits {
+    /// The pooling allocator's memory slot: the larger of the default and
+    /// the ceiling.
+    pub(crate) fn memory_ceiling(&self) -> usize {
+        self.memory_bytes.max(self.max_memory_bytes)
+    }
+
+    /// The bounds of one expression's calls: `overrides` where given, these
+    /// limits otherwise. Fails when the memory asked for is past the
+    /// ceiling the runtime started with.
+    pub fn for_expression(&self, overrides: &WasmLimits) -> Result<CallLimits, String> {
+        let memory_bytes = match overrides.memory_mib {
+            Some(mib) => usize::try_from(mib << 20).unwrap_or(usize::MAX),
+            None => self.memory_bytes,
+        };
+        if memory_bytes > self.memory_ceiling() {
+            return Err(format!(
+                "limits.memoryMiB {} is above this runtime's ceiling of {} MiB (set when it started: \
+                 raise --guest-memory-mib, or restart with this configuration so its largest limit counts)",
+                memory_bytes >> 20,
+                self.memory_ceiling() >> 20
+            ));
+        }
+        let call = CallLimits {
+            deadline: overrides.deadline.unwrap_or(self.deadline),
+            call_timeout: overrides.call_timeout.unwrap_or(self.call_timeout),
+            memory_bytes,
+            max_probes_per_call: overrides
+                .probes_per_call
+                .unwrap_or(self.max_probes_per_call),
+        };
+        // A deadline past the call timeout (one set, the other inherited)
+        // is harmless: the call timeout fires first. The configuration
+        // refuses it only when an expression sets both.
+        Ok(call)
+    }
+}
+
+/// The bounds of one `wasm` expression's calls: the runtime's [`Limits`]
+/// with the expression's `limits` applied.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CallLimits {
+    /// The guest's own compute time per call.
+    pub deadline: Duration,
+    /// Wall clock of a whole call, probes included.
+    pub call_timeout: Duration,
+    /// Bytes per linear memory of the instances serving these calls.
+    pub memory_bytes: usize,
+    /// Probes one call may make.
+    pub max_probes_per_call: u32,
 }
 
 /// How to build a [`WasmRuntime`].
@@ -184,6 +246,8 @@ pub enum WasmError {
     Watch { dir: PathBuf, message: String },
     #[error("invalid module name {0:?}: expected a file name such as check.wasm or check.wasm.gz")]
     ModuleName(String),
+    #[error("module {module}: {why}")]
+    Limits { module: String, why: String },
     #[error("module {module} is not loaded: {why}")]
     NotLoaded { module: String, why: String },
     #[error("module {module}: {message}")]
@@ -376,7 +440,27 @@ impl WasmRuntime {
         config: &serde_json::Value,
         sha256: Option<&str>,
     ) -> Result<WasmChecker, WasmError> {
+        self.checker_with_limits(module, config, sha256, &WasmLimits::default())
+            .await
+    }
+
+    /// [`WasmRuntime::checker_async`] with the expression's own `limits`.
+    pub async fn checker_with_limits(
+        &self,
+        module: &str,
+        config: &serde_json::Value,
+        sha256: Option<&str>,
+        limits: &WasmLimits,
+    ) -> Result<WasmChecker, WasmError> {
         let module = module_key(module)?;
+        let limits = self
+            .rt
+            .limits
+            .for_expression(limits)
+            .map_err(|why| WasmError::Limits {
+                module: module.clone(),
+                why,
+            })?;
         let Some(version) = self.rt.current(&module) else {
             // Names are exact (the pin, the metrics and the Events are about
             // one file), but say so when the other spelling is loaded.
@@ -406,7 +490,7 @@ impl WasmRuntime {
             });
         }
         let config = serde_json::to_string(config).expect("a JSON value serialises");
-        if let Err(message) = version.validate(&self.rt, &config).await {
+        if let Err(message) = version.validate(&self.rt, &config, &limits).await {
             return Err(WasmError::ConfigRejected { module, message });
         }
         let spec = Arc::new(CheckerSpec {
@@ -414,6 +498,7 @@ impl WasmRuntime {
             module,
             config,
             pin,
+            limits,
         });
         self.rt.register(&spec);
         Ok(WasmChecker {
@@ -533,13 +618,15 @@ impl Checker for WasmChecker {
 /// Lets `membership::build` resolve `wasm` expressions without depending on
 /// wasmtime.
 impl portwise_checkers::WasmCheckers for WasmRuntime {
-    fn checker(
-        &self,
-        module: &str,
-        config: &serde_json::Value,
-        sha256: Option<&str>,
-    ) -> Result<Arc<dyn Checker>, String> {
-        WasmRuntime::checker(self, module, config, sha256)
+    fn checker(&self, spec: &WasmSpec) -> Result<Arc<dyn Checker>, String> {
+        block_on(self.checker_with_limits(
+            &spec.module,
+            &spec.config,
+            spec.sha256.as_deref(),
+            &spec.limits,
+        ))
+        .map(|c| Arc::new(c) as Arc<dyn Checker>)
+        .map_err(|e| e.to_string())
     }
 }
 

@@ -442,9 +442,12 @@ mod tests {
     }
 
     fn state(pnra: bool) -> (HostState, Resource<PodView>, Resource<ServiceView>) {
+        let limits = Limits::default();
+        let call = limits.for_expression(&Default::default()).unwrap();
         let mut s = HostState::new(
-            Arc::new(Limits::default()),
+            Arc::new(limits),
             Arc::new(ModuleCounters::default()),
+            64 << 20,
         );
         let (pod, service) = (Arc::new(pod()), Arc::new(service(pnra)));
         s.begin_call(
@@ -454,6 +457,7 @@ mod tests {
                 pod: Some(pod.clone()),
                 ..Default::default()
             },
+            &call,
         );
         let (p, sv) = s.begin_views(pod, service).unwrap();
         (s, p, sv)
@@ -560,11 +564,14 @@ mod tests {
             s.pod_ready().unwrap(),
             "publishNotReadyAddresses: readiness yields"
         );
+        let limits = Limits::default();
+        let call = limits.for_expression(&Default::default()).unwrap();
         let mut s = HostState::new(
-            Arc::new(Limits::default()),
+            Arc::new(limits),
             Arc::new(ModuleCounters::default()),
+            64 << 20,
         );
-        s.begin_call(None, CallLabels::default());
+        s.begin_call(None, CallLabels::default(), &call);
         assert!(!s.pod_ready().unwrap(), "validate-config has no pod");
     }
 }

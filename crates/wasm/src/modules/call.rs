@@ -10,7 +10,7 @@ use super::{
     pool::{Guest, Ready},
 };
 use crate::{
-    Limits,
+    CallLimits,
     bindings::{self, WitDecision, WitVerdict, v02::portwise::membership::types as v02types},
     failures::FailureKind,
     host::{CallLabels, HostState},
@@ -20,16 +20,23 @@ use portwise_core::membership::{Decision, Subject, Verdict};
 
 impl ModuleVersion {
     /// Runs `validate-config` once per configuration for this version.
-    pub(crate) async fn validate(&self, rt: &Runtime, config: &str) -> Result<(), String> {
+    pub(crate) async fn validate(
+        &self,
+        rt: &Runtime,
+        config: &str,
+        limits: &CallLimits,
+    ) -> Result<(), String> {
+        // A tighter memory limit can fail where a looser one passed.
+        let key = (config.to_string(), limits.memory_bytes);
         if let Some(known) = self
             .validated
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .get(config)
+            .get(&key)
         {
             return known.clone();
         }
-        let result = match self.call_validate(rt, config).await {
+        let result = match self.call_validate(rt, config, limits).await {
             Ok(Ok(())) => Ok(()),
             Ok(Err(message)) => Err(truncate(message, rt.limits.max_reason_bytes)),
             Err(failure) => Err(format!("validate-config failed: {failure}")),
@@ -37,7 +44,7 @@ impl ModuleVersion {
         self.validated
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(config.to_string(), result.clone());
+            .insert(key, result.clone());
         result
     }
 
@@ -45,13 +52,14 @@ impl ModuleVersion {
         &self,
         rt: &Runtime,
         config: &str,
+        limits: &CallLimits,
     ) -> Result<Result<(), String>, Failure> {
-        let mut ready = self.take(rt).await?;
+        let mut ready = self.take(rt, limits).await?;
         let labels = CallLabels {
             module: self.label.clone(),
             ..Default::default()
         };
-        ready.store.data_mut().begin_call(None, labels);
+        ready.store.data_mut().begin_call(None, labels, limits);
         ready.store.set_epoch_deadline(1);
         let call = async {
             match &ready.guest {
@@ -67,8 +75,8 @@ impl ModuleVersion {
                 }
             }
         };
-        let outcome = tokio::time::timeout(rt.limits.call_timeout, call).await;
-        self.settle(ready, outcome, rt)
+        let outcome = tokio::time::timeout(limits.call_timeout, call).await;
+        self.settle(ready, outcome, rt, limits)
     }
 
     /// One `check` on an instance of either WIT version: 0.1 gets the pod
@@ -78,6 +86,7 @@ impl ModuleVersion {
         rt: &Runtime,
         config: &str,
         subject: &Subject,
+        limits: &CallLimits,
     ) -> Result<Verdict, Failure> {
         let labels = CallLabels {
             module: self.label.clone(),
@@ -89,11 +98,11 @@ impl ModuleVersion {
                 subject.port.name.clone()
             },
         };
-        let mut ready = self.take(rt).await?;
+        let mut ready = self.take(rt, limits).await?;
         ready
             .store
             .data_mut()
-            .begin_call(Some(subject.address), labels);
+            .begin_call(Some(subject.address), labels, limits);
         ready.store.set_epoch_deadline(1);
         let max_reason = rt.limits.max_reason_bytes;
         let outcome = match &ready.guest {
@@ -107,7 +116,7 @@ impl ModuleVersion {
                     bindings::pod(&subject.pod, &lists),
                     bindings::target(subject, &computed),
                 );
-                tokio::time::timeout(rt.limits.call_timeout, call)
+                tokio::time::timeout(limits.call_timeout, call)
                     .await
                     .map(|r| r.map(|v| verdict_v01(v, max_reason)))
             }
@@ -134,14 +143,14 @@ impl ModuleVersion {
                     pod,
                     bindings::target_v02(subject, &address),
                 );
-                let outcome = tokio::time::timeout(rt.limits.call_timeout, call)
+                let outcome = tokio::time::timeout(limits.call_timeout, call)
                     .await
                     .map(|r| r.map(|v| verdict_v02(v, max_reason)));
                 ready.store.data_mut().end_views(pod_rep, service_rep);
                 outcome
             }
         };
-        self.settle(ready, outcome, rt)
+        self.settle(ready, outcome, rt, limits)
     }
 
     /// Logs the guest's output, returns a healthy instance to the pool and
@@ -151,8 +160,8 @@ impl ModuleVersion {
         ready: Ready,
         outcome: Result<wasmtime::Result<R>, tokio::time::error::Elapsed>,
         rt: &Runtime,
+        limits: &CallLimits,
     ) -> Result<R, Failure> {
-        let limits = &rt.limits;
         let stderr_tail = ready.store.data().flush_output();
         match outcome {
             Ok(Ok(value)) => {
@@ -177,7 +186,7 @@ impl ModuleVersion {
 }
 
 /// Sorts a wasmtime error from a call into a failure kind.
-pub(super) fn classify(e: &wasmtime::Error, state: &HostState, limits: &Limits) -> Failure {
+pub(super) fn classify(e: &wasmtime::Error, state: &HostState, limits: &CallLimits) -> Failure {
     let memory = state.limiter.denied.map(|(current, desired)| {
         format!(
             "memory limit: growth from {} to {} KiB refused (limit {} KiB)",
@@ -275,10 +284,12 @@ impl Runtime {
             ));
         }
         version
-            .validate(self, &spec.config)
+            .validate(self, &spec.config, &spec.limits)
             .await
             .map_err(|m| Failure::new(FailureKind::Config, m))?;
-        let verdict = version.call_check(self, &spec.config, subject).await?;
+        let verdict = version
+            .call_check(self, &spec.config, subject, &spec.limits)
+            .await?;
         tracing::debug!(
             module = %spec.module,
             pod = subject.pod.metadata.name.as_deref().unwrap_or_default(),

@@ -98,6 +98,7 @@ pub(crate) struct CheckerSpec {
     pub config: String,
     pub pin: Option<String>,
     pub counters: Arc<ModuleCounters>,
+    pub limits: crate::CallLimits,
 }
 
 /// The shared core of a [`crate::WasmRuntime`].

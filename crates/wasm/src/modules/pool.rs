@@ -60,7 +60,7 @@ use wasmtime::{Store, UpdateDeadline};
 
 use super::{Failure, Runtime, call::classify, serving_runtime};
 use crate::{
-    ModuleInfo,
+    CallLimits, ModuleInfo,
     bindings::{v01, v02},
     cache::CompileSource,
     engine::ticks,
@@ -97,6 +97,9 @@ pub(super) enum Guest {
 pub(super) struct Ready {
     pub(super) store: Store<HostState>,
     pub(super) guest: Guest,
+    /// The memory limit the store was made with: instances are reused only
+    /// by calls with the same limit.
+    memory_bytes: usize,
     /// The runtime that created it and alone may call it again; `None` for
     /// instances made on this crate's own runtimes, which are not reused.
     runtime: Option<runtime::Id>,
@@ -118,7 +121,8 @@ pub(crate) struct ModuleVersion {
     pub load_time: Duration,
     pub(super) pre: GuestPre,
     pub(super) idle: Mutex<Vec<Ready>>,
-    pub(super) validated: Mutex<HashMap<String, Result<(), String>>>,
+    /// validate-config's answer per (configuration, memory limit).
+    pub(super) validated: Mutex<HashMap<(String, usize), Result<(), String>>>,
     pub(super) counters: Arc<ModuleCounters>,
 }
 
@@ -158,7 +162,7 @@ impl ModuleVersion {
         }
     }
 
-    pub(super) async fn take(&self, rt: &Runtime) -> Result<Ready, Failure> {
+    pub(super) async fn take(&self, rt: &Runtime, limits: &CallLimits) -> Result<Ready, Failure> {
         let here = serving_runtime();
         let mut foreign = Vec::new();
         let ready = match here {
@@ -166,13 +170,21 @@ impl ModuleVersion {
                 let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
                 // Instances of another runtime are never called here, and
                 // those of a finished runtime never will be again.
-                loop {
+                // Idle instances with another memory limit serve other
+                // expressions: they stay.
+                let mut other_limits = Vec::new();
+                let found = loop {
                     match idle.pop() {
+                        Some(ready) if ready.memory_bytes != limits.memory_bytes => {
+                            other_limits.push(ready)
+                        }
                         Some(ready) if ready.runtime == Some(here) => break Some(ready),
                         Some(other) => foreign.push(other),
                         None => break None,
                     }
-                }
+                };
+                idle.extend(other_limits);
+                found
             }
             None => None,
         };
@@ -182,7 +194,7 @@ impl ModuleVersion {
             Some(ready) => Ok(ready),
             None => {
                 let slot = rt.slot().await?;
-                self.instantiate(rt, slot, here).await
+                self.instantiate(rt, slot, here, limits).await
             }
         }
     }
@@ -192,11 +204,16 @@ impl ModuleVersion {
         rt: &Runtime,
         slot: OwnedSemaphorePermit,
         runtime: Option<runtime::Id>,
+        limits: &CallLimits,
     ) -> Result<Ready, Failure> {
         self.counters.instantiated();
         let mut store = Store::new(
             &rt.engine,
-            HostState::new(rt.limits.clone(), self.counters.clone()),
+            HostState::new(
+                rt.limits.clone(),
+                self.counters.clone(),
+                limits.memory_bytes,
+            ),
         );
         store.limiter(|s| &mut s.limiter);
         // Runs when the epoch deadline passes while the guest executes: stop
@@ -218,10 +235,10 @@ impl ModuleVersion {
             module: self.label.clone(),
             ..Default::default()
         };
-        store.data_mut().begin_call(None, labels);
+        store.data_mut().begin_call(None, labels, limits);
         // Start functions of language runtimes may initialise a while.
         store.data_mut().call.compute_deadline =
-            Instant::now() + rt.limits.deadline.max(INSTANTIATE_BUDGET);
+            Instant::now() + limits.deadline.max(INSTANTIATE_BUDGET);
         store.set_epoch_deadline(1);
         let instantiate = async {
             match &self.pre {
@@ -229,17 +246,18 @@ impl ModuleVersion {
                 GuestPre::V02(pre) => pre.instantiate_async(&mut store).await.map(Guest::V02),
             }
         };
-        let outcome = tokio::time::timeout(rt.limits.call_timeout, instantiate).await;
+        let outcome = tokio::time::timeout(limits.call_timeout, instantiate).await;
         store.data().flush_output();
         match outcome {
             Ok(Ok(guest)) => Ok(Ready {
                 store,
                 guest,
+                memory_bytes: limits.memory_bytes,
                 runtime,
                 _slot: slot,
             }),
             Ok(Err(e)) => {
-                let failure = classify(&e, store.data(), &rt.limits);
+                let failure = classify(&e, store.data(), limits);
                 let kind = if failure.kind == FailureKind::Memory {
                     FailureKind::Memory
                 } else {

@@ -167,11 +167,15 @@ impl Runtime {
                 format!("content does not match the sha256 {pin} pinned in the configuration"),
             );
         }
-        let mut configs: Vec<&str> = users.iter().map(|u| u.config.as_str()).collect();
-        configs.sort_unstable();
-        configs.dedup();
-        for config in configs {
-            if let Err(message) = version.validate(self, config).await {
+        // Each configuration in use, under each memory limit it runs with.
+        let mut configs: Vec<(&str, crate::CallLimits)> = users
+            .iter()
+            .map(|u| (u.config.as_str(), u.limits))
+            .collect();
+        configs.sort_unstable_by_key(|(c, l)| (*c, l.memory_bytes));
+        configs.dedup_by_key(|(c, l)| (*c, l.memory_bytes));
+        for (config, limits) in configs {
+            if let Err(message) = version.validate(self, config, &limits).await {
                 return fail(
                     scan,
                     format!(
