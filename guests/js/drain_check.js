@@ -13,8 +13,16 @@
 //
 // Answers: drained: exclude; dial ok: include; refused: exclude;
 // timeout or denied by the host: abstain (keep what was last published).
-import probes from "portwise:membership/probes@0.2.0";
-import log from "portwise:membership/log@0.2.0";
+//
+// Built against portwise:membership@0.1.0 (wit/v0.1), which the host still
+// serves, not 0.2: componentize-qjs 0.4.5 releases the borrowed pod and
+// Service of a 0.2 call only after the call has returned, which wasmtime
+// refuses ("borrow handles still remain at the end of the call"). See
+// JS_WIT_VERSION in guests/build-polyglot. The 0.2 version of the one line
+// that differs is `const drain = pod.annotation(cfg.annotation);` (a string
+// or null) with the imports at @0.2.0.
+import probes from "portwise:membership/probes@0.1.0";
+import log from "portwise:membership/log@0.1.0";
 
 const DEFAULTS = { annotation: "portwise.example.com/drain", timeoutMs: 500 };
 const MAX_TIMEOUT_MS = 60000;
@@ -64,12 +72,9 @@ function check(config, service, pod, target) {
     return verdict("abstain", `bad config: ${e}`);
   }
 
-  // `pod` is a borrowed host resource (portwise:membership@0.2.0): one
-  // host call reads the one annotation, null when absent. The wrapper expires
-  // when this call returns, so it is not kept.
-  const drain = pod.annotation(cfg.annotation);
-  if (drain !== null && drain !== "false") {
-    return verdict("exclude", `drained by annotation ${cfg.annotation}=${drain}`);
+  const drain = pod.annotations.find((kv) => kv.key === cfg.annotation);
+  if (drain !== undefined && drain.value !== "false") {
+    return verdict("exclude", `drained by annotation ${cfg.annotation}=${drain.value}`);
   }
 
   const where = `tcp ${target.address} port ${target.targetPort}`;
