@@ -11,11 +11,20 @@
  * Config (JSON): {"annotation": "KEY"} or {"label": "KEY"}, plus optional
  * "dialTimeoutMs": 1..60000. Anything else is rejected by validate-config.
  *
+ * Written against portwise:membership@0.2.0: the pod is a borrowed host
+ * resource, and the checker asks it for the one label or annotation it needs
+ * (`portwise_membership_types_method_pod_label` / `_annotation`: one host
+ * call that copies only that value) instead of receiving every label and
+ * annotation of the pod on every call.
+ *
  * Memory: wit-bindgen's C bindings hand every argument to the export, which
- * owns (and here frees) it; returned strings are malloc'd and freed by the
- * generated post-return function after the host has copied them. An instance
- * is reused for many checks, so a leak here would grow until the host's
- * memory limit traps it. */
+ * owns (and here frees) it, including the pod and Service borrow handles,
+ * which the export must drop before it returns; the answer of a query
+ * (here the label's value) is malloc'd in the guest and ours to free;
+ * returned strings are malloc'd and freed by the generated post-return
+ * function after the host has copied them. An instance is reused for many
+ * checks, so a leak here would grow until the host's memory limit traps
+ * it. */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,7 +34,7 @@
 #include "membership_checker.h"
 
 typedef membership_checker_string_t str_t;
-typedef portwise_membership_types_list_key_value_t kv_list_t;
+typedef portwise_membership_types_borrow_pod_t pod_t;
 
 static void set_message(str_t *out, const char *fmt, ...) {
     char buf[512];
@@ -59,13 +68,14 @@ static void log_debug(const char *fmt, ...) {
     portwise_membership_log_log(PORTWISE_MEMBERSHIP_LOG_LEVEL_DEBUG, &msg);
 }
 
-static const str_t *find(const kv_list_t *list, const char *key) {
-    size_t key_len = strlen(key), i;
-    for (i = 0; i < list->len; i++) {
-        const str_t *k = &list->ptr[i].key;
-        if (k->len == key_len && memcmp(k->ptr, key, key_len) == 0) return &list->ptr[i].value;
-    }
-    return NULL;
+/* The pod's label or annotation `key`: one host call that copies only that
+ * value. True and fills `value` (heap-allocated: the caller frees it) when
+ * present. */
+static bool pod_value(pod_t pod, enum pn_source source, const char *key, str_t *value) {
+    str_t k;
+    membership_checker_string_set(&k, key); /* borrowed by the call: not freed */
+    return source == PN_ANNOTATION ? portwise_membership_types_method_pod_annotation(pod, &k, value)
+                                   : portwise_membership_types_method_pod_label(pod, &k, value);
 }
 
 /* The last config seen, parsed: the host passes the same string every call. */
@@ -101,43 +111,29 @@ bool exports_portwise_membership_checker_validate_config(str_t *config, str_t *e
     return true;
 }
 
-static void judge(const str_t *config, const portwise_membership_types_pod_t *pod,
-                  const portwise_membership_types_target_t *target,
-                  exports_portwise_membership_checker_verdict_t *ret) {
-    struct pn_config cfg;
-    char msg[256];
-    const char *kind;
-    const str_t *list, *name = &target->port_name;
+/* Judges the port against `list`, the value of the configured label or
+ * annotation. */
+static void judge_listed(const struct pn_config *cfg, const str_t *list,
+                         const portwise_membership_types_target_t *target,
+                         exports_portwise_membership_checker_verdict_t *ret) {
+    const char *kind = cfg->source == PN_ANNOTATION ? "annotation" : "label";
+    const str_t *name = &target->port_name;
     portwise_membership_probes_probe_error_t perr;
     str_t any_host = { NULL, 0 }; /* empty host: the address under judgement */
 
-    if (config_for(config, &cfg, msg, sizeof msg) != 0) {
-        verdict(ret, PORTWISE_MEMBERSHIP_TYPES_DECISION_ABSTAIN, "bad config: %s", msg);
-        return;
-    }
-    kind = cfg.source == PN_ANNOTATION ? "annotation" : "label";
-    if (name->len == 0) {
-        verdict(ret, PORTWISE_MEMBERSHIP_TYPES_DECISION_EXCLUDE, "the Service port has no name to list");
-        return;
-    }
-    list = find(cfg.source == PN_ANNOTATION ? &pod->annotations : &pod->labels, cfg.key);
-    if (list == NULL) {
-        verdict(ret, PORTWISE_MEMBERSHIP_TYPES_DECISION_EXCLUDE, "pod has no %s %s", kind, cfg.key);
-        return;
-    }
     if (!pn_list_has((const char *)list->ptr, list->len, (const char *)name->ptr, name->len)) {
-        verdict(ret, PORTWISE_MEMBERSHIP_TYPES_DECISION_EXCLUDE, "%s %s does not list %.*s", kind, cfg.key,
+        verdict(ret, PORTWISE_MEMBERSHIP_TYPES_DECISION_EXCLUDE, "%s %s does not list %.*s", kind, cfg->key,
                 (int)name->len, (const char *)name->ptr);
         return;
     }
-    if (cfg.dial_timeout_ms == 0) {
-        verdict(ret, PORTWISE_MEMBERSHIP_TYPES_DECISION_INCLUDE, "%s %s lists %.*s", kind, cfg.key,
+    if (cfg->dial_timeout_ms == 0) {
+        verdict(ret, PORTWISE_MEMBERSHIP_TYPES_DECISION_INCLUDE, "%s %s lists %.*s", kind, cfg->key,
                 (int)name->len, (const char *)name->ptr);
         return;
     }
 
     log_debug("%.*s listed; dialing port %u", (int)name->len, (const char *)name->ptr, target->target_port);
-    if (portwise_membership_probes_tcp_dial(&any_host, target->target_port, cfg.dial_timeout_ms, &perr)) {
+    if (portwise_membership_probes_tcp_dial(&any_host, target->target_port, cfg->dial_timeout_ms, &perr)) {
         verdict(ret, PORTWISE_MEMBERSHIP_TYPES_DECISION_INCLUDE, "%.*s listed, port %u accepts connections",
                 (int)name->len, (const char *)name->ptr, target->target_port);
         return;
@@ -162,13 +158,39 @@ static void judge(const str_t *config, const portwise_membership_types_pod_t *po
     portwise_membership_probes_probe_error_free(&perr);
 }
 
-void exports_portwise_membership_checker_check(str_t *config, exports_portwise_membership_checker_service_t *service,
-                                              exports_portwise_membership_checker_pod_t *pod,
+static void judge(const str_t *config, pod_t pod, const portwise_membership_types_target_t *target,
+                  exports_portwise_membership_checker_verdict_t *ret) {
+    struct pn_config cfg;
+    char msg[256];
+    const char *kind;
+    str_t list;
+
+    if (config_for(config, &cfg, msg, sizeof msg) != 0) {
+        verdict(ret, PORTWISE_MEMBERSHIP_TYPES_DECISION_ABSTAIN, "bad config: %s", msg);
+        return;
+    }
+    kind = cfg.source == PN_ANNOTATION ? "annotation" : "label";
+    if (target->port_name.len == 0) {
+        verdict(ret, PORTWISE_MEMBERSHIP_TYPES_DECISION_EXCLUDE, "the Service port has no name to list");
+        return;
+    }
+    if (!pod_value(pod, cfg.source, cfg.key, &list)) {
+        verdict(ret, PORTWISE_MEMBERSHIP_TYPES_DECISION_EXCLUDE, "pod has no %s %s", kind, cfg.key);
+        return;
+    }
+    judge_listed(&cfg, &list, target, ret);
+    membership_checker_string_free(&list);
+}
+
+void exports_portwise_membership_checker_check(str_t *config, exports_portwise_membership_checker_borrow_service_t service,
+                                              exports_portwise_membership_checker_borrow_pod_t pod,
                                               exports_portwise_membership_checker_target_t *target,
                                               exports_portwise_membership_checker_verdict_t *ret) {
     judge(config, pod, target, ret);
     membership_checker_string_free(config);
-    exports_portwise_membership_checker_service_free(service);
-    exports_portwise_membership_checker_pod_free(pod);
+    /* The component model requires a borrow lent to an export to be dropped
+     * before the export returns: the host traps the call otherwise. */
+    portwise_membership_types_service_drop_borrow(service);
+    portwise_membership_types_pod_drop_borrow(pod);
     exports_portwise_membership_checker_target_free(target);
 }

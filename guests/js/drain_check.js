@@ -13,6 +13,14 @@
 //
 // Answers: drained: exclude; dial ok: include; refused: exclude;
 // timeout or denied by the host: abstain (keep what was last published).
+//
+// Built against portwise:membership@0.1.0 (wit/v0.1), which the host still
+// serves, not 0.2: componentize-qjs 0.4.5 releases the borrowed pod and
+// Service of a 0.2 call only after the call has returned, which wasmtime
+// refuses ("borrow handles still remain at the end of the call"). See
+// JS_WIT_VERSION in guests/build-polyglot. The 0.2 version of the one line
+// that differs is `const drain = pod.annotation(cfg.annotation);` (a string
+// or null) with the imports at @0.2.0.
 import probes from "portwise:membership/probes@0.1.0";
 import log from "portwise:membership/log@0.1.0";
 

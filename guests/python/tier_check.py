@@ -4,7 +4,9 @@ Includes a pod for a port when the pod's tier label is one of the configured
 tiers and `GET <path>` on the port answers 2xx. It shows the two things most
 real checkers combine: a fact about the pod (a label) and a probe of the
 address under judgement through the host's `http-get` import. The guest never
-opens a socket itself: it has none, only the host's probes.
+opens a socket itself: it has none, only the host's probes. Written against
+`portwise:membership@0.2.0`, where the pod is a borrowed host resource
+queried by key (`pod.label(key)`) rather than a copied record.
 
 Config (JSON, from the portwise config file):
 
@@ -83,13 +85,6 @@ def config_for(raw: str) -> dict:
     return _parsed[1]
 
 
-def label(pod: Pod, key: str):
-    for kv in pod.labels:
-        if kv.key == key:
-            return kv.value
-    return None
-
-
 def verdict(decision: Decision, reason: str) -> Verdict:
     return Verdict(decision=decision, reason=reason)
 
@@ -108,7 +103,9 @@ class Checker(exports.Checker):
             # validate-config should have caught this; never guess.
             return verdict(Decision.ABSTAIN, f"bad config: {e}")
 
-        tier = label(pod, cfg["label"])
+        # `pod` is a borrowed host resource: `pod.label(key)` is one host call
+        # that copies just that value (valid only during this call).
+        tier = pod.label(cfg["label"])
         if tier is None:
             return verdict(Decision.EXCLUDE, f"pod has no label {cfg['label']}")
         if tier not in cfg["tiers"]:

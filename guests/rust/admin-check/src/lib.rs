@@ -62,11 +62,13 @@ impl Checker for AdminCheck {
     }
 
     fn check(input: Input) -> Verdict {
-        let config = match config(&input.config) {
+        let config = match config(input.config) {
             Ok(config) => config,
             Err(e) => return Verdict::abstain().because(e),
         };
-        let pod = &input.pod;
+        // Two by-key queries at most: the annotation is only asked for when
+        // there is no such label.
+        let pod = input.pod;
         let mark = pod
             .label(&config.key)
             .or_else(|| pod.annotation(&config.key));

@@ -1,9 +1,10 @@
 //! Write a portwise membership checker in a few lines of Rust.
 //!
-//! A checker is a WebAssembly component built against `wit/membership.wit`.
-//! The raw bindings work, but every checker would repeat the same chores:
-//! look up a label, test the Ready condition, probe the address under
-//! judgement, parse its JSON configuration. This crate does those once.
+//! A checker is a WebAssembly component built against `wit/membership.wit`
+//! (`portwise:membership@0.2.0`). The raw bindings work, but every checker
+//! would repeat the same chores: look up a label, test the Ready condition,
+//! probe the address under judgement, parse its JSON configuration. This
+//! crate does those once.
 //!
 //! ```ignore
 //! use portwise_guest::{Checker, Input, Verdict};
@@ -12,7 +13,7 @@
 //!
 //! impl Checker for Labelled {
 //!     fn check(input: Input) -> Verdict {
-//!         match input.pod.label("tier") {
+//!         match input.pod.label("tier").as_deref() {
 //!             Some("backend") => Verdict::include(),
 //!             _ => Verdict::exclude().because("not a backend"),
 //!         }
@@ -21,6 +22,21 @@
 //!
 //! portwise_guest::export!(Labelled);
 //! ```
+//!
+//! # What things cost
+//!
+//! In 0.2 the host no longer copies the pod and Service into every call.
+//! [`Input::pod`] and [`Input::service`] are views of host resources: each
+//! query is one call into the host (well under a microsecond) plus a copy of
+//! what it returns, and nothing is cached on the guest side. So:
+//!
+//! - read by key ([`Pod::label`], [`Pod::annotation`], [`Pod::condition`],
+//!   [`Pod::container_port`], [`Service::port`]) rather than listing
+//!   everything and searching;
+//! - keep an answer you need twice in a local;
+//! - [`Input::config`] and [`Input::target`] are already in the guest: free;
+//! - a probe ([`Target::http_get`], [`Target::tcp_dial`]) costs what the
+//!   network costs, two orders of magnitude more than any query.
 //!
 //! Build with `cargo build --release --target wasm32-wasip2` (crate type
 //! `cdylib`); the `.wasm` file in `target/wasm32-wasip2/release/` is the
@@ -33,7 +49,7 @@ use std::time::Duration;
 /// reachable.
 pub mod bindings {
     wit_bindgen::generate!({
-        path: "../../../wit/v0.1",
+        path: "../../../wit",
         world: "membership-checker",
         pub_export_macro: true,
         export_macro_name: "__export_membership_checker",
@@ -43,28 +59,41 @@ pub mod bindings {
 
 pub use bindings::portwise::membership::probes::{HttpResponse, ProbeError};
 pub use bindings::portwise::membership::types::{
-    AddressFamily, ContainerPort, Decision, KeyValue, Pod, PodCondition, Service, ServicePort,
-    Target, Verdict,
+    AddressFamily, ContainerPort, Decision, KeyValue, PodCondition, ServicePort, Target, Verdict,
 };
 
 use bindings::exports::portwise::membership::checker::Guest;
-use bindings::portwise::membership::{log as wit_log, probes};
+use bindings::portwise::membership::{log as wit_log, probes, types};
 
 /// Everything one check receives.
-#[derive(Clone, Debug)]
-pub struct Input {
+///
+/// `pod` and `service` are views of host resources that are valid for this
+/// call only (the borrow checker enforces it): every query on them is one
+/// call into the host that copies only its answer. `config` and `target` are
+/// plain values, already in the guest.
+#[derive(Clone, Copy, Debug)]
+pub struct Input<'a> {
     /// The guest's configuration as JSON (`null` when none was given).
-    pub config: String,
-    pub service: Service,
-    pub pod: Pod,
-    pub target: Target,
+    pub config: &'a str,
+    pub service: Service<'a>,
+    pub pod: Pod<'a>,
+    pub target: &'a Target,
 }
 
-impl Input {
-    /// Parses the configuration into `T`.
+impl Input<'_> {
+    /// Parses the configuration into `T`. Free of host calls; it runs serde
+    /// over `config` every time, so a checker that cares keeps the result.
     #[cfg(feature = "json")]
     pub fn config<T: serde::de::DeserializeOwned>(&self) -> Result<T, String> {
-        parse_config(&self.config)
+        parse_config(self.config)
+    }
+
+    /// Whether the pod counts as ready for this Service the way the built-in
+    /// `podReady` checker sees it: its `Ready` condition is `True`, or the
+    /// Service publishes not-ready addresses. One host call. Compare
+    /// [`Pod::is_ready`], which reads the condition only.
+    pub fn pod_ready(&self) -> bool {
+        pod_ready()
     }
 }
 
@@ -86,7 +115,7 @@ pub trait Checker {
     }
 
     /// Judges one (Service port, address family, pod).
-    fn check(input: Input) -> Verdict;
+    fn check(input: Input<'_>) -> Verdict;
 }
 
 impl<T: Checker> Guest for T {
@@ -94,12 +123,17 @@ impl<T: Checker> Guest for T {
         <T as Checker>::validate_config(&config)
     }
 
-    fn check(config: String, service: Service, pod: Pod, target: Target) -> Verdict {
+    fn check(
+        config: String,
+        service: &types::Service,
+        pod: &types::Pod,
+        target: Target,
+    ) -> Verdict {
         <T as Checker>::check(Input {
-            config,
-            service,
-            pod,
-            target,
+            config: &config,
+            service: Service(service),
+            pod: Pod(pod),
+            target: &target,
         })
     }
 }
@@ -140,48 +174,142 @@ impl Verdict {
     }
 }
 
-fn lookup<'a>(list: &'a [KeyValue], key: &str) -> Option<&'a str> {
-    list.iter()
-        .find(|kv| kv.key == key)
-        .map(|kv| kv.value.as_str())
-}
+/// The pod under judgement, borrowed from the host for one call.
+///
+/// What it costs: every method is one call into the host (well under a
+/// microsecond) plus a copy of its answer into the guest, and nothing is
+/// cached, so a value read twice crosses twice: keep it in a local. The
+/// by-key queries ([`label`](Pod::label), [`annotation`](Pod::annotation),
+/// [`condition`](Pod::condition), [`container_port`](Pod::container_port))
+/// copy one entry; the whole-list ones copy every entry, and annotations
+/// can be large.
+#[derive(Clone, Copy, Debug)]
+pub struct Pod<'a>(&'a types::Pod);
 
-impl Pod {
-    pub fn label(&self, key: &str) -> Option<&str> {
-        lookup(&self.labels, key)
+impl<'a> Pod<'a> {
+    /// The raw resource, for anything these helpers do not cover.
+    pub fn raw(&self) -> &'a types::Pod {
+        self.0
     }
-    pub fn annotation(&self, key: &str) -> Option<&str> {
-        lookup(&self.annotations, key)
+    /// One host call; copies the name.
+    pub fn name(&self) -> String {
+        self.0.name()
+    }
+    /// One host call; copies the namespace.
+    pub fn namespace(&self) -> String {
+        self.0.namespace()
+    }
+    /// One host call; copies the UID.
+    pub fn uid(&self) -> String {
+        self.0.uid()
+    }
+    /// One label by key. One host call; copies that value only.
+    pub fn label(&self, key: &str) -> Option<String> {
+        self.0.label(key)
+    }
+    /// All labels, sorted by key. One host call; copies every key and value.
+    pub fn labels(&self) -> Vec<KeyValue> {
+        self.0.labels()
+    }
+    /// One annotation by key. One host call; copies that value only.
+    pub fn annotation(&self, key: &str) -> Option<String> {
+        self.0.annotation(key)
+    }
+    /// All annotations, sorted by key. One host call; copies every key and
+    /// value, which can be large (`kubectl.kubernetes.io/last-applied-configuration`):
+    /// prefer [`annotation`](Pod::annotation).
+    pub fn annotations(&self) -> Vec<KeyValue> {
+        self.0.annotations()
+    }
+    /// `Pending`, `Running`, `Succeeded`, `Failed` or `Unknown`. One host call.
+    pub fn phase(&self) -> String {
+        self.0.phase()
     }
     /// The condition of the given type (`Ready`, `ContainersReady`, ...).
-    pub fn condition(&self, kind: &str) -> Option<&PodCondition> {
-        self.conditions.iter().find(|c| c.type_ == kind)
+    /// One host call; copies that condition only.
+    pub fn condition(&self, kind: &str) -> Option<PodCondition> {
+        self.0.condition(kind)
     }
-    /// True when the `Ready` condition is `True`.
+    /// All conditions, in the kubelet's order. One host call; copies all.
+    pub fn conditions(&self) -> Vec<PodCondition> {
+        self.0.conditions()
+    }
+    /// True when the `Ready` condition is `True`. One host call (the
+    /// condition by type). Under a Service's `publishNotReadyAddresses` the
+    /// built-in `podReady` ignores readiness: use [`Input::pod_ready`] to
+    /// match it.
     pub fn is_ready(&self) -> bool {
         self.condition("Ready").is_some_and(|c| c.status == "True")
     }
+    /// True once the pod has a deletionTimestamp. One host call, no copy.
     pub fn is_terminating(&self) -> bool {
-        self.terminating
+        self.0.terminating()
     }
-    /// A declared container port by name.
-    pub fn container_port(&self, name: &str) -> Option<&ContainerPort> {
-        self.container_ports
-            .iter()
-            .find(|p| p.name.as_deref() == Some(name))
+    /// The node the pod was scheduled to. One host call.
+    pub fn node_name(&self) -> Option<String> {
+        self.0.node_name()
+    }
+    /// `status.podIPs`, normalised. One host call; copies every address.
+    pub fn ips(&self) -> Vec<String> {
+        self.0.ips()
+    }
+    /// The first declared container port with this name (containers, then
+    /// restartable init containers). One host call; copies that port only.
+    pub fn container_port(&self, name: &str) -> Option<ContainerPort> {
+        self.0.container_port(name)
+    }
+    /// Every declared container port. One host call; copies them all.
+    pub fn container_ports(&self) -> Vec<ContainerPort> {
+        self.0.container_ports()
     }
 }
 
-impl Service {
-    pub fn label(&self, key: &str) -> Option<&str> {
-        lookup(&self.labels, key)
+/// The Service the slices are published for, borrowed like [`Pod`] and
+/// costing the same: one host call per method, plus a copy of the answer.
+#[derive(Clone, Copy, Debug)]
+pub struct Service<'a>(&'a types::Service);
+
+impl<'a> Service<'a> {
+    /// The raw resource, for anything these helpers do not cover.
+    pub fn raw(&self) -> &'a types::Service {
+        self.0
     }
-    pub fn annotation(&self, key: &str) -> Option<&str> {
-        lookup(&self.annotations, key)
+    /// One host call; copies the name.
+    pub fn name(&self) -> String {
+        self.0.name()
     }
-    /// A Service port by name.
-    pub fn port(&self, name: &str) -> Option<&ServicePort> {
-        self.ports.iter().find(|p| p.name == name)
+    /// One host call; copies the namespace.
+    pub fn namespace(&self) -> String {
+        self.0.namespace()
+    }
+    /// One host call; copies the UID.
+    pub fn uid(&self) -> String {
+        self.0.uid()
+    }
+    /// One label by key. One host call; copies that value only.
+    pub fn label(&self, key: &str) -> Option<String> {
+        self.0.label(key)
+    }
+    /// All labels, sorted by key. One host call; copies them all.
+    pub fn labels(&self) -> Vec<KeyValue> {
+        self.0.labels()
+    }
+    /// One annotation by key. One host call; copies that value only.
+    pub fn annotation(&self, key: &str) -> Option<String> {
+        self.0.annotation(key)
+    }
+    /// All annotations, sorted by key. One host call; copies them all.
+    pub fn annotations(&self) -> Vec<KeyValue> {
+        self.0.annotations()
+    }
+    /// A Service port by name (empty for a single unnamed port). One host
+    /// call; copies that port only.
+    pub fn port(&self, name: &str) -> Option<ServicePort> {
+        self.0.port(name)
+    }
+    /// Every Service port. One host call; copies them all.
+    pub fn ports(&self) -> Vec<ServicePort> {
+        self.0.ports()
     }
 }
 
@@ -257,9 +385,16 @@ impl ProbeError {
     }
 }
 
-/// The largest HTTP body the host returns.
+/// The largest HTTP body the host returns. One host call.
 pub fn max_body_bytes() -> u32 {
     probes::max_body_bytes()
+}
+
+/// Whether the pod under judgement is ready as the built-in `podReady` sees
+/// it (always true under the Service's `publishNotReadyAddresses`). One host
+/// call; also reachable as [`Input::pod_ready`].
+pub fn pod_ready() -> bool {
+    probes::pod_ready()
 }
 
 /// Logging into the host's log stream (tagged by the host with the module,

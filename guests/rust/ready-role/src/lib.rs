@@ -62,7 +62,7 @@ impl Checker for ReadyRole {
     }
 
     fn check(input: Input) -> Verdict {
-        let config = match config(&input.config) {
+        let config = match config(input.config) {
             Ok(config) => config,
             Err(e) => return Verdict::abstain().because(e),
         };

@@ -13,7 +13,7 @@ struct Hog;
 
 impl Checker for Hog {
     fn check(input: Input) -> Verdict {
-        let config: Option<Config> = parse_config(&input.config).unwrap_or_default();
+        let config: Option<Config> = parse_config(input.config).unwrap_or_default();
         let bytes = config.unwrap_or_default().bytes.unwrap_or(1 << 30);
         let block = vec![1u8; bytes];
         let sum: u64 = std::hint::black_box(&block)

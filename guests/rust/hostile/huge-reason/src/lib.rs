@@ -13,7 +13,7 @@ struct Chatty;
 
 impl Checker for Chatty {
     fn check(input: Input) -> Verdict {
-        let config: Option<Config> = parse_config(&input.config).unwrap_or_default();
+        let config: Option<Config> = parse_config(input.config).unwrap_or_default();
         let bytes = config.unwrap_or_default().bytes.unwrap_or(8 << 20);
         Verdict::include().because("x".repeat(bytes))
     }

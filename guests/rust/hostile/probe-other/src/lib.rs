@@ -28,7 +28,7 @@ impl Checker for Snoop {
     }
 
     fn check(input: Input) -> Verdict {
-        let config: Config = match parse_config(&input.config) {
+        let config: Config = match parse_config(input.config) {
             Ok(c) => c,
             Err(e) => return Verdict::abstain().because(e),
         };

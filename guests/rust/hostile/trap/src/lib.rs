@@ -7,7 +7,7 @@ struct Boom;
 
 impl Checker for Boom {
     fn check(input: Input) -> Verdict {
-        println!("hostile-trap: about to panic for pod {}", input.pod.name);
+        println!("hostile-trap: about to panic for pod {}", input.pod.name());
         panic!("hostile-trap: deliberate panic");
     }
 }
