@@ -7,30 +7,61 @@
 use std::{collections::BTreeMap, net::IpAddr};
 
 use k8s_openapi::{
-    api::core::v1::{Pod, PodStatus, Service, ServicePort as K8sServicePort},
+    api::core::v1::{
+        Container, ContainerPort as K8sContainerPort, Pod, PodStatus, Service,
+        ServicePort as K8sServicePort,
+    },
     apimachinery::pkg::util::intstr::IntOrString,
 };
 
 use portwise_core::membership::{Family, Subject};
 
-wasmtime::component::bindgen!({
-    path: "../../wit/v0.1",
-    world: "membership-checker",
-    // Probes await network I/O: async imports keep a probing guest from
-    // blocking a runtime thread. Exports are async so calls run on a fiber
-    // that the epoch deadline can interrupt and the caller can time out.
-    imports: { default: async },
-    exports: { default: async },
-    // Records handed to the guest borrow from the informer's objects rather
-    // than copying every label and annotation first (see `Computed`).
-    ownership: Borrowing { duplicate_if_necessary: false },
-});
+/// `portwise:membership@0.1.0`: the pod and Service copied in as records on
+/// every call. Still served for guests built against it (docs/guests.md says
+/// for how long).
+pub(crate) mod v01 {
+    wasmtime::component::bindgen!({
+        path: "../../wit/v0.1",
+        world: "membership-checker",
+        // Probes await network I/O: async imports keep a probing guest from
+        // blocking a runtime thread. Exports are async so calls run on a fiber
+        // that the epoch deadline can interrupt and the caller can time out.
+        imports: { default: async },
+        exports: { default: async },
+        // Records handed to the guest borrow from the informer's objects rather
+        // than copying every label and annotation first (see `Computed`).
+        ownership: Borrowing { duplicate_if_necessary: false },
+    });
+}
 
-pub(crate) use self::portwise::membership::log::Level as WitLevel;
-pub(crate) use self::portwise::membership::probes::{
+/// `portwise:membership@0.2.0`: the pod and Service are host resources the
+/// guest queries, so only what it reads is copied.
+pub(crate) mod v02 {
+    wasmtime::component::bindgen!({
+        path: "../../wit",
+        world: "membership-checker",
+        // Only the probes wait on I/O. The pod and Service queries are plain
+        // lookups: synchronous, so a query costs a host call and no future.
+        // They can trap (a handle the table does not know).
+        imports: {
+            "portwise:membership/probes.http-get": async,
+            "portwise:membership/probes.tcp-dial": async,
+            default: trappable,
+        },
+        exports: { default: async },
+        ownership: Borrowing { duplicate_if_necessary: false },
+        with: {
+            "portwise:membership/types.pod": crate::resources::PodView,
+            "portwise:membership/types.service": crate::resources::ServiceView,
+        },
+    });
+}
+
+pub(crate) use self::v01::portwise::membership::log::Level as WitLevel;
+pub(crate) use self::v01::portwise::membership::probes::{
     HttpRequest, HttpResponse as WitHttpResponse, ProbeError as WitProbeError,
 };
-pub(crate) use self::portwise::membership::types::{
+pub(crate) use self::v01::portwise::membership::types::{
     AddressFamily, ContainerPort, Decision as WitDecision, KeyValue, Pod as WitPod, PodCondition,
     Service as WitService, ServicePort, Target as WitTarget, Verdict as WitVerdict,
 };
@@ -50,24 +81,84 @@ fn pairs(map: Option<&BTreeMap<String, String>>) -> Vec<KeyValue<'_>> {
         .collect()
 }
 
-fn protocol(p: Option<&String>) -> &str {
+pub(crate) fn protocol(p: Option<&String>) -> &str {
     match p.map(String::as_str) {
         None | Some("") => "TCP",
         Some(p) => p,
     }
 }
 
-fn pod_status(pod: &Pod) -> Option<&PodStatus> {
+pub(crate) fn pod_status(pod: &Pod) -> Option<&PodStatus> {
     pod.status.as_ref()
 }
 
-fn service_ports(svc: &Service) -> impl Iterator<Item = (&K8sServicePort, u16)> {
+pub(crate) fn service_ports(svc: &Service) -> impl Iterator<Item = (&K8sServicePort, u16)> {
     svc.spec
         .as_ref()
         .and_then(|s| s.ports.as_ref())
         .into_iter()
         .flatten()
         .filter_map(|p| Some((p, u16::try_from(p.port).ok()?)))
+}
+
+/// `podIPs` when set, else the legacy single `podIP`, normalised and
+/// deduplicated; unparsable entries are dropped rather than handed over as
+/// if they were addresses.
+pub(crate) fn pod_ips(pod: &Pod) -> Vec<String> {
+    let status = pod_status(pod);
+    let mut raw: Vec<&str> = status
+        .and_then(|s| s.pod_ips.as_ref())
+        .into_iter()
+        .flatten()
+        .map(|p| p.ip.as_str())
+        .collect();
+    if raw.is_empty()
+        && let Some(ip) = status.and_then(|s| s.pod_ip.as_deref())
+    {
+        raw.push(ip);
+    }
+    let mut ips: Vec<String> = Vec::with_capacity(raw.len());
+    for ip in raw.iter().filter_map(|s| s.trim().parse::<IpAddr>().ok()) {
+        let ip = normalise_ip(ip).to_string();
+        if !ips.contains(&ip) {
+            ips.push(ip);
+        }
+    }
+    ips
+}
+
+/// A Service port's `targetPort` as written (a number or a name).
+pub(crate) fn target_port_text(p: &K8sServicePort, port: u16) -> String {
+    match &p.target_port {
+        Some(IntOrString::Int(n)) => n.to_string(),
+        Some(IntOrString::String(s)) => s.clone(),
+        // The API server defaults targetPort to port.
+        None => port.to_string(),
+    }
+}
+
+/// The ports of all containers, then of restartable init containers
+/// (sidecars), with the container and whether it is a sidecar. Ports
+/// outside u16 are left out.
+pub(crate) fn container_ports(
+    pod: &Pod,
+) -> impl Iterator<Item = (&Container, &K8sContainerPort, u16, bool)> {
+    let spec = pod.spec.as_ref();
+    let regular = spec
+        .into_iter()
+        .flat_map(|s| s.containers.iter())
+        .map(|c| (c, false));
+    let sidecars = spec
+        .and_then(|s| s.init_containers.as_ref())
+        .into_iter()
+        .flatten()
+        .filter(|c| c.restart_policy.as_deref() == Some("Always"))
+        .map(|c| (c, true));
+    regular.chain(sidecars).flat_map(|(container, sidecar)| {
+        container.ports.iter().flatten().filter_map(move |p| {
+            Some((container, p, u16::try_from(p.container_port).ok()?, sidecar))
+        })
+    })
 }
 
 /// The strings the host computes for a call (normalised addresses, target
@@ -84,35 +175,9 @@ pub(crate) struct Computed {
 
 impl Computed {
     pub(crate) fn new(subject: &Subject) -> Self {
-        let status = pod_status(&subject.pod);
-        // `podIPs` when set, else the legacy single `podIP`; unparsable
-        // entries are dropped rather than handed over as if they were
-        // addresses.
-        let mut raw: Vec<&str> = status
-            .and_then(|s| s.pod_ips.as_ref())
-            .into_iter()
-            .flatten()
-            .map(|p| p.ip.as_str())
-            .collect();
-        if raw.is_empty()
-            && let Some(ip) = status.and_then(|s| s.pod_ip.as_deref())
-        {
-            raw.push(ip);
-        }
-        let mut ips: Vec<String> = Vec::with_capacity(raw.len());
-        for ip in raw.iter().filter_map(|s| s.trim().parse::<IpAddr>().ok()) {
-            let ip = normalise_ip(ip).to_string();
-            if !ips.contains(&ip) {
-                ips.push(ip);
-            }
-        }
+        let ips = pod_ips(&subject.pod);
         let target_ports = service_ports(&subject.service)
-            .map(|(p, port)| match &p.target_port {
-                Some(IntOrString::Int(n)) => n.to_string(),
-                Some(IntOrString::String(s)) => s.clone(),
-                // The API server defaults targetPort to port.
-                None => port.to_string(),
-            })
+            .map(|(p, port)| target_port_text(p, port))
             .collect();
         Computed {
             ips,
@@ -149,30 +214,15 @@ impl<'a> Lists<'a> {
             })
             .collect();
 
-        let mut container_ports = Vec::new();
-        if let Some(spec) = &pod.spec {
-            let regular = spec.containers.iter().map(|c| (c, false));
-            let sidecars = spec
-                .init_containers
-                .iter()
-                .flatten()
-                .filter(|c| c.restart_policy.as_deref() == Some("Always"))
-                .map(|c| (c, true));
-            for (container, sidecar) in regular.chain(sidecars) {
-                for p in container.ports.iter().flatten() {
-                    let Ok(port) = u16::try_from(p.container_port) else {
-                        continue;
-                    };
-                    container_ports.push(ContainerPort {
-                        container: &container.name,
-                        name: p.name.as_deref().filter(|n| !n.is_empty()),
-                        port,
-                        protocol: protocol(p.protocol.as_ref()),
-                        sidecar,
-                    });
-                }
-            }
-        }
+        let container_ports = container_ports(pod)
+            .map(|(container, p, port, sidecar)| ContainerPort {
+                container: &container.name,
+                name: p.name.as_deref().filter(|n| !n.is_empty()),
+                port,
+                protocol: protocol(p.protocol.as_ref()),
+                sidecar,
+            })
+            .collect();
 
         let service_ports = service_ports(svc)
             .zip(&computed.target_ports)
@@ -252,6 +302,32 @@ pub(crate) fn target<'a>(subject: &'a Subject, computed: &'a Computed) -> WitTar
             Family::V6 => AddressFamily::Ipv6,
         },
         address: &computed.address,
+    }
+}
+
+/// The 0.2 target: the same facts as [`target`], in 0.2's types, with the
+/// normalised address computed by the caller (0.2 needs nothing else of
+/// [`Computed`]).
+pub(crate) fn target_v02<'a>(
+    subject: &'a Subject,
+    address: &'a str,
+) -> v02::portwise::membership::types::Target<'a> {
+    use v02::portwise::membership::types::{AddressFamily as Family02, Target};
+    let port = &subject.port;
+    Target {
+        port_name: &port.name,
+        service_port: u16::try_from(port.port).unwrap_or(0),
+        target_port: port.target,
+        protocol: if port.protocol.is_empty() {
+            "TCP"
+        } else {
+            &port.protocol
+        },
+        family: match subject.family {
+            Family::V4 => Family02::Ipv4,
+            Family::V6 => Family02::Ipv6,
+        },
+        address,
     }
 }
 

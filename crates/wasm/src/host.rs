@@ -31,7 +31,7 @@ use wasmtime_wasi::{
 
 use crate::bindings::{
     HttpRequest, WitHttpResponse, WitLevel, WitProbeError, normalise_ip,
-    portwise::membership::{log, probes, types},
+    v01::portwise::membership::{log, probes, types},
 };
 use crate::{Limits, failures::FailureKind, failures::ModuleCounters};
 use portwise_probe as probe;
@@ -111,7 +111,7 @@ impl Default for CallState {
 /// The `T` of every `Store<T>`.
 pub(crate) struct HostState {
     wasi: WasiCtx,
-    table: ResourceTable,
+    pub(crate) table: ResourceTable,
     pub limiter: MemoryLimiter,
     pub call: CallState,
     pub stdout: Capture,
@@ -232,7 +232,7 @@ impl HostState {
         }
     }
 
-    fn deny(&mut self, why: String) -> WitProbeError {
+    fn deny(&mut self, why: String) -> ProbeFailure {
         self.call.denied_probes += 1;
         self.counters.fail(FailureKind::DeniedProbe);
         let l = &self.call.labels;
@@ -241,7 +241,7 @@ impl HostState {
             module = %l.module, service = %l.service(), pod = %l.pod(), port = %l.port,
             "probe denied: {why}"
         );
-        WitProbeError::Denied(why)
+        ProbeFailure::Denied(why)
     }
 
     fn timeout(&self, timeout_ms: u32) -> Duration {
@@ -254,62 +254,91 @@ impl HostState {
         }
     }
 
+    /// The `pod-ready` import: the pod's Ready condition, or true when
+    /// readiness yields to the Service's `publishNotReadyAddresses`, exactly
+    /// as the built-in `podReady` decides. False during validate-config.
+    pub(crate) fn call_pod_ready(&self) -> bool {
+        let (Some(service), Some(pod)) = (&self.call.labels.service, &self.call.labels.pod) else {
+            return false;
+        };
+        portwise_core::membership::facts::pod_ready_in(service, pod).decision
+            == portwise_core::membership::Decision::Include
+    }
+
     /// The guest waited for the host: that time is not the guest's compute.
     fn credit(&mut self, waited: Duration) {
         self.call.compute_deadline += waited;
     }
 }
 
-fn wit_error(e: probe::ProbeError) -> WitProbeError {
-    match e {
-        probe::ProbeError::Timeout => WitProbeError::Timeout,
-        probe::ProbeError::Refused => WitProbeError::Refused,
-        // The WIT has no "unreachable" case: the prefix lets a guest tell a
-        // failure on the prober's side from one on the pod's.
-        probe::ProbeError::Unreachable(why) => WitProbeError::Io(format!("unreachable: {why}")),
-        probe::ProbeError::Io(why) => WitProbeError::Io(why),
+/// Why a probe failed, in the terms every WIT version shares.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum ProbeFailure {
+    Timeout,
+    Refused,
+    Denied(String),
+    Io(String),
+}
+
+impl From<probe::ProbeError> for ProbeFailure {
+    fn from(e: probe::ProbeError) -> Self {
+        match e {
+            probe::ProbeError::Timeout => ProbeFailure::Timeout,
+            probe::ProbeError::Refused => ProbeFailure::Refused,
+            // The WIT has no "unreachable" case: the prefix lets a guest tell
+            // a failure on the prober's side from one on the pod's.
+            probe::ProbeError::Unreachable(why) => ProbeFailure::Io(format!("unreachable: {why}")),
+            probe::ProbeError::Io(why) => ProbeFailure::Io(why),
+        }
     }
 }
 
-impl types::Host for HostState {}
-
-impl probes::Host for HostState {
-    async fn max_body_bytes(&mut self) -> u32 {
-        probe::MAX_BODY_BYTES as u32
+impl From<ProbeFailure> for WitProbeError {
+    fn from(e: ProbeFailure) -> Self {
+        match e {
+            ProbeFailure::Timeout => WitProbeError::Timeout,
+            ProbeFailure::Refused => WitProbeError::Refused,
+            ProbeFailure::Denied(why) => WitProbeError::Denied(why),
+            ProbeFailure::Io(why) => WitProbeError::Io(why),
+        }
     }
+}
 
-    async fn http_get(&mut self, request: HttpRequest) -> Result<WitHttpResponse, WitProbeError> {
-        let addr = match self.authorize(&request.host, request.port) {
+impl HostState {
+    /// `GET http://<address>:<port><path>` for the guest, after the checks;
+    /// the one implementation behind every WIT version's `http-get`.
+    pub(crate) async fn probe_http(
+        &mut self,
+        host: &str,
+        port: u16,
+        path: &str,
+        timeout_ms: u32,
+    ) -> Result<probe::HttpResponse, ProbeFailure> {
+        let addr = match self.authorize(host, port) {
             Ok(addr) => addr,
             Err(why) => return Err(self.deny(why)),
         };
-        if request.path.contains(['\r', '\n']) {
-            return Err(self.deny(format!("path {:?} contains CR or LF", request.path)));
+        if path.contains(['\r', '\n']) {
+            return Err(self.deny(format!("path {path:?} contains CR or LF")));
         }
-        if let Err(why) = portwise_core::config::validate_path(&request.path) {
+        if let Err(why) = portwise_core::config::validate_path(path) {
             return Err(self.deny(why));
         }
-        let timeout = self.timeout(request.timeout_ms);
+        let timeout = self.timeout(timeout_ms);
         let started = Instant::now();
-        let result = probe::http_get(addr, &request.path, timeout, probe::MAX_BODY_BYTES).await;
+        let result = probe::http_get(addr, path, timeout, probe::MAX_BODY_BYTES).await;
         self.credit(started.elapsed());
-        match result {
-            Ok(r) => Ok(WitHttpResponse {
-                status: r.status,
-                body: r.body,
-                truncated: r.truncated,
-            }),
-            Err(e) => Err(wit_error(e)),
-        }
+        result.map_err(ProbeFailure::from)
     }
 
-    async fn tcp_dial(
+    /// Opens and closes a TCP connection for the guest, after the checks.
+    pub(crate) async fn probe_tcp(
         &mut self,
-        host: String,
+        host: &str,
         port: u16,
         timeout_ms: u32,
-    ) -> Result<(), WitProbeError> {
-        let addr = match self.authorize(&host, port) {
+    ) -> Result<(), ProbeFailure> {
+        let addr = match self.authorize(host, port) {
             Ok(addr) => addr,
             Err(why) => return Err(self.deny(why)),
         };
@@ -317,12 +346,11 @@ impl probes::Host for HostState {
         let started = Instant::now();
         let result = probe::tcp_dial(addr, timeout).await;
         self.credit(started.elapsed());
-        result.map_err(wit_error)
+        result.map_err(ProbeFailure::from)
     }
-}
 
-impl log::Host for HostState {
-    async fn log(&mut self, level: WitLevel, message: String) {
+    /// The guest's log line, capped in length and per call.
+    pub(crate) fn guest_log(&mut self, level: tracing::Level, message: String) {
         self.call.log_lines += 1;
         if self.call.log_lines > MAX_LOG_LINES_PER_CALL {
             return;
@@ -339,12 +367,63 @@ impl log::Host for HostState {
             };
         }
         match level {
-            WitLevel::Trace => emit!(trace),
-            WitLevel::Debug => emit!(debug),
-            WitLevel::Info => emit!(info),
-            WitLevel::Warn => emit!(warn),
-            WitLevel::Error => emit!(error),
+            tracing::Level::TRACE => emit!(trace),
+            tracing::Level::DEBUG => emit!(debug),
+            tracing::Level::INFO => emit!(info),
+            tracing::Level::WARN => emit!(warn),
+            _ => emit!(error),
         }
+    }
+}
+
+impl types::Host for HostState {}
+
+impl probes::Host for HostState {
+    async fn max_body_bytes(&mut self) -> u32 {
+        probe::MAX_BODY_BYTES as u32
+    }
+
+    async fn http_get(&mut self, request: HttpRequest) -> Result<WitHttpResponse, WitProbeError> {
+        match self
+            .probe_http(
+                &request.host,
+                request.port,
+                &request.path,
+                request.timeout_ms,
+            )
+            .await
+        {
+            Ok(r) => Ok(WitHttpResponse {
+                status: r.status,
+                body: r.body,
+                truncated: r.truncated,
+            }),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    async fn tcp_dial(
+        &mut self,
+        host: String,
+        port: u16,
+        timeout_ms: u32,
+    ) -> Result<(), WitProbeError> {
+        self.probe_tcp(&host, port, timeout_ms)
+            .await
+            .map_err(Into::into)
+    }
+}
+
+impl log::Host for HostState {
+    async fn log(&mut self, level: WitLevel, message: String) {
+        let level = match level {
+            WitLevel::Trace => tracing::Level::TRACE,
+            WitLevel::Debug => tracing::Level::DEBUG,
+            WitLevel::Info => tracing::Level::INFO,
+            WitLevel::Warn => tracing::Level::WARN,
+            WitLevel::Error => tracing::Level::ERROR,
+        };
+        self.guest_log(level, message);
     }
 }
 

@@ -47,6 +47,7 @@ mod engine;
 mod failures;
 mod host;
 mod modules;
+mod resources;
 
 use std::{
     path::{Path, PathBuf},
@@ -170,6 +171,9 @@ pub struct ModuleInfo {
     pub compiled: CompileSource,
     /// Time to gunzip (`.wasm.gz`) and compile, or load from the cache.
     pub load_time: Duration,
+    /// The `portwise:membership` version the component was built against
+    /// (`0.1` or `0.2`), chosen by what it exports.
+    pub interface: &'static str,
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -194,6 +194,8 @@ fn core_wat(pool: &[u8], answers: &[Answer]) -> String {
     let n = answers.len();
     format!(
         r#"(module
+  (import "portwise:membership/types@0.2.0" "[resource-drop]service" (func $drop_service (param i32)))
+  (import "portwise:membership/types@0.2.0" "[resource-drop]pod" (func $drop_pod (param i32)))
   (memory (export "memory") 2)
   (global $bump (mut i32) (i32.const {HEAP}))
   (func (export "cabi_realloc") (param $old i32) (param $old_size i32) (param $align i32) (param $size i32) (result i32)
@@ -208,12 +210,19 @@ fn core_wat(pool: &[u8], answers: &[Answer]) -> String {
                                   (i32.const 1)))))
     (global.set $bump (local.get $end))
     (local.get $p))
-  (func (export "portwise:membership/checker@0.1.0#validate-config") (param i32 i32) (result i32)
+  (func (export "portwise:membership/checker@0.2.0#validate-config") (param i32 i32) (result i32)
     (global.set $bump (i32.const {HEAP}))
     (i32.const {OK_AREA}))
-  (func (export "portwise:membership/checker@0.1.0#check") (param $args i32) (result i32)
+  ;; 0.2's check flattens to 13 parameters: config (pointer, length), the
+  ;; service and pod handles, then the target record's fields.
+  (func (export "portwise:membership/checker@0.2.0#check")
+    (param $config i32) (param $config_len i32) (param $service i32) (param $pod i32)
+    (param i32 i32 i32 i32 i32 i32 i32 i32 i32) (result i32)
     (local $k i32)
-    (local.set $k (i32.sub (i32.load offset=4 (local.get $args)) (i32.const 2)))
+    ;; Borrowed handles must be given back before the call returns.
+    (call $drop_service (local.get $service))
+    (call $drop_pod (local.get $pod))
+    (local.set $k (i32.sub (local.get $config_len) (i32.const 2)))
     (global.set $bump (i32.const {HEAP}))
     (i32.load (i32.add (i32.const {TABLE})
                        (i32.shl (i32.rem_u (local.get $k) (i32.const {n})) (i32.const 2)))))

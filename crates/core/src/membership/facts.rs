@@ -3,6 +3,8 @@
 //! `portwise-checkers` wrap them and the controller's decisions can be
 //! tested without any checker tree.
 
+use k8s_openapi::api::core::v1::{Pod, Service};
+
 use super::{Subject, Verdict};
 use crate::config::KeySource;
 
@@ -14,8 +16,11 @@ use crate::config::KeySource;
 /// `notTerminating`, constants, guests) still decide: they say which pods
 /// belong to a port, not whether they are ready.
 pub fn readiness_yields(subject: &Subject) -> bool {
-    subject
-        .service
+    publishes_not_ready(&subject.service)
+}
+
+fn publishes_not_ready(service: &Service) -> bool {
+    service
         .spec
         .as_ref()
         .and_then(|s| s.publish_not_ready_addresses)
@@ -25,11 +30,16 @@ pub fn readiness_yields(subject: &Subject) -> bool {
 /// `podReady`: the pod's `Ready` condition is `True`, or readiness yields
 /// ([`readiness_yields`]).
 pub fn pod_ready(subject: &Subject) -> Verdict {
-    if readiness_yields(subject) {
+    pod_ready_in(&subject.service, &subject.pod)
+}
+
+/// [`pod_ready`] for a pod and Service without a port: what a guest's
+/// `pod-ready` import answers.
+pub fn pod_ready_in(service: &Service, pod: &Pod) -> Verdict {
+    if publishes_not_ready(service) {
         return Verdict::include().because("podReady: the Service publishes not-ready addresses");
     }
-    let ready = subject
-        .pod
+    let ready = pod
         .status
         .as_ref()
         .and_then(|s| s.conditions.as_ref())

@@ -5,10 +5,13 @@
 
 use wasmtime::Trap;
 
-use super::{CheckerSpec, Failure, ModuleVersion, Runtime, pool::Ready};
+use super::{
+    CheckerSpec, Failure, ModuleVersion, Runtime,
+    pool::{Guest, Ready},
+};
 use crate::{
     Limits,
-    bindings::{self, WitDecision, WitPod, WitService, WitTarget, WitVerdict},
+    bindings::{self, WitDecision, WitVerdict, v02::portwise::membership::types as v02types},
     failures::FailureKind,
     host::{CallLabels, HostState},
     truncate,
@@ -50,23 +53,32 @@ impl ModuleVersion {
         };
         ready.store.data_mut().begin_call(None, labels);
         ready.store.set_epoch_deadline(1);
-        let call = ready
-            .guest
-            .portwise_membership_checker()
-            .call_validate_config(&mut ready.store, config);
+        let call = async {
+            match &ready.guest {
+                Guest::V01(g) => {
+                    g.portwise_membership_checker()
+                        .call_validate_config(&mut ready.store, config)
+                        .await
+                }
+                Guest::V02(g) => {
+                    g.portwise_membership_checker()
+                        .call_validate_config(&mut ready.store, config)
+                        .await
+                }
+            }
+        };
         let outcome = tokio::time::timeout(rt.limits.call_timeout, call).await;
         self.settle(ready, outcome, rt)
     }
 
+    /// One `check` on an instance of either WIT version: 0.1 gets the pod
+    /// and Service as records, 0.2 as handles to views of them.
     async fn call_check(
         &self,
         rt: &Runtime,
         config: &str,
         subject: &Subject,
-        service: WitService<'_>,
-        pod: WitPod<'_>,
-        target: WitTarget<'_>,
-    ) -> Result<WitVerdict, Failure> {
+    ) -> Result<Verdict, Failure> {
         let labels = CallLabels {
             module: self.label.clone(),
             service: Some(subject.service.clone()),
@@ -83,14 +95,52 @@ impl ModuleVersion {
             .data_mut()
             .begin_call(Some(subject.address), labels);
         ready.store.set_epoch_deadline(1);
-        let call = ready.guest.portwise_membership_checker().call_check(
-            &mut ready.store,
-            config,
-            service,
-            pod,
-            target,
-        );
-        let outcome = tokio::time::timeout(rt.limits.call_timeout, call).await;
+        let max_reason = rt.limits.max_reason_bytes;
+        let outcome = match &ready.guest {
+            Guest::V01(g) => {
+                let computed = bindings::Computed::new(subject);
+                let lists = bindings::Lists::new(subject, &computed);
+                let call = g.portwise_membership_checker().call_check(
+                    &mut ready.store,
+                    config,
+                    bindings::service(&subject.service, &lists),
+                    bindings::pod(&subject.pod, &lists),
+                    bindings::target(subject, &computed),
+                );
+                tokio::time::timeout(rt.limits.call_timeout, call)
+                    .await
+                    .map(|r| r.map(|v| verdict_v01(v, max_reason)))
+            }
+            Guest::V02(g) => {
+                let (pod, service) = match ready
+                    .store
+                    .data_mut()
+                    .begin_views(subject.pod.clone(), subject.service.clone())
+                {
+                    Ok(handles) => handles,
+                    Err(e) => {
+                        return Err(Failure::new(
+                            FailureKind::Trap,
+                            format!("cannot hand over the pod: {e:#}"),
+                        ));
+                    }
+                };
+                let (pod_rep, service_rep) = (pod.rep(), service.rep());
+                let address = bindings::normalise_ip(subject.address).to_string();
+                let call = g.portwise_membership_checker().call_check(
+                    &mut ready.store,
+                    config,
+                    service,
+                    pod,
+                    bindings::target_v02(subject, &address),
+                );
+                let outcome = tokio::time::timeout(rt.limits.call_timeout, call)
+                    .await
+                    .map(|r| r.map(|v| verdict_v02(v, max_reason)));
+                ready.store.data_mut().end_views(pod_rep, service_rep);
+                outcome
+            }
+        };
         self.settle(ready, outcome, rt)
     }
 
@@ -160,11 +210,23 @@ pub(super) fn classify(e: &wasmtime::Error, state: &HostState, limits: &Limits) 
     }
 }
 
-fn verdict(answer: WitVerdict, max_reason: usize) -> Verdict {
+fn verdict_v01(answer: WitVerdict, max_reason: usize) -> Verdict {
     let decision = match answer.decision {
         WitDecision::Include => Decision::Include,
         WitDecision::Exclude => Decision::Exclude,
         WitDecision::Abstain => Decision::Abstain,
+    };
+    Verdict {
+        decision,
+        reason: answer.reason.map(|r| truncate(r, max_reason)),
+    }
+}
+
+fn verdict_v02(answer: v02types::Verdict, max_reason: usize) -> Verdict {
+    let decision = match answer.decision {
+        v02types::Decision::Include => Decision::Include,
+        v02types::Decision::Exclude => Decision::Exclude,
+        v02types::Decision::Abstain => Decision::Abstain,
     };
     Verdict {
         decision,
@@ -216,21 +278,12 @@ impl Runtime {
             .validate(self, &spec.config)
             .await
             .map_err(|m| Failure::new(FailureKind::Config, m))?;
-        let computed = bindings::Computed::new(subject);
-        let lists = bindings::Lists::new(subject, &computed);
-        let service = bindings::service(&subject.service, &lists);
-        let pod = bindings::pod(&subject.pod, &lists);
-        let target = bindings::target(subject, &computed);
-        let (pod_name, port_name, address) = (pod.name, target.port_name, target.address);
-        let answer = version
-            .call_check(self, &spec.config, subject, service, pod, target)
-            .await?;
-        let verdict = verdict(answer, self.limits.max_reason_bytes);
+        let verdict = version.call_check(self, &spec.config, subject).await?;
         tracing::debug!(
             module = %spec.module,
-            pod = pod_name,
-            port = port_name,
-            address,
+            pod = subject.pod.metadata.name.as_deref().unwrap_or_default(),
+            port = %subject.port.name,
+            address = %subject.address,
             decision = ?verdict.decision,
             reason = verdict.reason.as_deref().unwrap_or(""),
             "guest verdict"
@@ -245,7 +298,7 @@ mod tests {
 
     #[test]
     fn verdict_reasons_are_truncated_on_a_char_boundary() {
-        let v = verdict(
+        let v = verdict_v01(
             WitVerdict {
                 decision: WitDecision::Include,
                 reason: Some("é".repeat(1000)),

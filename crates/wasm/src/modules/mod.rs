@@ -34,7 +34,7 @@ use wasmtime::{Engine, component::Linker};
 
 use crate::{
     Limits, ModuleEvent, ModuleInfo,
-    bindings::MembershipChecker,
+    bindings::{v01, v02},
     cache::{CodeCache, CompileSource},
     failures::{Counters, FailureKind, ModuleCounters},
     host::HostState,
@@ -130,7 +130,13 @@ impl Runtime {
     ) -> wasmtime::Result<Self> {
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
-        MembershipChecker::add_to_linker::<HostState, wasmtime::component::HasSelf<HostState>>(
+        // Both versions' imports: a component links against whichever it
+        // was built for (their interface names carry the version).
+        v01::MembershipChecker::add_to_linker::<HostState, wasmtime::component::HasSelf<HostState>>(
+            &mut linker,
+            |s| s,
+        )?;
+        v02::MembershipChecker::add_to_linker::<HostState, wasmtime::component::HasSelf<HostState>>(
             &mut linker,
             |s| s,
         )?;

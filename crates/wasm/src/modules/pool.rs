@@ -61,7 +61,7 @@ use wasmtime::{Store, UpdateDeadline};
 use super::{Failure, Runtime, call::classify, serving_runtime};
 use crate::{
     ModuleInfo,
-    bindings::{MembershipChecker, MembershipCheckerPre},
+    bindings::{v01, v02},
     cache::CompileSource,
     engine::ticks,
     failures::{FailureKind, ModuleCounters},
@@ -71,10 +71,32 @@ use crate::{
 /// Compute time an instantiation may take (start functions), at least.
 const INSTANTIATE_BUDGET: Duration = Duration::from_secs(1);
 
+/// Which `portwise:membership` a component was built against, chosen by
+/// what it exports.
+pub(crate) enum GuestPre {
+    V01(v01::MembershipCheckerPre<HostState>),
+    V02(v02::MembershipCheckerPre<HostState>),
+}
+
+impl GuestPre {
+    pub(crate) fn interface(&self) -> &'static str {
+        match self {
+            GuestPre::V01(_) => "0.1",
+            GuestPre::V02(_) => "0.2",
+        }
+    }
+}
+
+/// An instantiated guest of either version.
+pub(super) enum Guest {
+    V01(v01::MembershipChecker),
+    V02(v02::MembershipChecker),
+}
+
 /// An instance ready for a call.
 pub(super) struct Ready {
     pub(super) store: Store<HostState>,
-    pub(super) guest: MembershipChecker,
+    pub(super) guest: Guest,
     /// The runtime that created it and alone may call it again; `None` for
     /// instances made on this crate's own runtimes, which are not reused.
     runtime: Option<runtime::Id>,
@@ -94,7 +116,7 @@ pub(crate) struct ModuleVersion {
     pub size: usize,
     pub compiled: CompileSource,
     pub load_time: Duration,
-    pub(super) pre: MembershipCheckerPre<HostState>,
+    pub(super) pre: GuestPre,
     pub(super) idle: Mutex<Vec<Ready>>,
     pub(super) validated: Mutex<HashMap<String, Result<(), String>>>,
     pub(super) counters: Arc<ModuleCounters>,
@@ -118,6 +140,7 @@ impl ModuleVersion {
             size: self.size,
             compiled: self.compiled,
             load_time: self.load_time,
+            interface: self.pre.interface(),
         }
     }
 
@@ -200,11 +223,13 @@ impl ModuleVersion {
         store.data_mut().call.compute_deadline =
             Instant::now() + rt.limits.deadline.max(INSTANTIATE_BUDGET);
         store.set_epoch_deadline(1);
-        let outcome = tokio::time::timeout(
-            rt.limits.call_timeout,
-            self.pre.instantiate_async(&mut store),
-        )
-        .await;
+        let instantiate = async {
+            match &self.pre {
+                GuestPre::V01(pre) => pre.instantiate_async(&mut store).await.map(Guest::V01),
+                GuestPre::V02(pre) => pre.instantiate_async(&mut store).await.map(Guest::V02),
+            }
+        };
+        let outcome = tokio::time::timeout(rt.limits.call_timeout, instantiate).await;
         store.data().flush_output();
         match outcome {
             Ok(Ok(guest)) => Ok(Ready {

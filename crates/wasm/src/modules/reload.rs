@@ -15,12 +15,14 @@ use std::{
 use super::{
     ModuleVersion, Runtime,
     decode::{check_header, gunzip, is_gzipped, is_module_file, sha256_hex},
+    pool::GuestPre,
 };
 use crate::{
     ModuleInfo,
-    bindings::MembershipCheckerPre,
+    bindings::{v01, v02},
     cache::{CompileSource, Loaded},
     failures::FailureKind,
+    host::HostState,
     truncate,
 };
 
@@ -94,9 +96,7 @@ impl Runtime {
             .linker
             .instantiate_pre(&component)
             .map_err(|e| format!("imports something portwise does not provide: {e:#}"))?;
-        let pre = MembershipCheckerPre::new(instance_pre).map_err(|e| {
-            format!("not a portwise membership checker (world portwise:membership/membership-checker@0.1.x): {e:#}")
-        })?;
+        let pre = guest_pre(instance_pre)?;
         let version = ModuleVersion {
             name: name.to_string(),
             label: name.into(),
@@ -188,8 +188,9 @@ impl Runtime {
             CompileSource::Cached => "loaded from the compiled-code cache",
         };
         let mut message = format!(
-            "module {name} (sha256 {}) {how} in {:.1} ms and serving",
+            "module {name} (sha256 {}, portwise:membership@{}) {how} in {:.1} ms and serving",
             &sha256[..12],
+            version.pre.interface(),
             version.load_time.as_secs_f64() * 1000.0
         );
         if let Some(why) = rejected {
@@ -303,4 +304,31 @@ impl Runtime {
             }
         }
     }
+}
+
+/// The exports a 0.1 and a 0.2 checker have; semver-compatible patch
+/// versions (`@0.2.3`) are found by wasmtime's export lookup too.
+const CHECKER_0_2: &str = "portwise:membership/checker@0.2.0";
+const CHECKER_0_1: &str = "portwise:membership/checker@0.1.0";
+
+/// Picks the WIT version by what the component exports: 0.2 if it exports
+/// the 0.2 checker, else 0.1; anything else is not a membership checker.
+fn guest_pre(
+    instance_pre: wasmtime::component::InstancePre<HostState>,
+) -> Result<GuestPre, String> {
+    let component = instance_pre.component();
+    if component.get_export_index(None, CHECKER_0_2).is_some() {
+        return v02::MembershipCheckerPre::new(instance_pre)
+            .map(GuestPre::V02)
+            .map_err(|e| format!("exports {CHECKER_0_2} but not as portwise defines it: {e:#}"));
+    }
+    if component.get_export_index(None, CHECKER_0_1).is_some() {
+        return v01::MembershipCheckerPre::new(instance_pre)
+            .map(GuestPre::V01)
+            .map_err(|e| format!("exports {CHECKER_0_1} but not as portwise defines it: {e:#}"));
+    }
+    Err(format!(
+        "not a portwise membership checker: exports neither {CHECKER_0_2} nor {CHECKER_0_1} \
+         (build it against wit/membership.wit, world membership-checker)"
+    ))
 }
