@@ -56,6 +56,10 @@ fn plan(module: &str) -> (Value, &'static str) {
             json!({"annotation": "portwise.example.com/ports"}),
             "port not listed",
         ),
+        "go-zone-check.wasm" => (
+            json!({"zones": ["eu-1a"], "probe": "none"}),
+            "no zone label",
+        ),
         _ => (Value::Null, "unknown guest"),
     }
 }

@@ -1,4 +1,4 @@
-//! The Python, JavaScript and C example guests, run through the real host
+//! The Python, JavaScript, C and Go example guests, run through the real host
 //! runtime against real listeners on 127.0.0.1.
 //!
 //! The guests are built by `guests/build` (which runs `guests/build-polyglot`)
@@ -19,6 +19,7 @@ use std::{
     collections::BTreeMap,
     net::{IpAddr, Ipv4Addr, SocketAddr},
     path::Path,
+    sync::Arc,
 };
 
 use k8s_openapi::{
@@ -429,6 +430,171 @@ async fn c_port_names_rejects_bad_config() {
     .await;
 }
 
+// --- Go: zone label + TCP dial / HTTP GET -----------------------------------
+
+const GO: &str = "go-zone-check.wasm";
+const ZONE: &str = "topology.kubernetes.io/zone";
+const ZONES: &str = "portwise.example.com/zones";
+
+/// `s` with its Service annotated.
+fn with_service_annotations(mut s: Subject, annotations: &[(&str, &str)]) -> Subject {
+    let mut service = (*s.service).clone();
+    service.metadata.annotations = kv(annotations);
+    s.service = Arc::new(service);
+    s
+}
+
+/// A TCP listener on 127.0.0.1 that accepts connections and never answers:
+/// an HTTP GET to it times out.
+async fn silent_listener() -> SocketAddr {
+    let listener = TcpListener::bind((LOCALHOST, 0)).await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((conn, _)) = listener.accept().await {
+            held.push(conn);
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn go_zone_check_verdicts() {
+    let rt = runtime_with(GO).await;
+    let open = tcp_listener().await;
+    let closed = closed_port().await;
+    let eu1a = [(ZONE, "eu-1a")];
+
+    // TCP dial (the default probe) once the zone matches.
+    let c = checker(
+        &rt,
+        GO,
+        json!({"zones": ["eu-1a", "eu-1b"], "timeoutMs": 500}),
+    )
+    .await;
+    let v = c.check(&subject(&eu1a, &[], "http", open.port())).await;
+    assert_verdict(
+        &v,
+        Decision::Include,
+        &format!("zone eu-1a, port {} accepts TCP", open.port()),
+    );
+    let v = c.check(&subject(&eu1a, &[], "http", closed)).await;
+    assert_verdict(&v, Decision::Exclude, "TCP dial: connection refused");
+    let v = c
+        .check(&subject(&[(ZONE, "us-2")], &[], "http", open.port()))
+        .await;
+    assert_verdict(
+        &v,
+        Decision::Exclude,
+        "zone us-2 not in [eu-1a eu-1b] (config)",
+    );
+    // The zone is a label: the same key as an annotation does not count.
+    let v = c.check(&subject(&[], &eu1a, "http", open.port())).await;
+    assert_verdict(
+        &v,
+        Decision::Exclude,
+        "pod has no label topology.kubernetes.io/zone",
+    );
+
+    // The Service's annotation, when present, replaces the configured zones.
+    let c = checker(
+        &rt,
+        GO,
+        json!({"zones": ["eu-1a"], "serviceAnnotation": ZONES, "probe": "none", "zoneLabel": "zone"}),
+    )
+    .await;
+    let us2 = [("zone", "us-2")];
+    let annotated = |labels: &[(&str, &str)]| {
+        with_service_annotations(
+            subject(labels, &[], "http", closed),
+            &[(ZONES, " us-1, us-2 ")],
+        )
+    };
+    let v = c.check(&annotated(&us2)).await;
+    assert_verdict(&v, Decision::Include, "zone us-2");
+    let v = c.check(&annotated(&[("zone", "eu-1a")])).await;
+    assert_verdict(
+        &v,
+        Decision::Exclude,
+        "zone eu-1a not in [us-1 us-2] (Service annotation portwise.example.com/zones)",
+    );
+    let v = c.check(&subject(&us2, &[], "http", closed)).await;
+    assert_verdict(&v, Decision::Exclude, "zone us-2 not in [eu-1a] (config)");
+    let v = c
+        .check(&subject(&[("zone", "eu-1a")], &[], "http", closed))
+        .await;
+    assert_verdict(&v, Decision::Include, "zone eu-1a");
+
+    // HTTP GET: 2xx includes, another status excludes, a timeout abstains.
+    let healthy = http_listener("/healthz", 200).await;
+    let sick = http_listener("/healthz", 503).await;
+    let silent = silent_listener().await;
+    let c = checker(
+        &rt,
+        GO,
+        json!({"zones": ["eu-1a"], "probe": "http", "timeoutMs": 300}),
+    )
+    .await;
+    let v = c.check(&subject(&eu1a, &[], "http", healthy.port())).await;
+    assert_verdict(
+        &v,
+        Decision::Include,
+        &format!("GET /healthz on port {}: 200", healthy.port()),
+    );
+    let v = c.check(&subject(&eu1a, &[], "http", sick.port())).await;
+    assert_verdict(&v, Decision::Exclude, "503");
+    let v = c.check(&subject(&eu1a, &[], "http", silent.port())).await;
+    assert_verdict(&v, Decision::Abstain, "GET /healthz: timeout");
+    let v = c.check(&subject(&eu1a, &[], "http", closed)).await;
+    assert_verdict(&v, Decision::Exclude, "refused");
+    let ready = http_listener("/ready", 204).await;
+    let c = checker(
+        &rt,
+        GO,
+        json!({"zones": ["eu-1a"], "probe": "http", "path": "/ready"}),
+    )
+    .await;
+    let v = c.check(&subject(&eu1a, &[], "http", ready.port())).await;
+    assert_verdict(&v, Decision::Include, "GET /ready");
+}
+
+#[tokio::test]
+async fn go_zone_check_rejects_bad_config() {
+    let rt = runtime_with(GO).await;
+    assert_rejects(&rt, GO, Value::Null, "config is required").await;
+    assert_rejects(&rt, GO, json!([1]), "must be a JSON object").await;
+    assert_rejects(&rt, GO, json!({"zones": []}), "at least one zone").await;
+    assert_rejects(
+        &rt,
+        GO,
+        json!({"zones": ["a"], "zone": "a"}),
+        "unknown config key \"zone\" (known: zoneLabel,",
+    )
+    .await;
+    assert_rejects(
+        &rt,
+        GO,
+        json!({"zones": ["a"], "probe": "udp"}),
+        "probe \"udp\"",
+    )
+    .await;
+    assert_rejects(
+        &rt,
+        GO,
+        json!({"zones": ["a"], "timeoutMs": 0}),
+        "timeoutMs 0: want 1..10000",
+    )
+    .await;
+    assert_rejects(
+        &rt,
+        GO,
+        json!({"zones": ["a"], "path": "/x"}),
+        "path is only for probe \"http\"",
+    )
+    .await;
+    assert_rejects(&rt, GO, json!({"zones": "a"}), "cannot unmarshal").await;
+}
+
 // --- every guest: many calls on reused instances ----------------------------
 
 /// Thousands of checks with a large pod (30 labels, 30 annotations) on the
@@ -442,6 +608,7 @@ async fn guests_stay_correct_over_many_calls() {
         .map(|i| (format!("l{i}.example.com/k"), "v".repeat(40)))
         .collect();
     labels.push(("tier".into(), "frontend".into()));
+    labels.push((ZONE.into(), "eu-1a".into()));
     let annotations: Vec<(String, String)> = (0..30)
         .map(|i| (format!("a{i}.example.com/k"), "w".repeat(200)))
         .chain([(PORTS.into(), "http".into())])
@@ -459,6 +626,7 @@ async fn guests_stay_correct_over_many_calls() {
         (C, json!({"annotation": PORTS}), 8080, 5000),
         (JS, json!({"timeoutMs": 500}), open.port(), 1000),
         (PY, json!({"tiers": ["frontend"]}), healthy.port(), 300),
+        (GO, json!({"zones": ["eu-1a"]}), open.port(), 3000),
     ] {
         let rt = runtime_with(module).await;
         let c = checker(&rt, module, config).await;
