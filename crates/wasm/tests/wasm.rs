@@ -688,7 +688,13 @@ async fn a_component_for_another_world_is_refused() {
         message.contains("not a portwise membership checker"),
         "{message}"
     );
-    assert!(message.contains("portwise:membership/checker"), "{message}");
+    // Both versions the host serves are named, so the author knows what
+    // to build against.
+    assert!(
+        message.contains("portwise:membership/checker@0.2.0")
+            && message.contains("portwise:membership/checker@0.1.0"),
+        "{message}"
+    );
     match h
         .rt
         .checker_async("wrong-world.wasm", &Value::Null, None)
@@ -1634,5 +1640,85 @@ async fn a_memory_limit_above_the_runtimes_ceiling_is_refused_by_name() {
     assert!(
         e.contains("limits.memoryMiB 64") && e.contains("ceiling of 48 MiB"),
         "{e}"
+    );
+}
+
+/// The 0.1 component kept byte for byte (tests/fixtures/README.md).
+const FIXTURE_0_1: &str = "admin-check-0.1.wasm";
+const FIXTURE_0_1_SHA256: &str = "b1ef0463fa9e5716b65139f88a48c87ff2e8cd09813855f43032201addd8142a";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_0_1_guest_serves_next_to_0_2_guests_in_one_modules_dir() {
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(FIXTURE_0_1);
+    let bytes = fs::read(&fixture).unwrap();
+    assert_eq!(
+        hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&bytes)),
+        FIXTURE_0_1_SHA256,
+        "the 0.1 fixture changed: it must stay the component built in 0.1 days"
+    );
+    let dir = TempDir::new("mixed");
+    fs::write(dir.path().join(FIXTURE_0_1), &bytes).unwrap();
+    for name in ["admin-check.wasm", "ready-role.wasm"] {
+        fs::copy(guest(name), dir.path().join(name)).unwrap();
+    }
+    let cache = TempDir::new("cache");
+    let rt = dir_runtime(dir.path(), &cache);
+    rt.rescan().await;
+    let mut served: Vec<(String, &str)> = rt
+        .modules()
+        .into_iter()
+        .map(|m| (m.module, m.interface))
+        .collect();
+    served.sort();
+    assert_eq!(
+        served,
+        [
+            (FIXTURE_0_1.to_string(), "0.1"),
+            ("admin-check.wasm".to_string(), "0.2"),
+            ("ready-role.wasm".to_string(), "0.2"),
+        ]
+    );
+
+    // The same checker built against both versions answers alike: the mark
+    // (a label the 0.2 guest reads by key, the 0.1 guest from the whole
+    // list), a dial that connects, a dial that is refused.
+    let config = json!({"key": "example.com/admin", "timeoutMs": 500});
+    let old = rt.checker_async(FIXTURE_0_1, &config, None).await.unwrap();
+    let new = rt
+        .checker_async("admin-check.wasm", &config, None)
+        .await
+        .unwrap();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let open = listener.local_addr().unwrap().port();
+    let cases = [
+        (
+            subject(LOCAL, closed_port(), &[("example.com/admin", "yes")]),
+            Decision::Include,
+        ),
+        (subject(LOCAL, open, &[]), Decision::Include),
+        (subject(LOCAL, closed_port(), &[]), Decision::Exclude),
+    ];
+    for (s, want) in &cases {
+        let (a, b) = (old.check(s).await, new.check(s).await);
+        assert_eq!(a.decision, *want, "0.1: {a:?}");
+        assert_eq!(b.decision, *want, "0.2: {b:?}");
+    }
+    // A 0.2 guest with a probe, in the same runtime.
+    let server = http_server().await;
+    let role = rt
+        .checker_async("ready-role.wasm", &json!({"roles": ["primary"]}), None)
+        .await
+        .unwrap();
+    assert_verdict(
+        &role.check(&subject(server.ip(), server.port(), &[])).await,
+        Decision::Include,
+        "role primary",
+    );
+    assert!(
+        rt.failures().iter().all(|f| f.count == 0),
+        "{:?}",
+        rt.failures()
     );
 }
