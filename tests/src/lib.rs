@@ -36,6 +36,7 @@ mod observe;
 mod ops;
 pub mod partition;
 mod portwise;
+pub mod registry;
 mod scenario;
 mod writes;
 

@@ -86,9 +86,31 @@ pub struct Config {
     /// Where `wasm` checkers are loaded from.
     #[serde(default)]
     pub modules_dir: Option<PathBuf>,
+    /// Credentials for `oci://` modules: a Docker config JSON
+    /// (`~/.docker/config.json`, the `.dockerconfigjson` of a
+    /// `kubernetes.io/dockerconfigjson` Secret). Without it, pulls are
+    /// anonymous.
+    #[serde(default)]
+    pub registry_auth: Option<PathBuf>,
+    /// PEM certificates trusted for registries besides the system's roots
+    /// (a registry behind a private CA).
+    #[serde(default, rename = "registryCA")]
+    pub registry_ca: Option<PathBuf>,
+    /// The largest `oci://` module accepted; a larger layer is refused from
+    /// its manifest, before its download starts. Default 64 MiB.
+    #[serde(default = "default_max_module_bytes")]
+    pub max_module_bytes: u64,
     /// The checker expression deciding membership.
     #[serde(default)]
     pub membership: CheckerExpr,
+}
+
+/// The default `maxModuleBytes`: 64 MiB, 3.5 times the largest example
+/// guest (Python, 18.5 MB).
+pub const DEFAULT_MAX_MODULE_BYTES: u64 = 64 << 20;
+
+fn default_max_module_bytes() -> u64 {
+    DEFAULT_MAX_MODULE_BYTES
 }
 
 fn default_managed_by() -> String {
@@ -252,7 +274,9 @@ fn three() -> u32 {
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct WasmSpec {
     /// A file name inside `modulesDir` (no directories); a `.wasm.gz` is
-    /// gunzipped on load.
+    /// gunzipped on load. Or an OCI artifact,
+    /// `oci://REGISTRY/REPOSITORY@sha256:DIGEST` (optionally `:TAG@sha256:…`),
+    /// pulled at start ([`OciRef`]).
     pub module: String,
     /// Handed to the guest as JSON; `null` when absent.
     #[serde(default)]
@@ -265,6 +289,127 @@ pub struct WasmSpec {
     /// runtime's (`portwise run --guest-deadline`, `--guest-memory-mib`, ...).
     #[serde(default)]
     pub limits: WasmLimits,
+    /// Lets an `oci://` module name a tag without a digest: what runs then
+    /// is whatever the tag points at when portwise starts.
+    #[serde(default)]
+    pub allow_tags: bool,
+}
+
+impl WasmSpec {
+    /// The OCI reference, when `module` is `oci://...` (unvalidated: see
+    /// [`OciRef::parse`]).
+    pub fn oci(&self) -> Option<Result<OciRef, String>> {
+        self.module
+            .starts_with(OCI_SCHEME)
+            .then(|| OciRef::parse(&self.module))
+    }
+}
+
+/// The scheme of a module pulled from an OCI registry.
+pub const OCI_SCHEME: &str = "oci://";
+
+/// `oci://REGISTRY/REPOSITORY[:TAG][@sha256:DIGEST]`, parsed.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct OciRef {
+    /// Host, with its port if any (`registry.example:5000`).
+    pub registry: String,
+    /// `team/checkers/tier-check`: lowercase path components.
+    pub repository: String,
+    pub tag: Option<String>,
+    /// 64 lowercase hex digits: the manifest's sha256.
+    pub digest: Option<String>,
+}
+
+impl OciRef {
+    /// Parses an `oci://` reference. A tag alone is accepted here;
+    /// configuration validation refuses it without `allowTags`.
+    pub fn parse(s: &str) -> Result<OciRef, String> {
+        let rest = s
+            .strip_prefix(OCI_SCHEME)
+            .ok_or_else(|| format!("{s:?} does not start with {OCI_SCHEME}"))?;
+        let (name, digest) = match rest.split_once('@') {
+            Some((name, d)) => {
+                let hex = d.strip_prefix("sha256:").ok_or_else(|| {
+                    format!("digest {d:?} must be sha256:<64 hex digits> (the manifest's digest)")
+                })?;
+                if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+                    return Err(format!(
+                        "digest {d:?} must be sha256:<64 hex digits> (the manifest's digest)"
+                    ));
+                }
+                (name, Some(hex.to_ascii_lowercase()))
+            }
+            None => (rest, None),
+        };
+        let (registry, path) = name.split_once('/').ok_or_else(|| {
+            format!("{s:?} must name a registry and a repository: oci://REGISTRY/REPOSITORY@sha256:DIGEST")
+        })?;
+        if registry.is_empty()
+            || !registry
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b".-:[]".contains(&b))
+        {
+            return Err(format!("{registry:?} is not a registry host[:port]"));
+        }
+        // A ':' after the last '/' starts the tag.
+        let (repository, tag) = match path.rsplit_once(':') {
+            Some((repo, tag)) if !tag.contains('/') => (repo, Some(tag.to_string())),
+            _ => (path, None),
+        };
+        let component_ok = |c: &str| {
+            !c.is_empty()
+                && c.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-".contains(&b))
+                && c.as_bytes()[0].is_ascii_alphanumeric()
+        };
+        if !repository.split('/').all(component_ok) {
+            return Err(format!(
+                "repository {repository:?} must be lowercase path components ([a-z0-9._-], separated by '/')"
+            ));
+        }
+        if let Some(tag) = &tag
+            && (tag.is_empty()
+                || tag.len() > 128
+                || !tag
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+                || tag.starts_with(['.', '-']))
+        {
+            return Err(format!("tag {tag:?} is not a valid OCI tag"));
+        }
+        if tag.is_none() && digest.is_none() {
+            return Err(format!(
+                "{s:?} names neither a digest nor a tag: add @sha256:<manifest digest>"
+            ));
+        }
+        Ok(OciRef {
+            registry: registry.to_string(),
+            repository: repository.to_string(),
+            tag,
+            digest,
+        })
+    }
+
+    /// `REGISTRY/REPOSITORY[:TAG][@sha256:DIGEST]`, as registries' clients
+    /// write references.
+    pub fn reference(&self) -> String {
+        let mut s = format!("{}/{}", self.registry, self.repository);
+        if let Some(t) = &self.tag {
+            s.push(':');
+            s.push_str(t);
+        }
+        if let Some(d) = &self.digest {
+            s.push_str("@sha256:");
+            s.push_str(d);
+        }
+        s
+    }
+}
+
+impl std::fmt::Display for OciRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{OCI_SCHEME}{}", self.reference())
+    }
 }
 
 /// `wasm: {limits: {deadline, callTimeout, memoryMiB, probesPerCall}}`: the
@@ -495,6 +640,9 @@ impl Config {
             publish_legacy_endpoints: false,
             disable_node_lookups: false,
             modules_dir: None,
+            registry_auth: None,
+            registry_ca: None,
+            max_module_bytes: DEFAULT_MAX_MODULE_BYTES,
             membership: CheckerExpr::default(),
         }
     }
@@ -565,6 +713,9 @@ impl Config {
         {
             return Err(root.field("modulesDir").issue("must not be empty"));
         }
+        if self.max_module_bytes == 0 {
+            return Err(root.field("maxModuleBytes").issue("must be at least 1"));
+        }
         self.membership
             .validate(&root.field("membership"), self.modules_dir.is_some())
     }
@@ -633,7 +784,29 @@ impl CheckerExpr {
             }
             CheckerExpr::Wasm(spec) => {
                 let p = path.field("wasm");
-                check_module_file_name(&spec.module).map_err(|m| p.field("module").issue(m))?;
+                let oci = match spec.oci() {
+                    Some(parsed) => Some(parsed.map_err(|m| p.field("module").issue(m))?),
+                    None => {
+                        check_module_file_name(&spec.module)
+                            .map_err(|m| p.field("module").issue(m))?;
+                        None
+                    }
+                };
+                if let Some(r) = &oci
+                    && r.digest.is_none()
+                    && !spec.allow_tags
+                {
+                    return Err(p.field("module").issue(format!(
+                        "{} names a tag without a digest: a tag can move, so what runs would \
+                         depend on when portwise starts; pin it (:{}@sha256:<manifest digest>) \
+                         or set allowTags: true",
+                        spec.module,
+                        r.tag.as_deref().unwrap_or_default()
+                    )));
+                }
+                if spec.allow_tags && oci.is_none() {
+                    return Err(p.field("allowTags").issue("only applies to oci:// modules"));
+                }
                 if let Some(sum) = &spec.sha256
                     && (sum.len() != 64 || !sum.bytes().all(|b| b.is_ascii_hexdigit()))
                 {
@@ -642,7 +815,7 @@ impl CheckerExpr {
                     )));
                 }
                 spec.limits.validate(&p.field("limits"))?;
-                if !has_modules_dir {
+                if oci.is_none() && !has_modules_dir {
                     return Err(p.issue("a wasm checker needs `modulesDir` to be set"));
                 }
                 Ok(())
@@ -1021,6 +1194,7 @@ membership: podReady
                 config: serde_json::json!({"minReplicas": 2}),
                 sha256: None,
                 limits: WasmLimits::default(),
+                allow_tags: false,
             })
         );
         assert_eq!(
@@ -1144,6 +1318,7 @@ membership: podReady
                     config: serde_json::Value::Null,
                     sha256: Some("aB".repeat(32)),
                     limits: WasmLimits::default(),
+                    allow_tags: false,
                 }),
             ),
         ];
@@ -1614,6 +1789,7 @@ membership:
             config: serde_json::Value::Null,
             sha256: None,
             limits: WasmLimits::default(),
+            allow_tags: false,
         })]);
         let e = c.validate().unwrap_err();
         assert_eq!(e.field_path(), Some("membership.all[0].wasm"));
@@ -1653,5 +1829,81 @@ mod abstain_limit_tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("abstainLimit"), "{e}");
+    }
+}
+
+#[cfg(test)]
+mod oci_tests {
+    use super::*;
+
+    fn membership(expr: &str) -> String {
+        format!("serviceKey: {{label: g}}\nmembership: {expr}\n")
+    }
+
+    #[test]
+    fn oci_references_parse() {
+        let d = "AB".repeat(32);
+        let r = OciRef::parse(&format!(
+            "oci://reg.example:5000/team/tier-check:v1@sha256:{d}"
+        ))
+        .unwrap();
+        assert_eq!(r.registry, "reg.example:5000");
+        assert_eq!(r.repository, "team/tier-check");
+        assert_eq!(r.tag.as_deref(), Some("v1"));
+        assert_eq!(r.digest, Some("ab".repeat(32)));
+        assert_eq!(
+            r.to_string(),
+            format!(
+                "oci://reg.example:5000/team/tier-check:v1@sha256:{}",
+                "ab".repeat(32)
+            )
+        );
+        let r = OciRef::parse("oci://10.244.255.1:5000/x:latest").unwrap();
+        assert_eq!((r.tag.as_deref(), r.digest), (Some("latest"), None));
+        for (bad, why) in [
+            ("oci://reg/x", "neither a digest nor a tag"),
+            ("oci://reg/x@sha256:abc", "64 hex digits"),
+            ("oci://reg/x@md5:abc", "sha256:"),
+            ("oci://reg", "registry and a repository"),
+            ("oci://reg/Upper", "lowercase"),
+            ("oci://reg/x:-bad", "not a valid OCI tag"),
+        ] {
+            let e = OciRef::parse(bad).unwrap_err();
+            assert!(e.contains(why), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn oci_modules_need_a_digest_unless_tags_are_allowed_and_no_modules_dir() {
+        let d = "ab".repeat(32);
+        // A digest: valid, without modulesDir.
+        Config::from_yaml(&membership(&format!(
+            "{{wasm: {{module: 'oci://reg.example/x@sha256:{d}'}}}}"
+        )))
+        .unwrap();
+        let e = Config::from_yaml(&membership("{wasm: {module: 'oci://reg.example/x:v1'}}"))
+            .unwrap_err();
+        assert_eq!(e.field_path(), Some("membership.wasm.module"), "{e}");
+        assert!(e.to_string().contains("allowTags"), "{e}");
+        Config::from_yaml(&membership(
+            "{wasm: {module: 'oci://reg.example/x:v1', allowTags: true}}",
+        ))
+        .unwrap();
+        let e = Config::from_yaml(&membership("{wasm: {module: a.wasm, allowTags: true}}"))
+            .unwrap_err();
+        assert_eq!(e.field_path(), Some("membership.wasm.allowTags"), "{e}");
+        let e = Config::from_yaml(&format!("maxModuleBytes: 0\n{}", membership("podReady")))
+            .unwrap_err();
+        assert_eq!(e.field_path(), Some("maxModuleBytes"), "{e}");
+        let c = Config::from_yaml(&format!(
+            "registryAuth: /etc/portwise/registry/config.json\nregistryCA: /ca.pem\n{}",
+            membership("podReady")
+        ))
+        .unwrap();
+        assert_eq!(c.max_module_bytes, DEFAULT_MAX_MODULE_BYTES);
+        assert_eq!(
+            c.registry_auth.as_deref(),
+            Some(Path::new("/etc/portwise/registry/config.json"))
+        );
     }
 }

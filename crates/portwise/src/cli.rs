@@ -172,17 +172,21 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         let _ = server_stop_rx.await;
     }));
 
-    let wasm = match &config.modules_dir {
-        Some(dir) => Some(Arc::new(
+    let wasm_specs = config.membership.wasm_specs();
+    let pulls = wasm_specs.iter().any(|s| s.oci().is_some());
+    let wasm = if config.modules_dir.is_some() || pulls {
+        Some(Arc::new(
             WasmRuntime::new(WasmConfig {
-                modules_dir: Some(dir.clone()),
+                oci: oci_config(&config),
+                modules_dir: config.modules_dir.clone(),
                 cache_dir: Some(args.cache_dir.clone().unwrap_or_else(default_cache_dir)),
                 watch: true,
                 limits: runtime_limits(&config.membership, &args),
             })
             .context("cannot start the WebAssembly runtime")?,
-        )),
-        None => None,
+        ))
+    } else {
+        None
     };
 
     if let Some(rt) = &wasm {
@@ -193,6 +197,15 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             unfenced.clone(),
             config.managed_by.clone(),
         );
+        // oci:// modules, before the checker tree that uses them is built;
+        // failures went to the Events and metrics above, and a checker on
+        // a module that did not pull is refused with the reason.
+        for (module, result) in rt.pull(&wasm_specs).await {
+            match result {
+                Ok(info) => info!(%module, sha256 = %info.sha256, "pulled module serving"),
+                Err(e) => error!(%module, "{e}"),
+            }
+        }
     }
 
     let identity = ops::leader::identity(args.identity.as_deref());
@@ -267,6 +280,16 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             error!(error = %e, "controller failed");
             Err(e.into())
         }
+    }
+}
+
+/// How `oci://` modules are pulled, from the configuration file.
+fn oci_config(config: &Config) -> portwise_wasm::OciConfig {
+    portwise_wasm::OciConfig {
+        auth_file: config.registry_auth.clone(),
+        ca_file: config.registry_ca.clone(),
+        max_module_bytes: config.max_module_bytes,
+        ..Default::default()
     }
 }
 
@@ -447,9 +470,11 @@ pub async fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
         _ => bail!("give the Service with --service FILE or --service-name NAME"),
     };
 
+    let mut oci = portwise_wasm::OciConfig::default();
     let (expr, modules_dir): (CheckerExpr, Option<PathBuf>) = if let Some(path) = &args.config {
         let cfg = Config::load(path)
             .with_context(|| format!("invalid configuration {}", path.display()))?;
+        oci = oci_config(&cfg);
         (cfg.membership.clone(), cfg.modules_dir.clone())
     } else if let Some(e) = &args.expr {
         let expr: CheckerExpr = serde_saphyr::from_str(e).context("invalid --expr")?;
@@ -479,6 +504,7 @@ pub async fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
                 config,
                 sha256: None,
                 limits: Default::default(),
+                allow_tags: false,
             }),
             Some(dir),
         )
@@ -486,9 +512,12 @@ pub async fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
         (CheckerExpr::default(), None)
     };
 
-    let runtime = match modules_dir {
-        Some(dir) => Some(WasmRuntime::new(WasmConfig {
-            modules_dir: Some(dir),
+    let pulls = expr.wasm_specs().iter().any(|s| s.oci().is_some());
+    let runtime = match (modules_dir, pulls) {
+        (None, false) => None,
+        (dir, _) => Some(WasmRuntime::new(WasmConfig {
+            oci,
+            modules_dir: dir,
             cache_dir: Some(args.cache_dir.clone().unwrap_or_else(default_cache_dir)),
             watch: false,
             limits: Limits {
@@ -502,8 +531,14 @@ pub async fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
                 ..Limits::default()
             },
         })?),
-        None => None,
     };
+    if let Some(rt) = &runtime {
+        for (module, result) in rt.pull(&expr.wasm_specs()).await {
+            if let Err(e) = result {
+                eprintln!("{module}: {e}");
+            }
+        }
+    }
     let checker = build(
         &expr,
         &BuildContext {
@@ -609,6 +644,7 @@ mod tests {
         std::fs::write(&bad, b"not a component").unwrap();
         let rt = Arc::new(
             WasmRuntime::new(WasmConfig {
+                oci: Default::default(),
                 modules_dir: None,
                 cache_dir: None,
                 watch: false,

@@ -47,6 +47,7 @@ mod engine;
 mod failures;
 mod host;
 mod modules;
+pub mod oci;
 mod resources;
 
 use std::{
@@ -61,11 +62,12 @@ use tokio::sync::broadcast;
 
 pub use cache::{CodeCacheStats, CompileSource, default_cache_dir};
 pub use failures::{FailureCount, FailureKind};
+pub use oci::OciConfig;
 
 use modules::{CheckerSpec, Runtime};
 use portwise_checkers::{BoxFuture, Checker};
 use portwise_core::{
-    config::{WasmLimits, WasmSpec},
+    config::{OCI_SCHEME, OciRef, WasmLimits, WasmSpec},
     membership::{Subject, Verdict},
 };
 
@@ -189,6 +191,9 @@ pub struct WasmConfig {
     /// Watch `modules_dir` for changes.
     pub watch: bool,
     pub limits: Limits,
+    /// How `oci://` modules are pulled ([`WasmRuntime::pull`]); their
+    /// verified content is cached under `cache_dir`'s `oci/`.
+    pub oci: OciConfig,
 }
 
 impl Default for WasmConfig {
@@ -198,6 +203,7 @@ impl Default for WasmConfig {
             cache_dir: Some(default_cache_dir()),
             watch: true,
             limits: Limits::default(),
+            oci: OciConfig::default(),
         }
     }
 }
@@ -265,6 +271,8 @@ pub enum WasmError {
 /// Runs WebAssembly membership checkers.
 pub struct WasmRuntime {
     rt: Arc<Runtime>,
+    oci: OciConfig,
+    oci_cache: Option<PathBuf>,
     _ticker: engine::Ticker,
     _watcher: Option<Watcher>,
 }
@@ -313,6 +321,12 @@ where
 /// ends in `.wasm` or `.wasm.gz`. A name means that one file: `check.wasm`
 /// does not find `check.wasm.gz` (see [`WasmRuntime::checker_async`]).
 fn module_key(name: &str) -> Result<String, WasmError> {
+    if name.starts_with(OCI_SCHEME) {
+        // One spelling per artifact (the digest in lowercase).
+        return OciRef::parse(name)
+            .map(|r| r.to_string())
+            .map_err(|_| WasmError::ModuleName(name.to_string()));
+    }
     if name.is_empty() || name.starts_with('.') || name.contains(['/', '\\', '\0']) {
         return Err(WasmError::ModuleName(name.to_string()));
     }
@@ -346,6 +360,7 @@ impl WasmRuntime {
     /// (see [`WasmRuntime::load_errors`]) and checkers asking for them are
     /// refused.
     pub fn new(config: WasmConfig) -> Result<Self, WasmError> {
+        let oci_cache = config.cache_dir.as_ref().map(|d| d.join("oci"));
         let engine =
             engine::build(&config.limits).map_err(|e| WasmError::Engine(format!("{e:#}")))?;
         let cache = config
@@ -364,6 +379,8 @@ impl WasmRuntime {
         };
         Ok(WasmRuntime {
             rt,
+            oci: config.oci,
+            oci_cache,
             _ticker: ticker,
             _watcher: watcher,
         })
@@ -409,6 +426,45 @@ impl WasmRuntime {
 
     pub fn limits(&self) -> &Limits {
         &self.rt.limits
+    }
+
+    /// Pulls the `oci://` modules `specs` name (others are skipped), verifies
+    /// and compiles each like a file module, and makes it serve under its
+    /// reference (`oci://REGISTRY/REPO@sha256:...`, the name checkers,
+    /// Events and metrics use). Call it before building the checker tree,
+    /// after subscribing: a failure is reported like a failed load (an
+    /// event, the `load` failure counter) and a checker asking for that
+    /// module is refused with the reason. A module already serving is not
+    /// pulled again.
+    ///
+    /// Returns each reference's outcome.
+    pub async fn pull(&self, specs: &[&WasmSpec]) -> Vec<(String, Result<ModuleInfo, String>)> {
+        let mut refs: Vec<OciRef> = Vec::new();
+        for spec in specs {
+            if let Some(Ok(r)) = spec.oci()
+                && !refs.contains(&r)
+            {
+                refs.push(r);
+            }
+        }
+        if refs.is_empty() {
+            return Vec::new();
+        }
+        let puller = oci::Puller::new(&self.oci, self.oci_cache.clone());
+        let mut out = Vec::new();
+        for r in refs {
+            let key = r.to_string();
+            if let Some(v) = self.rt.current(&key) {
+                out.push((key, Ok(v.info())));
+                continue;
+            }
+            let result = match &puller {
+                Ok(p) => self.rt.install_pulled(&key, p.pull(&r).await).await,
+                Err(e) => self.rt.install_pulled(&key, Err(e.clone())).await,
+            };
+            out.push((key, result));
+        }
+        out
     }
 
     /// Rescans `modules_dir` now (the watcher does this on its own).
@@ -474,6 +530,9 @@ impl WasmRuntime {
             };
             let why = match (self.rt.last_error(&module).await, &self.rt.dir) {
                 (Some(e), _) => e,
+                (None, _) if module.starts_with(OCI_SCHEME) => {
+                    "not pulled (oci:// modules are pulled when portwise starts)".to_string()
+                }
                 (None, Some(dir)) => format!("no such file in {}{hint}", dir.display()),
                 (None, None) => "no modulesDir is configured".to_string(),
             };

@@ -40,7 +40,7 @@ use crate::{
     host::HostState,
 };
 
-pub(crate) use decode::is_module_file;
+pub(crate) use decode::{is_module_file, sha256_hex};
 
 tokio::task_local! {
     /// Set while a future runs on one of this crate's own runtimes.

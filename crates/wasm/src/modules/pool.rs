@@ -136,7 +136,7 @@ impl std::fmt::Debug for ModuleVersion {
 }
 
 impl ModuleVersion {
-    pub(super) fn info(&self) -> ModuleInfo {
+    pub(crate) fn info(&self) -> ModuleInfo {
         ModuleInfo {
             module: self.name.clone(),
             sha256: self.sha256.clone(),

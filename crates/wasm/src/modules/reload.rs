@@ -209,6 +209,53 @@ impl Runtime {
         Ok(info)
     }
 
+    /// Installs a module pulled from a registry under its reference, or
+    /// reports why the pull failed. A pull that fell back on the cache (a
+    /// tag the registry could not resolve) is reported as a failure too,
+    /// then the cached content installed.
+    pub(crate) async fn install_pulled(
+        self: &Arc<Self>,
+        name: &str,
+        pulled: Result<crate::oci::Pulled, String>,
+    ) -> Result<ModuleInfo, String> {
+        let mut scan = self.scan.lock().await;
+        let counters = self.counters.module(name);
+        let pulled = match pulled {
+            Ok(p) => p,
+            Err(why) => {
+                counters.fail(FailureKind::Load);
+                let serving = match self.current(name) {
+                    Some(v) => format!("; still serving sha256 {}", &v.sha256[..12]),
+                    None => String::new(),
+                };
+                let message = format!("module {name}: pull failed: {why}{serving}");
+                scan.errors.insert(name.to_string(), message.clone());
+                self.report(name, false, None, None, message.clone());
+                return Err(message);
+            }
+        };
+        if let Some(why) = &pulled.fallback {
+            counters.fail(FailureKind::Load);
+            self.report(
+                name,
+                false,
+                None,
+                None,
+                format!("module {name}: pull failed: {why}"),
+            );
+        }
+        tracing::info!(
+            module = name,
+            manifest = %pulled.manifest,
+            from_cache = pulled.cached,
+            "{} bytes {}",
+            pulled.bytes.len(),
+            if pulled.cached { "read from the pull cache" } else { "pulled" }
+        );
+        let source = pulled.source.clone();
+        self.install(&mut scan, name, &source, pulled.bytes).await
+    }
+
     /// Loads one file under its file name.
     pub(crate) async fn load_file(self: &Arc<Self>, path: &Path) -> Result<ModuleInfo, String> {
         let name = path
@@ -292,6 +339,10 @@ impl Runtime {
             .cloned()
             .collect();
         for name in loaded {
+            // Pulled from a registry, not from this directory.
+            if name.starts_with(portwise_core::config::OCI_SCHEME) {
+                continue;
+            }
             if present.contains(&name) {
                 scan.removed.remove(&name);
             } else if scan.removed.insert(name.clone()) {

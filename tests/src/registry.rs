@@ -1,0 +1,335 @@
+//! A real OCI registry for the tests: the CNCF distribution registry
+//! (tests/registry/build), inside the test network namespace on a pod-range
+//! address, serving TLS with a certificate signed by the test control
+//! plane's CA and asking for htpasswd (bcrypt) credentials; and a pusher
+//! that lays WebAssembly components out as the WebAssembly OCI artifact
+//! conventions say (`application/vnd.wasm.config.v0+json` config, one
+//! `application/wasm` layer), as `wkg oci push` does.
+//!
+//! ```no_run
+//! # async fn demo(cp: &'static portwise_tests::ControlPlane) -> anyhow::Result<()> {
+//! use portwise_tests::registry::Registry;
+//! let reg = Registry::start(cp).await?;
+//! let digest = reg.push("guests/ready-role", "v1", b"\0asm...").await?;
+//! let module = reg.module("guests/ready-role", &digest); // oci://10.244.x.y:5000/...@sha256:...
+//! # Ok(()) }
+//! ```
+
+use std::{
+    net::{Ipv4Addr, SocketAddr},
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result, bail, ensure};
+use oci_client::{
+    Client, Reference,
+    client::{Certificate, CertificateEncoding, ClientConfig, ClientProtocol, Config, ImageLayer},
+    manifest::OCI_IMAGE_MEDIA_TYPE,
+    secrets::RegistryAuth,
+};
+use sha2::{Digest, Sha256};
+use tokio::process::Child;
+
+use crate::{ControlPlane, control_plane::repo_root};
+
+/// The config media type of a WebAssembly OCI artifact.
+pub const WASM_CONFIG_MEDIA_TYPE: &str = "application/vnd.wasm.config.v0+json";
+/// The layer media type: the component itself.
+pub const WASM_LAYER_MEDIA_TYPE: &str = "application/wasm";
+
+/// The user the registry's htpasswd knows, and its password.
+pub const USER: &str = "portwise-puller";
+pub const PASSWORD: &str = "s3cret-for-tests";
+
+/// tests/registry/build: the cached registry binary, built if need be.
+pub fn registry_binary() -> Result<PathBuf> {
+    let out = Command::new(repo_root().join("tests/registry/build"))
+        .stderr(Stdio::inherit())
+        .output()
+        .context("running tests/registry/build")?;
+    if !out.status.success() {
+        bail!("tests/registry/build failed ({})", out.status);
+    }
+    Ok(PathBuf::from(String::from_utf8(out.stdout)?.trim()))
+}
+
+/// A running registry (stopped on drop).
+pub struct Registry {
+    dir: tempfile::TempDir,
+    addr: SocketAddr,
+    bin: PathBuf,
+    child: Option<Child>,
+}
+
+impl Registry {
+    /// Starts a registry on a fresh pod-range address, port 5000.
+    pub async fn start(cp: &'static ControlPlane) -> Result<Registry> {
+        let bin = tokio::task::spawn_blocking(registry_binary).await??;
+        let dir = tempfile::Builder::new().prefix("registry-").tempdir()?;
+        let ip: Ipv4Addr = crate::next_ips().v4;
+        let addr = SocketAddr::from((ip, 5000));
+        write_tls(cp, dir.path(), ip)?;
+        let hash = bcrypt::hash(PASSWORD, 5)?;
+        std::fs::write(dir.path().join("htpasswd"), format!("{USER}:{hash}\n"))?;
+        std::fs::create_dir_all(dir.path().join("storage"))?;
+        let p = |name: &str| dir.path().join(name).display().to_string();
+        std::fs::write(
+            dir.path().join("config.yml"),
+            format!(
+                "version: 0.1\n\
+                 log:\n  level: info\n  formatter: json\n  accesslog:\n    disabled: false\n\
+                 storage:\n  filesystem:\n    rootdirectory: {storage}\n  delete:\n    enabled: true\n\
+                 http:\n  addr: {addr}\n  secret: portwise-test-secret\n  tls:\n    certificate: {crt}\n    key: {key}\n\
+                 auth:\n  htpasswd:\n    realm: portwise-test\n    path: {htpasswd}\n",
+                storage = p("storage"),
+                crt = p("registry.crt"),
+                key = p("registry.key"),
+                htpasswd = p("htpasswd"),
+            ),
+        )?;
+        let mut reg = Registry {
+            dir,
+            addr,
+            bin,
+            child: None,
+        };
+        reg.start_again().await?;
+        Ok(reg)
+    }
+
+    /// (Re)starts the registry on the same address and storage.
+    pub async fn start_again(&mut self) -> Result<()> {
+        ensure!(self.child.is_none(), "the registry is already running");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log_path())?;
+        let child = tokio::process::Command::new(&self.bin)
+            .arg("serve")
+            .arg(self.dir.path().join("config.yml"))
+            // No tracing exporter: nothing to send traces to.
+            .env("OTEL_TRACES_EXPORTER", "none")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("spawning {}", self.bin.display()))?;
+        self.child = Some(child);
+        let started = Instant::now();
+        loop {
+            if tokio::net::TcpStream::connect(self.addr).await.is_ok() {
+                return Ok(());
+            }
+            if let Some(c) = &mut self.child
+                && let Some(status) = c.try_wait()?
+            {
+                bail!(
+                    "the registry exited ({status}) before listening:\n{}",
+                    self.logs()
+                );
+            }
+            ensure!(
+                started.elapsed() < Duration::from_secs(30),
+                "the registry did not listen on {} within 30s:\n{}",
+                self.addr,
+                self.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Stops the registry (its storage stays).
+    pub async fn stop(&mut self) -> Result<()> {
+        if let Some(mut c) = self.child.take() {
+            c.kill().await?;
+        }
+        Ok(())
+    }
+
+    /// `10.244.x.y:5000`.
+    pub fn host(&self) -> String {
+        self.addr.to_string()
+    }
+
+    /// `oci://HOST/REPO@sha256:DIGEST`.
+    pub fn module(&self, repo: &str, digest: &str) -> String {
+        format!("oci://{}/{repo}@sha256:{digest}", self.host())
+    }
+
+    /// The test CA, for portwise's `registryCA`.
+    pub fn ca_file(&self) -> PathBuf {
+        self.dir.path().join("ca.crt")
+    }
+
+    /// A Docker config JSON with `user:password` for this registry.
+    pub fn write_auth(&self, path: &Path, user: &str, password: &str) -> Result<()> {
+        let auth = base64_encode(format!("{user}:{password}").as_bytes());
+        std::fs::write(
+            path,
+            serde_json::to_vec_pretty(&serde_json::json!({
+                "auths": {self.host(): {"auth": auth}}
+            }))?,
+        )?;
+        Ok(())
+    }
+
+    pub fn log_path(&self) -> PathBuf {
+        self.dir.path().join("registry.log")
+    }
+
+    pub fn logs(&self) -> String {
+        std::fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+
+    /// Bytes the registry wrote in answer to GETs of a blob, from its
+    /// access log (`http.response.written` of each completed request).
+    pub fn blob_bytes_served(&self, digest_hex: &str) -> u64 {
+        let needle = format!("/blobs/sha256:{digest_hex}");
+        self.logs()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|v| {
+                v["http.request.method"] == "GET"
+                    && v["http.request.uri"]
+                        .as_str()
+                        .is_some_and(|u| u.contains(&needle))
+            })
+            .filter_map(|v| v["http.response.written"].as_u64())
+            .sum()
+    }
+
+    /// Where the registry stores a blob (to damage it on purpose).
+    pub fn blob_path(&self, digest_hex: &str) -> PathBuf {
+        self.dir
+            .path()
+            .join("storage/docker/registry/v2/blobs/sha256")
+            .join(&digest_hex[..2])
+            .join(digest_hex)
+            .join("data")
+    }
+
+    fn client(&self) -> Result<Client> {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        Ok(Client::try_from(ClientConfig {
+            protocol: ClientProtocol::Https,
+            extra_root_certificates: vec![Certificate {
+                encoding: CertificateEncoding::Pem,
+                data: std::fs::read(self.ca_file())?,
+            }],
+            ..ClientConfig::default()
+        })?)
+    }
+
+    /// Pushes `wasm` as `REPO:TAG`, a WebAssembly artifact; returns the
+    /// manifest's sha256 (hex).
+    pub async fn push(&self, repo: &str, tag: &str, wasm: &[u8]) -> Result<String> {
+        let layer_digest = format!("sha256:{}", hex::encode(Sha256::digest(wasm)));
+        let config = serde_json::to_vec(&serde_json::json!({
+            "architecture": "wasm",
+            "os": "wasip2",
+            "layerDigests": [layer_digest],
+        }))?;
+        self.push_layers(
+            repo,
+            tag,
+            vec![ImageLayer::new(
+                wasm.to_vec(),
+                WASM_LAYER_MEDIA_TYPE.to_string(),
+                None,
+            )],
+            Config::new(config, WASM_CONFIG_MEDIA_TYPE.to_string(), None),
+        )
+        .await
+    }
+
+    /// Pushes arbitrary layers and config; returns the manifest's sha256.
+    pub async fn push_layers(
+        &self,
+        repo: &str,
+        tag: &str,
+        layers: Vec<ImageLayer>,
+        config: Config,
+    ) -> Result<String> {
+        let client = self.client()?;
+        let reference: Reference = format!("{}/{repo}:{tag}", self.host()).parse()?;
+        let auth = RegistryAuth::Basic(USER.into(), PASSWORD.into());
+        client
+            .push(&reference, &layers, config, &auth, None)
+            .await
+            .with_context(|| format!("pushing {reference}"))?;
+        let (manifest, _) = client
+            .pull_manifest_raw(&reference, &auth, &[OCI_IMAGE_MEDIA_TYPE])
+            .await?;
+        Ok(hex::encode(Sha256::digest(&manifest)))
+    }
+}
+
+impl Drop for Registry {
+    fn drop(&mut self) {
+        if let Some(c) = &mut self.child {
+            let _ = c.start_kill();
+        }
+    }
+}
+
+/// The registry's serving certificate for `ip`, signed by the test CA; the
+/// CA beside it as ca.crt.
+fn write_tls(cp: &ControlPlane, dir: &Path, ip: Ipv4Addr) -> Result<()> {
+    use rcgen::{CertificateParams, DnType, ExtendedKeyUsagePurpose, Issuer, KeyPair, SanType};
+    let pki = cp.dir().join("pki");
+    let ca_pem = std::fs::read_to_string(pki.join("ca.crt"))
+        .with_context(|| format!("the test CA in {}", pki.display()))?;
+    let ca_key = KeyPair::from_pem(&std::fs::read_to_string(pki.join("ca.key"))?)?;
+    // The issuer's name as tests/control-plane/tools.go writes it.
+    let mut ca_params = CertificateParams::default();
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, "portwise-test-ca");
+    let issuer = Issuer::new(ca_params, ca_key);
+    let key = KeyPair::generate()?;
+    let mut params = CertificateParams::default();
+    params
+        .distinguished_name
+        .push(DnType::CommonName, "portwise-test-registry");
+    params.subject_alt_names = vec![SanType::IpAddress(ip.into())];
+    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    let cert = params.signed_by(&key, &issuer)?;
+    std::fs::write(dir.join("registry.crt"), cert.pem())?;
+    std::fs::write(dir.join("registry.key"), key.serialize_pem())?;
+    std::fs::write(dir.join("ca.crt"), ca_pem)?;
+    Ok(())
+}
+
+fn base64_encode(bytes: &[u8]) -> String {
+    const ABC: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for chunk in bytes.chunks(3) {
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(ABC[(n >> (18 - 6 * i) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn base64_matches_the_standard_alphabet() {
+        assert_eq!(super::base64_encode(b"alice:s3cr3t"), "YWxpY2U6czNjcjN0");
+        assert_eq!(super::base64_encode(b"a"), "YQ==");
+        assert_eq!(super::base64_encode(b"ab"), "YWI=");
+    }
+}

@@ -1,0 +1,279 @@
+//! `oci://` modules from a real registry (the CNCF distribution registry,
+//! tests/registry, TLS from the test CA, htpasswd auth): pulled by digest at
+//! start and deciding a port end to end, refused on a wrong digest, damaged
+//! content, wrong credentials or a size past `maxModuleBytes` (before the
+//! download), and served from the cache after a restart with the registry
+//! gone.
+
+use std::{collections::BTreeSet, path::Path, time::Duration};
+
+use anyhow::{Context, Result, ensure};
+use portwise_tests::{registry::Registry, *};
+use sha2::{Digest, Sha256};
+
+const REPO: &str = "guests/python-tier-check";
+
+fn python_guest() -> Result<Vec<u8>> {
+    let path = guests_dir().join("python-tier-check.wasm");
+    std::fs::read(&path).with_context(|| format!("{} (run guests/build)", path.display()))
+}
+
+fn sha256(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
+/// The config: port `http` decided by the guest at `module`, `admin` by
+/// readiness; the registry's CA and `auth` as the credentials.
+fn oci_config(reg: &Registry, module: &str, auth: &Path, extra: &str) -> String {
+    config_with(
+        &format!(
+            "{{perPort: {{ports: {{http: {{wasm: {{module: '{module}', \
+             config: {{tiers: [frontend], timeoutMs: 1000}}}}}}}}, fallback: podReady}}}}"
+        ),
+        &format!(
+            "registryAuth: {}\nregistryCA: {}\n{extra}",
+            auth.display(),
+            reg.ca_file().display()
+        ),
+    )
+}
+
+async fn members(ns: &TestNs, svc: &str, port: &str) -> Result<BTreeSet<String>> {
+    Ok(endpoints_by_port(ns, svc)
+        .await?
+        .remove(&(port.to_string(), V4.to_string()))
+        .unwrap_or_default())
+}
+
+fn set(names: &[&str]) -> BTreeSet<String> {
+    names.iter().map(|s| s.to_string()).collect()
+}
+
+/// Runs `portwise run` on `config` until it exits (it should: refused).
+async fn run_refused(ns: &TestNs, config: &str, cache: &Path) -> Result<String> {
+    let cache = cache.display().to_string();
+    let out = run_binary_to_exit(
+        &[
+            "run",
+            "--config",
+            "{config}",
+            "--namespace",
+            ns.name(),
+            "--metrics-addr",
+            "127.0.0.1:0",
+            "--cache-dir",
+            &cache,
+        ],
+        config,
+        Duration::from_secs(120),
+    )
+    .await?;
+    ensure!(
+        !out.timed_out && out.code.is_some_and(|c| c != 0),
+        "portwise was expected to refuse the configuration and exit: {:?}\n{}",
+        out.code,
+        out.stderr
+    );
+    Ok(format!("{}\n{}", out.stdout, out.stderr))
+}
+
+/// The Python guest (18 MB: no ConfigMap holds it) pushed to the registry,
+/// pulled by digest, deciding port `http` of a real Service; then portwise
+/// restarts with the registry gone and still decides (from its cache),
+/// following a pod's health as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_guest_pulled_by_digest_decides_a_port_and_survives_the_registry_going_away()
+-> Result<()> {
+    let cp = ControlPlane::shared().await?;
+    let ns = TestNs::new(cp, "oci-python").await?;
+    let mut reg = Registry::start(cp).await?;
+    let wasm = python_guest()?;
+    ensure!(
+        wasm.len() > 3 << 20,
+        "the Python guest is {} bytes",
+        wasm.len()
+    );
+    let digest = reg.push(REPO, "v1", &wasm).await?;
+    let module = reg.module(REPO, &digest);
+    let work = tempfile::Builder::new().prefix("oci-python-").tempdir()?;
+    let auth = work.path().join("config.json");
+    reg.write_auth(&auth, registry::USER, registry::PASSWORD)?;
+    let cache = work.path().join("cache");
+
+    let ips: Vec<_> = (0..3).map(|_| next_ips()).collect();
+    let [a, b, c] = [ips[0].v4, ips[1].v4, ips[2].v4];
+    let _http_a = HttpListener::start(a, 8080).await?;
+    let _http_b = HttpListener::start(b, 8080).await?;
+    let http_c = HttpListener::start(c, 8080).await?;
+    http_c.set_status(503);
+    let tiers = ["frontend", "batch", "frontend"];
+    let mut pw = Scenario::new(&ns)
+        .service(
+            service("web")
+                .annotation(GROUP_KEY, "g")
+                .port("http", 8080)
+                .port("admin", 9000),
+        )
+        .pods(
+            ["a", "b", "c"]
+                .iter()
+                .zip(&ips)
+                .zip(tiers)
+                .map(|((name, ip), tier)| {
+                    pod(name)
+                        .annotation(GROUP_KEY, "g")
+                        .label("tier", tier)
+                        .ips(ip.v4())
+                }),
+        )
+        .config(&oci_config(&reg, &module, &auth, ""))
+        .with_portwise(|l| {
+            l.binary()
+                .args(&["--cache-dir", &cache.display().to_string()])
+        })
+        .start()
+        .await?;
+    // a: frontend and healthy; b: not a frontend; c: a frontend failing /healthz.
+    wait_for(Duration::from_secs(90), || async {
+        expect_eq(members(&ns, "web", "http").await?, set(&["a"]))?;
+        expect_eq(members(&ns, "web", "admin").await?, set(&["a", "b", "c"]))
+    })
+    .await?;
+    let logs = pw.logs();
+    ensure!(
+        logs.contains(&format!("{} bytes pulled", wasm.len())),
+        "no pull in the log:\n{logs}"
+    );
+    let served = reg.blob_bytes_served(&sha256(&wasm));
+    ensure!(
+        served >= wasm.len() as u64,
+        "the registry served {served} bytes of the layer"
+    );
+
+    // The registry goes away; portwise restarts and serves from its cache.
+    pw.stop().await?;
+    reg.stop().await?;
+    pw.start_again().await?;
+    http_c.set_status(200);
+    wait_for(Duration::from_secs(90), || async {
+        expect_eq(members(&ns, "web", "http").await?, set(&["a", "c"]))
+    })
+    .await?;
+    let logs = pw.current_logs();
+    ensure!(
+        logs.contains("read from the pull cache"),
+        "the restart did not use the cache:\n{logs}"
+    );
+    pw.check_running()?;
+    Ok(())
+}
+
+/// A digest the registry does not have is refused, and so is content the
+/// registry serves that does not match its digest (damaged in its storage).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_digest_or_damaged_content_is_refused() -> Result<()> {
+    let cp = ControlPlane::shared().await?;
+    let ns = TestNs::new(cp, "oci-digest").await?;
+    let reg = Registry::start(cp).await?;
+    let work = tempfile::tempdir()?;
+    let auth = work.path().join("config.json");
+    reg.write_auth(&auth, registry::USER, registry::PASSWORD)?;
+    let wasm = std::fs::read(guests_dir().join("ready-role.wasm"))?;
+    let digest = reg.push("guests/ready-role", "v1", &wasm).await?;
+
+    // The layer's digest where the manifest's belongs: a common mistake.
+    let wrong = reg.module("guests/ready-role", &sha256(&wasm));
+    let out = run_refused(
+        &ns,
+        &oci_config(&reg, &wrong, &auth, ""),
+        &work.path().join("c1"),
+    )
+    .await?;
+    ensure!(out.contains("no such artifact"), "{out}");
+
+    // The tag moved elsewhere does not matter: the digest decides.
+    let other = reg
+        .push("guests/ready-role", "v1", b"\0asm\x0d\0\x01\0other")
+        .await?;
+    ensure!(other != digest);
+
+    // Damaged in the registry's storage (same length, other bytes).
+    let blob = reg.blob_path(&sha256(&wasm));
+    let mut bytes = std::fs::read(&blob)?;
+    let n = bytes.len();
+    bytes[n / 2] ^= 0xff;
+    std::fs::write(&blob, &bytes)?;
+    let pinned = reg.module("guests/ready-role", &digest);
+    let out = run_refused(
+        &ns,
+        &oci_config(&reg, &pinned, &auth, ""),
+        &work.path().join("c2"),
+    )
+    .await?;
+    ensure!(out.contains("does not match"), "{out}");
+    Ok(())
+}
+
+/// Wrong credentials are refused with an error that names the registry,
+/// the user and where the credentials came from.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_credentials_are_refused_clearly() -> Result<()> {
+    let cp = ControlPlane::shared().await?;
+    let ns = TestNs::new(cp, "oci-auth").await?;
+    let reg = Registry::start(cp).await?;
+    let work = tempfile::tempdir()?;
+    let wasm = std::fs::read(guests_dir().join("ready-role.wasm"))?;
+    let digest = reg.push("guests/ready-role", "v1", &wasm).await?;
+    let module = reg.module("guests/ready-role", &digest);
+    let auth = work.path().join("config.json");
+    reg.write_auth(&auth, registry::USER, "not-the-password")?;
+    let out = run_refused(
+        &ns,
+        &oci_config(&reg, &module, &auth, ""),
+        &work.path().join("c"),
+    )
+    .await?;
+    ensure!(
+        out.contains(&reg.host()) && out.contains(registry::USER) && out.contains("refused"),
+        "{out}"
+    );
+    ensure!(
+        out.contains(&auth.display().to_string()),
+        "the error does not say where the credentials came from:\n{out}"
+    );
+    Ok(())
+}
+
+/// An artifact past `maxModuleBytes` is refused from its manifest: the
+/// registry never serves a byte of its layer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_huge_artifact_is_refused_before_it_is_downloaded() -> Result<()> {
+    let cp = ControlPlane::shared().await?;
+    let ns = TestNs::new(cp, "oci-huge").await?;
+    let reg = Registry::start(cp).await?;
+    let work = tempfile::tempdir()?;
+    let auth = work.path().join("config.json");
+    reg.write_auth(&auth, registry::USER, registry::PASSWORD)?;
+    let mut huge = b"\0asm\x0d\0\x01\0".to_vec();
+    huge.resize(4 << 20, 0x5a);
+    let digest = reg.push("guests/huge", "v1", &huge).await?;
+    let module = reg.module("guests/huge", &digest);
+    let out = run_refused(
+        &ns,
+        &oci_config(&reg, &module, &auth, "maxModuleBytes: 1048576\n"),
+        &work.path().join("c"),
+    )
+    .await?;
+    ensure!(out.contains("over maxModuleBytes"), "{out}");
+    let served = reg.blob_bytes_served(&sha256(&huge));
+    ensure!(
+        served == 0,
+        "the registry served {served} bytes of the layer"
+    );
+    ensure!(
+        reg.logs().contains("/v2/guests/huge/manifests/sha256:"),
+        "portwise never asked for the manifest:\n{}",
+        reg.logs()
+    );
+    Ok(())
+}
