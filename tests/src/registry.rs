@@ -283,11 +283,14 @@ fn write_tls(cp: &ControlPlane, dir: &Path, ip: Ipv4Addr) -> Result<()> {
     let ca_pem = std::fs::read_to_string(pki.join("ca.crt"))
         .with_context(|| format!("the test CA in {}", pki.display()))?;
     let ca_key = KeyPair::from_pem(&std::fs::read_to_string(pki.join("ca.key"))?)?;
-    // The issuer's name as tests/control-plane/tools.go writes it.
+    // The issuer's name byte for byte as tests/control-plane/tools.go
+    // writes it (Go encodes a printable CN as a PrintableString; rustls
+    // compares names as bytes).
     let mut ca_params = CertificateParams::default();
-    ca_params
-        .distinguished_name
-        .push(DnType::CommonName, "portwise-test-ca");
+    ca_params.distinguished_name.push(
+        DnType::CommonName,
+        rcgen::DnValue::PrintableString("portwise-test-ca".try_into()?),
+    );
     let issuer = Issuer::new(ca_params, ca_key);
     let key = KeyPair::generate()?;
     let mut params = CertificateParams::default();
