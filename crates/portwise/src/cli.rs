@@ -155,6 +155,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let wasm = match &config.modules_dir {
         Some(dir) => Some(Arc::new(
             WasmRuntime::new(WasmConfig {
+                probes: Default::default(),
                 modules_dir: Some(dir.clone()),
                 cache_dir: Some(args.cache_dir.clone().unwrap_or_else(default_cache_dir)),
                 watch: true,
@@ -471,6 +472,7 @@ pub async fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
 
     let runtime = match modules_dir {
         Some(dir) => Some(WasmRuntime::new(WasmConfig {
+            probes: Default::default(),
             modules_dir: Some(dir),
             cache_dir: Some(args.cache_dir.clone().unwrap_or_else(default_cache_dir)),
             watch: false,
@@ -583,6 +585,7 @@ mod tests {
         std::fs::write(&bad, b"not a component").unwrap();
         let rt = Arc::new(
             WasmRuntime::new(WasmConfig {
+                probes: Default::default(),
                 modules_dir: None,
                 cache_dir: None,
                 watch: false,

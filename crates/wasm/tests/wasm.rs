@@ -102,6 +102,7 @@ impl Harness {
     fn new(limits: Limits) -> Self {
         let cache = TempDir::new("cache");
         let rt = WasmRuntime::new(WasmConfig {
+            probes: Default::default(),
             modules_dir: None,
             cache_dir: Some(cache.path().to_path_buf()),
             watch: false,
@@ -739,6 +740,7 @@ async fn compiled_code_is_cached_on_disk_and_corrupt_entries_are_rebuilt() {
     let cache = TempDir::new("codecache");
     let runtime = || {
         WasmRuntime::new(WasmConfig {
+            probes: Default::default(),
             modules_dir: None,
             cache_dir: Some(cache.path().to_path_buf()),
             watch: false,
@@ -814,6 +816,7 @@ async fn load_and_judge(
     expected: (Decision, &str),
 ) -> (CompileSource, portwise_wasm::CodeCacheStats, String) {
     let rt = WasmRuntime::new(WasmConfig {
+        probes: Default::default(),
         modules_dir: None,
         cache_dir: Some(cache.to_path_buf()),
         watch: false,
@@ -961,6 +964,7 @@ impl ConfigMapDir {
 
 fn dir_runtime(dir: &Path, cache: &TempDir) -> WasmRuntime {
     WasmRuntime::new(WasmConfig {
+        probes: Default::default(),
         modules_dir: Some(dir.to_path_buf()),
         cache_dir: Some(cache.path().to_path_buf()),
         watch: true,

@@ -187,7 +187,7 @@ impl ModuleVersion {
         }
     }
 
-    async fn instantiate(
+    pub(super) async fn instantiate(
         &self,
         rt: &Runtime,
         slot: OwnedSemaphorePermit,
@@ -196,7 +196,7 @@ impl ModuleVersion {
         self.counters.instantiated();
         let mut store = Store::new(
             &rt.engine,
-            HostState::new(rt.limits.clone(), self.counters.clone()),
+            HostState::new(rt.limits.clone(), self.counters.clone()).with_probes(rt.probes.clone()),
         );
         store.limiter(|s| &mut s.limiter);
         // Runs when the epoch deadline passes while the guest executes: stop
