@@ -134,7 +134,7 @@ pub fn differences(live: &[Judged], shadow: &[Judged]) -> Vec<Difference> {
         .into_iter()
         .filter_map(|(key, shadow)| {
             let live = *live.get(&key)?;
-            (live != shadow).then(|| Difference {
+            (live != shadow).then_some(Difference {
                 port: key.0,
                 pod: key.1,
                 family: key.2,

@@ -60,6 +60,7 @@ async fn runtime_loading(path: &Path) -> WasmRuntime {
     static LOADING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
     let _one_at_a_time = LOADING.lock().await;
     let rt = WasmRuntime::new(WasmConfig {
+        probes: Default::default(),
         modules_dir: None,
         cache_dir: Some(default_cache_dir()),
         watch: false,
