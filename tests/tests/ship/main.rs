@@ -7,6 +7,7 @@
 //! ServiceAccount test uses that Lease.
 
 mod ha;
+mod helm;
 mod image;
 mod manifests;
 mod metrics;
