@@ -43,7 +43,9 @@ struct HelmOutput {
 /// written), whatever the exit status.
 fn helm_run(args: &[&str]) -> Result<HelmOutput> {
     let bin = helm_binary()?;
-    let home = tempfile::Builder::new().prefix("portwise-helm-").tempdir()?;
+    let home = tempfile::Builder::new()
+        .prefix("portwise-helm-")
+        .tempdir()?;
     let out = Command::new(&bin)
         .args(args)
         .current_dir(repo())
@@ -80,7 +82,11 @@ fn template_refused(extra: &[&str], message: &str) -> Result<()> {
     let mut args = vec!["template", RELEASE, "deploy/helm", "--namespace", NAMESPACE];
     args.extend_from_slice(extra);
     let out = helm_run(&args)?;
-    ensure!(!out.ok, "helm {args:?} rendered, but must refuse:\n{}", out.stdout);
+    ensure!(
+        !out.ok,
+        "helm {args:?} rendered, but must refuse:\n{}",
+        out.stdout
+    );
     ensure!(
         out.stderr.contains(message),
         "helm {args:?} failed without saying {message:?}:\n{}",
@@ -121,11 +127,7 @@ fn to_json(y: &yaml_rust2::Yaml) -> Value {
 /// The non-empty documents of a YAML stream, as JSON values.
 fn parse_docs(yaml: &str) -> Result<Vec<Value>> {
     let docs = yaml_rust2::YamlLoader::load_from_str(yaml).context("parsing rendered YAML")?;
-    Ok(docs
-        .iter()
-        .map(to_json)
-        .filter(|d| !d.is_null())
-        .collect())
+    Ok(docs.iter().map(to_json).filter(|d| !d.is_null()).collect())
 }
 
 /// `Kind/namespace/name` of an object (`Kind//name` when cluster-scoped).
@@ -219,7 +221,7 @@ fn remove_path(obj: &mut Value, path: &[&str]) {
     }
     if let Some(m) = cur.as_object_mut() {
         m.remove(*last);
-        if m.is_empty() && parents.len() > 0 {
+        if m.is_empty() && !parents.is_empty() {
             remove_path(obj, parents);
         }
     }
@@ -235,17 +237,27 @@ fn unhash(name: &str) -> String {
     }
 }
 
-/// One form for both: Helm's own labels and its checksum annotation gone,
+/// One form for both: Helm's own labels (and the name label on ConfigMaps)
+/// and its checksum annotation gone,
 /// the config ConfigMap under its unhashed name with its file parsed, the
 /// Service type that the apiserver defaults anyway made explicit.
 fn normalize(mut obj: Value) -> Result<Value> {
     strip_labels(&mut obj);
     remove_path(
         &mut obj,
-        &["spec", "template", "metadata", "annotations", "checksum/config"],
+        &[
+            "spec",
+            "template",
+            "metadata",
+            "annotations",
+            "checksum/config",
+        ],
     );
     match obj["kind"].as_str().unwrap_or_default() {
         "ConfigMap" => {
+            // The base's generated ConfigMaps carry only kustomize's
+            // `labels:` (part-of); the chart labels them like the rest.
+            remove_path(&mut obj, &["metadata", "labels", "app.kubernetes.io/name"]);
             let name = unhash(obj["metadata"]["name"].as_str().unwrap_or_default());
             obj["metadata"]["name"] = json!(name);
             if let Some(text) = obj["data"]["config.yaml"].as_str() {
@@ -262,10 +274,8 @@ fn normalize(mut obj: Value) -> Result<Value> {
                 }
             }
         }
-        "Service" => {
-            if obj["spec"].get("type").is_none() {
-                obj["spec"]["type"] = json!("ClusterIP");
-            }
+        "Service" if obj["spec"].get("type").is_none() => {
+            obj["spec"]["type"] = json!("ClusterIP");
         }
         _ => {}
     }
@@ -384,7 +394,10 @@ async fn helm_chart_defaults_match_the_kustomize_base() -> Result<()> {
     let cp = ControlPlane::shared().await?;
     let base = kustomize(cp, "deploy/kustomize").await?;
     let (with_namespace, defaults) = tokio::task::spawn_blocking(|| -> Result<_> {
-        Ok((template(&["--set", "namespace.create=true"])?, template(&[])?))
+        Ok((
+            template(&["--set", "namespace.create=true"])?,
+            template(&[])?,
+        ))
     })
     .await??;
     expect_same_objects(&with_namespace, &base)?;
@@ -394,7 +407,9 @@ async fn helm_chart_defaults_match_the_kustomize_base() -> Result<()> {
 
     // The legacy-endpoints component's grant is the chart's
     // publishLegacyEndpoints=true (which also sets it in the config file,
-    // where the component leaves that to the overlay).
+    // where the component leaves that to the overlay). The base's `labels:`
+    // do not reach the component's objects; the overlay adds part-of, as
+    // the chart does on every object.
     let dir = tempfile::Builder::new()
         .prefix("portwise-helm-legacy-")
         .tempdir()?;
@@ -402,6 +417,7 @@ async fn helm_chart_defaults_match_the_kustomize_base() -> Result<()> {
         dir.path().join("kustomization.yaml"),
         "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n\
          resources: [base]\ncomponents: [base/components/legacy-endpoints]\n\
+         labels:\n- pairs: {app.kubernetes.io/part-of: portwise}\n  includeSelectors: false\n\
          configMapGenerator:\n- name: portwise-config\n  namespace: portwise-system\n  \
          behavior: replace\n  files: [config.yaml]\n",
     )?;
@@ -694,7 +710,11 @@ fn base64(bytes: &[u8]) -> String {
     const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
     for chunk in bytes.chunks(3) {
-        let b = [chunk[0], *chunk.get(1).unwrap_or(&0), *chunk.get(2).unwrap_or(&0)];
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
         let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
         for i in 0..4 {
             if i <= chunk.len() {
