@@ -69,10 +69,10 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | 
 {{- fail "replicaCount > 1 needs leaderElection.enabled=true: without it every replica writes" }}
 {{- end }}
 {{- if .Values.modules.oci }}
-{{- fail "modules.oci is reserved for a later change: portwise cannot load modules from OCI registries yet; use modules.files, modules.binaryData or modules.existingConfigMap" }}
+{{- fail "modules.oci is reserved for a later change: portwise cannot load modules from OCI registries yet; use modules.binaryData or modules.existingConfigMap" }}
 {{- end }}
 {{- if not .Values.config.modulesDir }}
-{{- if or .Values.modules.files .Values.modules.binaryData .Values.modules.existingConfigMap }}
+{{- if or .Values.modules.binaryData .Values.modules.existingConfigMap }}
 {{- fail "modules are given but config.modulesDir is empty: portwise would not load them" }}
 {{- end }}
 {{- end }}

@@ -389,6 +389,77 @@ async fn helm_chart_lints_and_renders() -> Result<()> {
     .await?
 }
 
+/// Every value in values.yaml has a row in the README's values tables, and
+/// every row names a value that exists: a value is covered by a row for it
+/// or for a map holding it (`config`, `resources`, ...).
+#[test]
+fn helm_chart_values_are_all_documented() -> Result<()> {
+    let values = std::fs::read_to_string(repo().join("deploy/helm/values.yaml"))?;
+    let readme = std::fs::read_to_string(repo().join("deploy/helm/README.md"))?;
+    let values = parse_docs(&values)?
+        .into_iter()
+        .next()
+        .context("empty values.yaml")?;
+    /// Every path (`a`, `a.b`, ...) and whether it is a leaf (not a
+    /// non-empty map).
+    fn walk(prefix: &str, v: &Value, out: &mut Vec<(String, bool)>) {
+        if let Value::Object(m) = v {
+            for (k, v) in m {
+                let path = if prefix.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{prefix}.{k}")
+                };
+                let leaf = !matches!(v, Value::Object(m) if !m.is_empty());
+                out.push((path.clone(), leaf));
+                walk(&path, v, out);
+            }
+        }
+    }
+    let mut paths = Vec::new();
+    walk("", &values, &mut paths);
+    let section = readme
+        .split_once("\n## Values")
+        .and_then(|(_, rest)| rest.split_once("\n## "))
+        .map(|(s, _)| s)
+        .context("no \"## Values\" section in deploy/helm/README.md")?;
+    // The first cell of each table row: `a.b` or `a`, `b`.
+    let documented: Vec<String> = section
+        .lines()
+        .filter_map(|l| l.strip_prefix("| ")?.split_once(" |"))
+        .flat_map(|(first, _)| {
+            first
+                .split(", ")
+                .filter_map(|c| Some(c.strip_prefix('`')?.strip_suffix('`')?.to_string()))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    ensure!(!documented.is_empty(), "no rows in the values tables");
+    let undocumented: Vec<_> = paths
+        .iter()
+        .filter(|(p, leaf)| {
+            *leaf
+                && !documented
+                    .iter()
+                    .any(|d| p == d || p.starts_with(&format!("{d}.")))
+        })
+        .map(|(p, _)| p)
+        .collect();
+    ensure!(
+        undocumented.is_empty(),
+        "values without a row in deploy/helm/README.md: {undocumented:?}"
+    );
+    let stale: Vec<_> = documented
+        .iter()
+        .filter(|d| !paths.iter().any(|(p, _)| p == *d))
+        .collect();
+    ensure!(
+        stale.is_empty(),
+        "rows for values that do not exist: {stale:?}"
+    );
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn helm_chart_defaults_match_the_kustomize_base() -> Result<()> {
     let cp = ControlPlane::shared().await?;
@@ -448,8 +519,7 @@ async fn helm_chart_defaults_match_the_kustomize_base() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn helm_chart_passes_a_server_side_dry_run() -> Result<()> {
     let cp = ControlPlane::shared().await?;
-    let guest = guests_dir().join("admin-check.wasm");
-    let module = guest.to_string_lossy().into_owned();
+    let module = module_as_base64_file()?;
     let (with_namespace, defaults, features) = tokio::task::spawn_blocking(move || -> Result<_> {
         Ok((
             template(&["--set", "namespace.create=true"])?,
@@ -460,7 +530,10 @@ async fn helm_chart_passes_a_server_side_dry_run() -> Result<()> {
                 "--set",
                 "replicaCount=3",
                 "--set-file",
-                &format!("modules.files.admin-check\\.wasm={module}"),
+                &format!(
+                    "modules.binaryData.admin-check\\.wasm={}",
+                    module.path().display()
+                ),
             ])?,
         ))
     })
@@ -523,6 +596,7 @@ async fn helm_chart_passes_a_server_side_dry_run() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn helm_chart_values_render_what_they_promise() -> Result<()> {
     let guest = guests_dir().join("admin-check.wasm");
+    let module = module_as_base64_file()?;
     tokio::task::spawn_blocking(move || -> Result<()> {
         let sa = json!([{"kind": "ServiceAccount", "name": "portwise", "namespace": NAMESPACE}]);
 
@@ -623,13 +697,13 @@ async fn helm_chart_values_render_what_they_promise() -> Result<()> {
         ensure!(checksum(&defaults)?.is_string());
         ensure!(checksum(&defaults)? != checksum(&legacy)?, "the config changed, the pod template did not");
 
-        // Modules: a file given with --set-file lands byte for byte in
-        // binaryData; an existing ConfigMap replaces the chart's.
-        let wasm = std::fs::read(&guest)
-            .map_err(|e| anyhow::anyhow!("{}: {e} (run guests/build rust first)", guest.display()))?;
+        // Modules: a file's base64 given with --set-file (wrapped, as
+        // `base64` prints it) lands byte for byte in binaryData; an existing
+        // ConfigMap replaces the chart's.
+        let wasm = std::fs::read(&guest)?;
         let with_module = rendered(&[
             "--set-file",
-            &format!("modules.files.admin-check\\.wasm={}", guest.display()),
+            &format!("modules.binaryData.admin-check\\.wasm={}", module.path().display()),
         ])?;
         let cm = object(&with_module, "ConfigMap/portwise-system/portwise-modules")?;
         let b64 = cm["binaryData"]["admin-check.wasm"].as_str().context("no binaryData")?;
@@ -689,6 +763,26 @@ fn only_kinds_except(yaml: &str, kinds: &[&str]) -> String {
         .map(|(_, d)| d)
         .collect::<Vec<_>>()
         .join("---\n")
+}
+
+/// The admin-check guest's base64, wrapped at 76 columns as `base64`
+/// prints it, in a file for `--set-file`.
+fn module_as_base64_file() -> Result<tempfile::NamedTempFile> {
+    let guest = guests_dir().join("admin-check.wasm");
+    let wasm = std::fs::read(&guest)
+        .map_err(|e| anyhow::anyhow!("{}: {e} (run guests/build rust first)", guest.display()))?;
+    let b64 = base64(&wasm);
+    let mut wrapped = String::new();
+    for line in b64.as_bytes().chunks(76) {
+        wrapped.push_str(std::str::from_utf8(line)?);
+        wrapped.push('\n');
+    }
+    let mut f = tempfile::Builder::new()
+        .prefix("admin-check-")
+        .suffix(".wasm.b64")
+        .tempfile()?;
+    std::io::Write::write_all(&mut f, wrapped.as_bytes())?;
+    Ok(f)
 }
 
 fn copy_dir(from: &std::path::Path, to: &std::path::Path) -> Result<()> {
