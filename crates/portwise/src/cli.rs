@@ -134,6 +134,11 @@ pub struct CheckArgs {
     /// stderr and makes the command exit 4.
     #[arg(long, value_name = "FILE")]
     pub replay: Option<PathBuf>,
+    /// Judge a Service of the cluster with the live and the shadow
+    /// membership of `--config` and print both verdicts for every pod and
+    /// port, writing nothing. `--service` is then `NAMESPACE/NAME`.
+    #[arg(long, requires = "config")]
+    pub live: bool,
 }
 
 /// The WebAssembly runtime's limits: the flags as every expression's
@@ -438,8 +443,138 @@ fn read_object<T: serde::de::DeserializeOwned>(path: &Path) -> anyhow::Result<T>
         .with_context(|| format!("{} is not a valid object", path.display()))
 }
 
+/// `portwise check --live`: the live and shadow verdicts of every pod of a
+/// Service in the cluster, side by side. Reads only (GET and LIST).
+async fn check_live(args: &CheckArgs) -> anyhow::Result<ExitCode> {
+    use portwise_core::shadow::{self, Pick};
+    let path = args.config.as_ref().context("--live needs --config FILE")?;
+    let cfg =
+        Config::load(path).with_context(|| format!("invalid configuration {}", path.display()))?;
+    let target = args
+        .service
+        .as_ref()
+        .map(|p| p.to_string_lossy().to_string())
+        .or_else(|| args.service_name.as_ref().map(|n| format!("{}/{n}", args.namespace)))
+        .context("give the Service with --service NAMESPACE/NAME")?;
+    let (ns, name) = target
+        .split_once('/')
+        .with_context(|| format!("--service {target:?}: expected NAMESPACE/NAME"))?;
+    let client = connect(&ClientOptions::standalone())
+        .await
+        .context("no Kubernetes connection (set KUBECONFIG or run in a cluster)")?;
+    let svc: Service = Api::namespaced(client.clone(), ns)
+        .get(name)
+        .await
+        .with_context(|| format!("cannot read Service {ns}/{name}"))?;
+    let group = portwise_core::align::key_value(&svc.metadata, &cfg.service_key)
+        .with_context(|| {
+            format!("Service {ns}/{name} does not carry the serviceKey: portwise does not manage it")
+        })?
+        .to_string();
+    let pods: Vec<Arc<Pod>> = Api::<Pod>::namespaced(client, ns)
+        .list(&Default::default())
+        .await
+        .with_context(|| format!("cannot list pods in {ns}"))?
+        .items
+        .into_iter()
+        .filter(|p| {
+            portwise_core::align::key_value(&p.metadata, cfg.pod_key()) == Some(group.as_str())
+        })
+        .map(Arc::new)
+        .collect();
+
+    let mut all_exprs = cfg.membership.wasm_specs();
+    if let Some(sh) = &cfg.shadow {
+        all_exprs.extend(sh.membership.iter().flat_map(|m| m.wasm_specs()));
+        all_exprs.extend(sh.expressions.values().flat_map(|e| e.wasm_specs()));
+    }
+    let runtime = match &cfg.modules_dir {
+        Some(dir) => Some(WasmRuntime::new(WasmConfig {
+            probes: Default::default(),
+            modules_dir: Some(dir.clone()),
+            cache_dir: Some(args.cache_dir.clone().unwrap_or_else(default_cache_dir)),
+            watch: false,
+            limits: Limits {
+                max_memory_bytes: all_exprs
+                    .iter()
+                    .filter_map(|w| w.limits.memory_mib)
+                    .map(|mib| (mib as usize) << 20)
+                    .max()
+                    .unwrap_or(0),
+                ..Limits::default()
+            },
+        })?),
+        None => None,
+    };
+    let ctx = BuildContext {
+        wasm: runtime.as_ref().map(|r| r as &dyn WasmCheckers),
+        ..BuildContext::default()
+    };
+    let live = build(&cfg.membership, &ctx).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let pick = shadow::pick(&svc, cfg.shadow.as_ref());
+    let shadow_expr = match (&pick, &cfg.shadow) {
+        (Pick::Default, Some(sh)) => sh.membership.as_ref(),
+        (Pick::Named(n), Some(sh)) => sh.expressions.get(n),
+        _ => None,
+    };
+    let shadow_checker = shadow_expr
+        .map(|e| portwise_checkers::build_at(e, &ctx, &pick.label()))
+        .transpose()
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    match &pick {
+        Pick::Unknown(n) => println!(
+            "Service {ns}/{name} names shadow {n:?}, which {} does not have: live verdicts only",
+            path.display()
+        ),
+        Pick::Off => println!("Service {ns}/{name} has no shadow: live verdicts only"),
+        _ => println!("Service {ns}/{name}: live membership against {}", pick.label()),
+    }
+
+    let svc = Arc::new(svc);
+    let subjects = align::subjects(&svc, &pods);
+    println!(
+        "{:<16} {:<6} {:<24} {:<40} {:<8} {:<8} {:<5} REASONS (live | shadow)",
+        "PORT", "FAMILY", "POD", "ADDRESS", "LIVE", "SHADOW", "DIFF"
+    );
+    let word = |d: portwise_core::membership::Decision| format!("{d:?}").to_lowercase();
+    let (mut differ, total) = (0usize, subjects.len());
+    for s in &subjects {
+        let l = live.check(s).await;
+        let sh = match &shadow_checker {
+            Some(c) => Some(c.check(s).await),
+            None => None,
+        };
+        let diff = sh.as_ref().is_some_and(|v| v.decision != l.decision);
+        differ += usize::from(diff);
+        let port = if s.port.name.is_empty() {
+            s.port.port.to_string()
+        } else {
+            s.port.name.clone()
+        };
+        println!(
+            "{:<16} {:<6} {:<24} {:<40} {:<8} {:<8} {:<5} {} | {}",
+            port,
+            format!("{:?}", s.family).to_lowercase(),
+            s.pod.metadata.name.as_deref().unwrap_or_default(),
+            format!("{}:{}", s.address, s.port.target),
+            word(l.decision),
+            sh.as_ref().map_or("-".to_string(), |v| word(v.decision)),
+            if diff { "yes" } else { "" },
+            l.reason.unwrap_or_default(),
+            sh.and_then(|v| v.reason).unwrap_or_default(),
+        );
+    }
+    if shadow_checker.is_some() {
+        println!("{differ} of {total} verdicts differ; nothing was written");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 /// `portwise check`.
 pub async fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
+    if args.live {
+        return check_live(&args).await;
+    }
     let needs_cluster = args.pod_name.is_some() || args.service_name.is_some();
     let client = if needs_cluster {
         Some(
