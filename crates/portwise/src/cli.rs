@@ -30,7 +30,10 @@ use portwise_core::{
     align,
     config::{CheckerExpr, Config, WasmSpec},
 };
-use portwise_wasm::{Limits, WasmConfig, WasmRuntime, default_cache_dir};
+use portwise_wasm::{
+    CompileSource, Limits, ProbeMode, Recorder, Recording, Replayer, WasmConfig, WasmRuntime,
+    default_cache_dir,
+};
 
 use crate::ops::{
     self,
@@ -116,6 +119,21 @@ pub struct CheckArgs {
     pub namespace: String,
     #[arg(long, env = "PORTWISE_CACHE_DIR")]
     pub cache_dir: Option<PathBuf>,
+    /// After the verdicts, run every decision N more times on a reused
+    /// instance and print p50/p99 per decision, and each module's compile,
+    /// cached-load and instantiation time. Probes really happen (unless
+    /// `--replay`).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub bench: Option<u32>,
+    /// Save every probe the WebAssembly guests make, with its answer, to
+    /// FILE (JSON; see docs/guests.md).
+    #[arg(long, value_name = "FILE", conflicts_with = "replay")]
+    pub record: Option<PathBuf>,
+    /// Answer the guests' probes from FILE (made by `--record`) instead of
+    /// the network. A probe not in it fails for the guest, is reported on
+    /// stderr and makes the command exit 4.
+    #[arg(long, value_name = "FILE")]
+    pub replay: Option<PathBuf>,
 }
 
 /// The WebAssembly runtime's limits: the flags as every expression's
@@ -137,6 +155,9 @@ fn runtime_limits(membership: &CheckerExpr, args: &RunArgs) -> Limits {
         ..Limits::default()
     }
 }
+
+/// `portwise check --replay` found probes with no recorded answer.
+pub const EXIT_REPLAY_MISSED: u8 = 4;
 
 /// `portwise run`.
 pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
@@ -175,6 +196,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let wasm = match &config.modules_dir {
         Some(dir) => Some(Arc::new(
             WasmRuntime::new(WasmConfig {
+                probes: Default::default(),
                 modules_dir: Some(dir.clone()),
                 cache_dir: Some(args.cache_dir.clone().unwrap_or_else(default_cache_dir)),
                 watch: true,
@@ -486,10 +508,27 @@ pub async fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
         (CheckerExpr::default(), None)
     };
 
+    let (probes, recorder, replayer) = if let Some(path) = &args.replay {
+        let recording = Recording::read(path).map_err(|e| anyhow::anyhow!("--replay {e}"))?;
+        let replayer = Arc::new(Replayer::new(recording));
+        (ProbeMode::Replay(replayer.clone()), None, Some(replayer))
+    } else if args.record.is_some() {
+        let recorder = Arc::new(Recorder::new());
+        (ProbeMode::Record(recorder.clone()), Some(recorder), None)
+    } else {
+        (ProbeMode::Live, None, None)
+    };
+    if (args.record.is_some() || args.replay.is_some()) && uses_builtin_probes(&expr) {
+        eprintln!(
+            "portwise: note: only WebAssembly guests' probes are recorded and replayed; \
+             the built-in tcpDial and httpGet checkers in this expression probe the network"
+        );
+    }
+    let cache_dir = args.cache_dir.clone().unwrap_or_else(default_cache_dir);
     let runtime = match modules_dir {
         Some(dir) => Some(WasmRuntime::new(WasmConfig {
             modules_dir: Some(dir),
-            cache_dir: Some(args.cache_dir.clone().unwrap_or_else(default_cache_dir)),
+            cache_dir: Some(cache_dir.clone()),
             watch: false,
             limits: Limits {
                 max_memory_bytes: expr
@@ -501,6 +540,7 @@ pub async fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
                     .unwrap_or(0),
                 ..Limits::default()
             },
+            probes,
         })?),
         None => None,
     };
@@ -558,23 +598,205 @@ pub async fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
         "{:<16} {:<6} {:<40} {:<8} REASON",
         "PORT", "FAMILY", "ADDRESS", "VERDICT"
     );
-    for s in subjects {
-        let v = checker.check(&s).await;
-        let port = if s.port.name.is_empty() {
-            s.port.port.to_string()
-        } else {
-            s.port.name.clone()
-        };
+    for s in &subjects {
+        let v = checker.check(s).await;
+        let (port, family, address) = row(s);
         println!(
-            "{:<16} {:<6} {:<40} {:<8} {}",
-            port,
-            format!("{:?}", s.family).to_lowercase(),
-            format!("{}:{}", s.address, s.port.target),
+            "{port:<16} {family:<6} {address:<40} {:<8} {}",
             format!("{:?}", v.decision).to_lowercase(),
             v.reason.unwrap_or_default()
         );
     }
+    // The recording holds the probes behind the table, not the benchmark's
+    // repeats of them (a replay answers repeats with the last answer).
+    if let (Some(recorder), Some(path)) = (&recorder, &args.record) {
+        let recording = recorder.finish();
+        recording
+            .write(path)
+            .map_err(|e| anyhow::anyhow!("--record {e}"))?;
+        eprintln!(
+            "portwise: recorded {} probe(s) to {}",
+            recording.probes.len(),
+            path.display()
+        );
+    }
+    if let Some(runs) = args.bench {
+        let how = if args.replay.is_some() {
+            "probes replayed"
+        } else {
+            "probes live"
+        };
+        bench(&*checker, &subjects, runs, how).await;
+        if let Some(rt) = &runtime {
+            bench_modules(rt, &expr, &cache_dir, runs).await?;
+        }
+    }
+    if let Some(replayer) = &replayer {
+        let misses = replayer.misses();
+        if !misses.is_empty() {
+            let path = args.replay.as_deref().unwrap_or(Path::new(""));
+            eprintln!(
+                "portwise: replay: {} probe(s) had no recorded answer in {} \
+                 (the guest got probe-error.io):",
+                misses.len(),
+                path.display()
+            );
+            for m in &misses {
+                eprintln!("  {} ({}×)", m.probe, m.count);
+            }
+            return Ok(ExitCode::from(EXIT_REPLAY_MISSED));
+        }
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The port, family and address columns of a subject's row.
+fn row(s: &portwise_core::membership::Subject) -> (String, String, String) {
+    let port = if s.port.name.is_empty() {
+        s.port.port.to_string()
+    } else {
+        s.port.name.clone()
+    };
+    (
+        port,
+        format!("{:?}", s.family).to_lowercase(),
+        format!("{}:{}", s.address, s.port.target),
+    )
+}
+
+/// Whether `expr` has a built-in checker that probes (not recorded or
+/// replayed: only guests' probes go through the WebAssembly host).
+fn uses_builtin_probes(expr: &CheckerExpr) -> bool {
+    match expr {
+        CheckerExpr::TcpDial(_) | CheckerExpr::HttpGet(_) => true,
+        CheckerExpr::All(xs) | CheckerExpr::Any(xs) => xs.iter().any(uses_builtin_probes),
+        CheckerExpr::Not(x) => uses_builtin_probes(x),
+        CheckerExpr::Stable(s) => uses_builtin_probes(&s.checker),
+        CheckerExpr::PerPort(p) => p
+            .ports
+            .values()
+            .chain(p.fallback.as_deref())
+            .any(uses_builtin_probes),
+        _ => false,
+    }
+}
+
+/// The modules `expr` runs, as the runtime names them (`x` is `x.wasm`).
+fn wasm_modules(expr: &CheckerExpr) -> std::collections::BTreeSet<String> {
+    let mut found = std::collections::BTreeSet::new();
+    let mut stack = vec![expr];
+    while let Some(e) = stack.pop() {
+        match e {
+            CheckerExpr::Wasm(w) => {
+                let m = &w.module;
+                found.insert(if m.ends_with(".wasm") || m.ends_with(".wasm.gz") {
+                    m.clone()
+                } else {
+                    format!("{m}.wasm")
+                });
+            }
+            CheckerExpr::All(xs) | CheckerExpr::Any(xs) => stack.extend(xs),
+            CheckerExpr::Not(x) => stack.push(x),
+            CheckerExpr::Stable(s) => stack.push(&s.checker),
+            CheckerExpr::PerPort(p) => stack.extend(p.ports.values().chain(p.fallback.as_deref())),
+            _ => {}
+        }
+    }
+    found
+}
+
+/// The `q` quantile (nearest rank) of sorted durations.
+fn quantile(sorted: &[Duration], q: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let rank = (q * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+/// `--bench`: each decision `runs` times in a row (after the table's run,
+/// which warmed the instance up), timed one by one.
+async fn bench(
+    checker: &dyn portwise_checkers::Checker,
+    subjects: &[portwise_core::membership::Subject],
+    runs: u32,
+    how: &str,
+) {
+    println!();
+    println!("bench: {runs} runs of each decision on a reused instance, {how}");
+    println!(
+        "{:<16} {:<6} {:<40} {:>10} {:>10} {:>10} {:>10}",
+        "PORT", "FAMILY", "ADDRESS", "P50 (ms)", "P99 (ms)", "MIN (ms)", "MAX (ms)"
+    );
+    for s in subjects {
+        let mut times = Vec::with_capacity(runs as usize);
+        for _ in 0..runs {
+            let started = std::time::Instant::now();
+            let _ = checker.check(s).await;
+            times.push(started.elapsed());
+        }
+        times.sort_unstable();
+        let (port, family, address) = row(s);
+        println!(
+            "{port:<16} {family:<6} {address:<40} {:>10.3} {:>10.3} {:>10.3} {:>10.3}",
+            ms(quantile(&times, 0.5)),
+            ms(quantile(&times, 0.99)),
+            ms(times[0]),
+            ms(times[times.len() - 1]),
+        );
+    }
+}
+
+/// `--bench`, per module: a compile with no cache, a load from the
+/// compiled-code cache (which the first load filled), and fresh
+/// instantiations.
+async fn bench_modules(
+    rt: &WasmRuntime,
+    expr: &CheckerExpr,
+    cache_dir: &Path,
+    runs: u32,
+) -> anyhow::Result<()> {
+    let fresh = |cache_dir: Option<PathBuf>| {
+        WasmRuntime::new(WasmConfig {
+            modules_dir: None,
+            cache_dir,
+            watch: false,
+            limits: Limits::default(),
+            probes: ProbeMode::Live,
+        })
+    };
+    let instantiations = runs.min(20) as usize;
+    let used = wasm_modules(expr);
+    for info in rt
+        .modules()
+        .into_iter()
+        .filter(|m| used.contains(&m.module))
+    {
+        let compiled = fresh(None)?.load_file(&info.source).await?;
+        let cached = fresh(Some(cache_dir.to_path_buf()))?
+            .load_file(&info.source)
+            .await?;
+        let cached = match cached.compiled {
+            CompileSource::Cached => format!("{:.1} ms", ms(cached.load_time)),
+            CompileSource::Compiled => "n/a (the cache did not keep it)".into(),
+        };
+        let mut inst = rt.time_instantiation(&info.module, instantiations).await?;
+        inst.sort_unstable();
+        println!(
+            "module {} (portwise:membership@{}, {:.1} KB): compile {:.1} ms, cached load {cached}, \
+             instantiate {:.3} ms (p50 of {instantiations})",
+            info.module,
+            info.interface,
+            info.size as f64 / 1000.0,
+            ms(compiled.load_time),
+            ms(quantile(&inst, 0.5)),
+        );
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -609,6 +831,7 @@ mod tests {
         std::fs::write(&bad, b"not a component").unwrap();
         let rt = Arc::new(
             WasmRuntime::new(WasmConfig {
+                probes: Default::default(),
                 modules_dir: None,
                 cache_dir: None,
                 watch: false,

@@ -47,6 +47,7 @@ mod engine;
 mod failures;
 mod host;
 mod modules;
+pub mod replay;
 mod resources;
 
 use std::{
@@ -61,6 +62,7 @@ use tokio::sync::broadcast;
 
 pub use cache::{CodeCacheStats, CompileSource, default_cache_dir};
 pub use failures::{FailureCount, FailureKind};
+pub use replay::{ProbeMode, Recorder, Recording, ReplayMiss, Replayer};
 
 use modules::{CheckerSpec, Runtime};
 use portwise_checkers::{BoxFuture, Checker};
@@ -189,6 +191,11 @@ pub struct WasmConfig {
     /// Watch `modules_dir` for changes.
     pub watch: bool,
     pub limits: Limits,
+    /// Where guests' probes go: the network ([`ProbeMode::Live`]), the
+    /// network and a recording, or only a recording (`portwise check
+    /// --record/--replay`). Probes are authorised first in every mode, so
+    /// a denied probe is denied the same way.
+    pub probes: ProbeMode,
 }
 
 impl Default for WasmConfig {
@@ -198,6 +205,7 @@ impl Default for WasmConfig {
             cache_dir: Some(default_cache_dir()),
             watch: true,
             limits: Limits::default(),
+            probes: ProbeMode::Live,
         }
     }
 }
@@ -354,8 +362,14 @@ impl WasmRuntime {
         let ticker =
             engine::Ticker::start(engine.clone()).map_err(|e| WasmError::Engine(e.to_string()))?;
         let rt = Arc::new(
-            Runtime::new(engine, cache, config.limits, config.modules_dir.clone())
-                .map_err(|e| WasmError::Engine(format!("{e:#}")))?,
+            Runtime::new(
+                engine,
+                cache,
+                config.limits,
+                config.modules_dir.clone(),
+                config.probes,
+            )
+            .map_err(|e| WasmError::Engine(format!("{e:#}")))?,
         );
         block_on(rt.rescan());
         let watcher = match (&config.modules_dir, config.watch) {
@@ -409,6 +423,21 @@ impl WasmRuntime {
 
     pub fn limits(&self) -> &Limits {
         &self.rt.limits
+    }
+
+    /// Creates `runs` fresh instances of `module` (a loaded module's name)
+    /// one after the other and returns how long each took; they are dropped,
+    /// not pooled (`portwise check --bench`).
+    pub async fn time_instantiation(
+        &self,
+        module: &str,
+        runs: usize,
+    ) -> Result<Vec<Duration>, WasmError> {
+        let module = module_key(module)?;
+        self.rt
+            .time_instantiation(&module, runs)
+            .await
+            .map_err(|message| WasmError::Load { module, message })
     }
 
     /// Rescans `modules_dir` now (the watcher does this on its own).

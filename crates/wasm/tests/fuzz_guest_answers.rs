@@ -327,6 +327,7 @@ fn check_case(pool: &[u8], answers: &[Answer]) -> Result<u64, TestCaseError> {
     let path = component(&dir, "answers.wasm", &core_wat(pool, answers));
     let result = RT.block_on(async {
         let rt = WasmRuntime::new(WasmConfig {
+            probes: Default::default(),
             modules_dir: None,
             cache_dir: Some(dir.join("cache")),
             watch: false,

@@ -105,6 +105,7 @@ impl Harness {
     fn new(limits: Limits) -> Self {
         let cache = TempDir::new("cache");
         let rt = WasmRuntime::new(WasmConfig {
+            probes: Default::default(),
             modules_dir: None,
             cache_dir: Some(cache.path().to_path_buf()),
             watch: false,
@@ -748,6 +749,7 @@ async fn compiled_code_is_cached_on_disk_and_corrupt_entries_are_rebuilt() {
     let cache = TempDir::new("codecache");
     let runtime = || {
         WasmRuntime::new(WasmConfig {
+            probes: Default::default(),
             modules_dir: None,
             cache_dir: Some(cache.path().to_path_buf()),
             watch: false,
@@ -823,6 +825,7 @@ async fn load_and_judge(
     expected: (Decision, &str),
 ) -> (CompileSource, portwise_wasm::CodeCacheStats, String) {
     let rt = WasmRuntime::new(WasmConfig {
+        probes: Default::default(),
         modules_dir: None,
         cache_dir: Some(cache.to_path_buf()),
         watch: false,
@@ -970,6 +973,7 @@ impl ConfigMapDir {
 
 fn dir_runtime(dir: &Path, cache: &TempDir) -> WasmRuntime {
     WasmRuntime::new(WasmConfig {
+        probes: Default::default(),
         modules_dir: Some(dir.to_path_buf()),
         cache_dir: Some(cache.path().to_path_buf()),
         watch: true,
