@@ -1,6 +1,6 @@
-// A starter membership checker in JavaScript (QuickJS, built by
-// componentize-qjs): copy this directory and put your own logic where the
-// comments say so.
+// A starter membership checker in JavaScript (StarlingMonkey, built by
+// @bytecodealliance/componentize-js against portwise:membership@0.2.0): copy
+// this directory and put your own logic where the comments say so.
 //
 // What it does as it stands: a pod backs the port when it carries the
 // configured label (any value but "false") and the target port answers a
@@ -13,13 +13,9 @@
 //    "path": "/healthz",                // optional: HTTP GET this path
 //    "timeoutMs": 1000}                 // optional, 1..60000 (default 1000)
 //
-// Built against portwise:membership@0.1.0 (wit/v0.1), like the JavaScript
-// example, not 0.2: componentize-qjs 0.4.5 releases the borrowed pod and
-// Service of a 0.2 call only after the call has returned, which the host
-// refuses ("borrow handles still remain at the end of the call"). The host
-// serves 0.1 next to 0.2. In 0.1 the pod is a record copied into every call;
-// the one line that differs under 0.2 is marked below.
-import probes from "portwise:membership/probes@0.1.0";
+// Each imported interface is an ES module whose named exports are its
+// functions (camelCase): `import * as probes` gives `probes.httpGet`.
+import * as probes from "portwise:membership/probes@0.2.0";
 
 // Add your own keys here, with their defaults, and check them below.
 const DEFAULTS = { path: null, timeoutMs: 1000 };
@@ -62,11 +58,12 @@ function configFor(raw) {
 
 const verdict = (decision, reason) => ({ decision, reason });
 
-// A failed probe arrives as the thrown probe-error variant ({tag, val}).
-// Abstain when it is not the pod's fault (a timeout, a probe the host
-// denied, the prober's own "unreachable:" failures); exclude otherwise.
+// A failed probe is thrown as an Error whose `payload` is the probe-error
+// variant ({tag: "refused"}, {tag: "denied", val: "..."}). Abstain when it is
+// not the pod's fault (a timeout, a probe the host denied, the prober's own
+// "unreachable:" failures); exclude otherwise.
 function probeFailed(what, e) {
-  const err = e && e.tag !== undefined ? e : e && e.payload;
+  const err = e && e.payload;
   switch (err && err.tag) {
     case "timeout":
       return verdict("abstain", `${what}: timeout`);
@@ -94,12 +91,13 @@ function check(config, service, pod, target) {
     return verdict("abstain", `bad config: ${e}`);
   }
 
-  // 1. Facts about the pod. Replace or extend this with your own rules.
-  //    Under 0.2 this line is `const value = pod.label(cfg.label);` (a
-  //    string or null, one host call).
-  const kv = pod.labels.find((l) => l.key === cfg.label);
-  const value = kv === undefined ? null : kv.value;
-  if (value === null) return verdict("exclude", `pod has no label ${cfg.label}`);
+  // 1. Facts about the pod: `pod` is a borrowed host resource, and each
+  //    by-key query is one host call (an option is the value or
+  //    `undefined`: compare with `== null`). Do not keep `pod` or `service`
+  //    past this call. Replace or extend this with your own rules
+  //    (pod.annotation, pod.condition, service.annotation, ...).
+  const value = pod.label(cfg.label);
+  if (value == null) return verdict("exclude", `pod has no label ${cfg.label}`);
   if (value === "false") return verdict("exclude", `label ${cfg.label}=false`);
 
   // 2. One probe of the address under judgement (the host reaches no other;
