@@ -158,3 +158,85 @@ async fn a_shadow_reports_its_differences_and_publishes_nothing() -> Result<()> 
     writes.expect(1, "one live change").await?;
     Ok(())
 }
+
+/// `portwise check --live` prints both verdicts per pod and port, and
+/// writes nothing (it needs only get and list).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_live_prints_live_and_shadow_side_by_side() -> Result<()> {
+    let cp = ControlPlane::shared().await?;
+    let ns = TestNs::new(cp, "shadow-live").await?;
+    ns.create_service(
+        service("web")
+            .annotation(GROUP_KEY, "g")
+            .annotation(SHADOW, "strict")
+            .port("http", 8080),
+    )
+    .await?;
+    ns.create_pod(pod("ready").annotation(GROUP_KEY, "g").ips(next_ips().v4()))
+        .await?;
+    ns.create_pod(
+        pod("unready")
+            .annotation(GROUP_KEY, "g")
+            .ready(false)
+            .ips(next_ips().v4()),
+    )
+    .await?;
+    // Another group's pod is not the Service's.
+    ns.create_pod(pod("other").annotation(GROUP_KEY, "h").ips(next_ips().v4()))
+        .await?;
+    let cfg = config_with(
+        "podReady",
+        "shadow:\n  expressions:\n    strict: {not: podReady}\n",
+    );
+    let writes = WriteCounter::start(&ns).await?;
+    let target = format!("{}/web", ns.name());
+    let out = run_binary_to_exit_on(
+        cp,
+        &[
+            "check",
+            "--live",
+            "--config",
+            "{config}",
+            "--service",
+            &target,
+        ],
+        &cfg,
+        Duration::from_secs(60),
+    )
+    .await?;
+    ensure!(
+        out.code == Some(0),
+        "exit {:?}: {}{}",
+        out.code,
+        out.stdout,
+        out.stderr
+    );
+    let rows: Vec<Vec<&str>> = out
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with("http "))
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    let row = |pod: &str| rows.iter().find(|r| r[2] == pod).cloned();
+    ensure!(rows.len() == 2, "{}", out.stdout);
+    ensure!(
+        row("ready").is_some_and(|r| r[4] == "include" && r[5] == "exclude" && r[6] == "yes"),
+        "{}",
+        out.stdout
+    );
+    ensure!(
+        row("unready").is_some_and(|r| r[4] == "exclude" && r[5] == "include" && r[6] == "yes"),
+        "{}",
+        out.stdout
+    );
+    ensure!(
+        out.stdout.contains("against shadow.expressions.strict")
+            && out
+                .stdout
+                .contains("2 of 2 verdicts differ; nothing was written"),
+        "{}",
+        out.stdout
+    );
+    writes.expect(0, "check --live").await?;
+    Ok(())
+}

@@ -454,7 +454,11 @@ async fn check_live(args: &CheckArgs) -> anyhow::Result<ExitCode> {
         .service
         .as_ref()
         .map(|p| p.to_string_lossy().to_string())
-        .or_else(|| args.service_name.as_ref().map(|n| format!("{}/{n}", args.namespace)))
+        .or_else(|| {
+            args.service_name
+                .as_ref()
+                .map(|n| format!("{}/{n}", args.namespace))
+        })
         .context("give the Service with --service NAMESPACE/NAME")?;
     let (ns, name) = target
         .split_once('/')
@@ -468,7 +472,9 @@ async fn check_live(args: &CheckArgs) -> anyhow::Result<ExitCode> {
         .with_context(|| format!("cannot read Service {ns}/{name}"))?;
     let group = portwise_core::align::key_value(&svc.metadata, &cfg.service_key)
         .with_context(|| {
-            format!("Service {ns}/{name} does not carry the serviceKey: portwise does not manage it")
+            format!(
+                "Service {ns}/{name} does not carry the serviceKey: portwise does not manage it"
+            )
         })?
         .to_string();
     let pods: Vec<Arc<Pod>> = Api::<Pod>::namespaced(client, ns)
@@ -527,7 +533,10 @@ async fn check_live(args: &CheckArgs) -> anyhow::Result<ExitCode> {
             path.display()
         ),
         Pick::Off => println!("Service {ns}/{name} has no shadow: live verdicts only"),
-        _ => println!("Service {ns}/{name}: live membership against {}", pick.label()),
+        _ => println!(
+            "Service {ns}/{name}: live membership against {}",
+            pick.label()
+        ),
     }
 
     let svc = Arc::new(svc);
