@@ -1,4 +1,5 @@
-// portwise membership checker in JavaScript (QuickJS, built by componentize-qjs).
+// portwise membership checker in JavaScript (StarlingMonkey, built by
+// @bytecodealliance/componentize-js against portwise:membership@0.2.0).
 //
 // Includes a pod for a port when a TCP connection to the port succeeds and
 // the pod does not carry a drain annotation. The annotation lets an operator
@@ -14,15 +15,10 @@
 // Answers: drained: exclude; dial ok: include; refused: exclude;
 // timeout or denied by the host: abstain (keep what was last published).
 //
-// Built against portwise:membership@0.1.0 (wit/v0.1), which the host still
-// serves, not 0.2: componentize-qjs 0.4.5 releases the borrowed pod and
-// Service of a 0.2 call only after the call has returned, which wasmtime
-// refuses ("borrow handles still remain at the end of the call"). See
-// JS_WIT_VERSION in guests/build-polyglot. The 0.2 version of the one line
-// that differs is `const drain = pod.annotation(cfg.annotation);` (a string
-// or null) with the imports at @0.2.0.
-import probes from "portwise:membership/probes@0.1.0";
-import log from "portwise:membership/log@0.1.0";
+// Each imported interface is an ES module whose named exports are its
+// functions (camelCase): `import * as probes` gives `probes.tcpDial`.
+import * as probes from "portwise:membership/probes@0.2.0";
+import * as log from "portwise:membership/log@0.2.0";
 
 const DEFAULTS = { annotation: "portwise.example.com/drain", timeoutMs: 500 };
 const MAX_TIMEOUT_MS = 60000;
@@ -72,17 +68,22 @@ function check(config, service, pod, target) {
     return verdict("abstain", `bad config: ${e}`);
   }
 
-  const drain = pod.annotations.find((kv) => kv.key === cfg.annotation);
-  if (drain !== undefined && drain.value !== "false") {
-    return verdict("exclude", `drained by annotation ${cfg.annotation}=${drain.value}`);
+  // `pod` is a borrowed host resource (portwise:membership@0.2.0): one
+  // host call reads the one annotation, `undefined` when absent (an
+  // option<T> is the value or undefined). The wrapper expires when this call
+  // returns, so it is not kept.
+  const drain = pod.annotation(cfg.annotation);
+  if (drain != null && drain !== "false") {
+    return verdict("exclude", `drained by annotation ${cfg.annotation}=${drain}`);
   }
 
   const where = `tcp ${target.address} port ${target.targetPort}`;
   try {
     probes.tcpDial("", target.targetPort, cfg.timeoutMs);
   } catch (e) {
-    // A failed result<_, probe-error> arrives as the thrown variant value.
-    const err = e && e.tag !== undefined ? e : e && e.payload;
+    // A failed result<_, probe-error> is thrown as an Error whose `payload`
+    // is the variant value ({tag: "refused"}, {tag: "denied", val: "..."}).
+    const err = e && e.payload;
     switch (err && err.tag) {
       case "refused":
         return verdict("exclude", `${where}: connection refused`);

@@ -693,11 +693,39 @@ pub async fn run_binary_to_exit(
     config_yaml: &str,
     timeout: Duration,
 ) -> Result<BinaryOutcome> {
+    run_binary(args, config_yaml, timeout, None).await
+}
+
+/// [`run_binary_to_exit`] against `cp`, whichever control plane the run
+/// exported.
+pub async fn run_binary_to_exit_on(
+    cp: &ControlPlane,
+    args: &[&str],
+    config_yaml: &str,
+    timeout: Duration,
+) -> Result<BinaryOutcome> {
+    run_binary(
+        args,
+        config_yaml,
+        timeout,
+        Some(cp.kubeconfig().to_path_buf()),
+    )
+    .await
+}
+
+async fn run_binary(
+    args: &[&str],
+    config_yaml: &str,
+    timeout: Duration,
+    kubeconfig: Option<PathBuf>,
+) -> Result<BinaryOutcome> {
     let dir = tempfile::Builder::new().prefix("portwise-cfg-").tempdir()?;
     let config_path = dir.path().join("config.yaml");
     std::fs::write(&config_path, config_yaml)?;
-    let kubeconfig = match std::env::var_os("PORTWISE_TEST_KUBECONFIG") {
-        Some(k) => PathBuf::from(k),
+    let kubeconfig = match kubeconfig
+        .or_else(|| std::env::var_os("PORTWISE_TEST_KUBECONFIG").map(PathBuf::from))
+    {
+        Some(k) => k,
         None => crate::identity::unreachable_kubeconfig(&dir.path().join("kubeconfig"))?,
     };
     let config_str = config_path.to_string_lossy().to_string();

@@ -70,6 +70,8 @@ pub struct Judge {
     abstain_limit: Duration,
     /// Per Service UID: its subjects that have abstained since when.
     abstains: Mutex<HashMap<String, Abstains>>,
+    /// A shadow's judge: its checks are kept out of the live metrics.
+    shadow: bool,
 }
 
 impl Judge {
@@ -93,7 +95,15 @@ impl Judge {
             cache: Mutex::default(),
             abstain_limit,
             abstains: Mutex::default(),
+            shadow: false,
         }
+    }
+
+    /// Marks this judge as a shadow's (see `crate::shadow`): the live
+    /// metrics (checks, abstain runs) do not count its work.
+    pub fn as_shadow(mut self) -> Self {
+        self.shadow = true;
+        self
     }
 
     /// Judges every subject, reusing fresh verdicts.
@@ -163,7 +173,7 @@ impl Judge {
                 longest = longest.max(now.saturating_duration_since(since));
                 abstains.insert(run, since);
             }
-            if decision != verdict.decision {
+            if decision != verdict.decision && !self.shadow {
                 self.metrics.count_abstain_expired();
                 debug!(pod = %subject.pod.name_any(), port = %subject.port.name,
                     limit = ?self.abstain_limit, "abstained for longer than abstainLimit: excluded");
@@ -178,7 +188,9 @@ impl Judge {
             });
         }
         let (ns, name) = (svc.namespace().unwrap_or_default(), svc.name_any());
-        self.metrics.set_abstain_longest(&ns, &name, longest);
+        if !self.shadow {
+            self.metrics.set_abstain_longest(&ns, &name, longest);
+        }
         if !abstains.is_empty() {
             self.abstains
                 .lock()
@@ -203,8 +215,10 @@ impl Judge {
             Err(_) => Verdict::abstain()
                 .because(format!("check did not finish within {:?}", self.timeout)),
         };
-        self.metrics
-            .observe_check(verdict.decision, started.elapsed());
+        if !self.shadow {
+            self.metrics
+                .observe_check(verdict.decision, started.elapsed());
+        }
         debug!(
             pod = %subject.pod.name_any(),
             port = %subject.port.name,

@@ -29,6 +29,7 @@ pub mod migrate;
 mod readiness;
 mod reconcile;
 mod retry;
+mod shadow;
 mod tenure;
 mod wiring;
 

@@ -205,6 +205,25 @@ struct ServiceLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ShadowLabels {
+    namespace: String,
+    service: String,
+    shadow: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ShadowPortLabels {
+    namespace: String,
+    service: String,
+    shadow: String,
+    port: String,
+}
+
+/// The shadow series of each (namespace, service): its shadow's name and
+/// ports, so they can be replaced or dropped as a whole.
+type ShadowIndex = HashMap<(String, String), (String, HashSet<String>)>;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct PublishedLabels {
     namespace: String,
     service: String,
@@ -277,6 +296,9 @@ pub struct Metrics {
     cache_objects: MetricFamily<KindLabels, Gauge>,
     abstain_longest: MetricFamily<ServiceLabels, Gauge<f64, AtomicU64>>,
     abstains_expired: Counter,
+    shadow_differences: MetricFamily<ShadowPortLabels, Gauge>,
+    shadow_verdicts: MetricFamily<ShadowLabels, Gauge>,
+    shadow_index: Arc<Mutex<ShadowIndex>>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -384,7 +406,23 @@ impl Metrics {
             abstains_expired.clone(),
         );
 
+        let shadow_differences = MetricFamily::<ShadowPortLabels, Gauge>::default();
+        registry.register(
+            "shadow_differences",
+            "Pods whose shadow verdict differs from the live one, per Service port (nothing of the shadow is published)",
+            shadow_differences.clone(),
+        );
+        let shadow_verdicts = MetricFamily::<ShadowLabels, Gauge>::default();
+        registry.register(
+            "shadow_verdicts",
+            "Verdicts the shadow was compared on at the Service's last reconcile",
+            shadow_verdicts.clone(),
+        );
+
         Self {
+            shadow_differences,
+            shadow_verdicts,
+            shadow_index: Arc::default(),
             abstain_longest,
             abstains_expired,
             registry: Arc::new(registry),
@@ -514,6 +552,86 @@ impl Metrics {
         };
         self.slices_managed.remove(&labels);
         self.abstain_longest.remove(&labels);
+        drop(index);
+        self.forget_shadow(namespace, service);
+    }
+
+    /// Replaces a Service's shadow series: differing pods per port (every
+    /// port listed, zeros included) and the verdicts compared.
+    pub fn set_shadow(
+        &self,
+        namespace: &str,
+        service: &str,
+        shadow: &str,
+        per_port: &BTreeMap<String, usize>,
+        verdicts: usize,
+    ) {
+        let mut index = self
+            .shadow_index
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let key = (label(namespace), label(service));
+        let ports: HashSet<String> = per_port.keys().map(|p| label(p)).collect();
+        if let Some((old_shadow, old_ports)) = index.get(&key) {
+            for port in old_ports {
+                if old_shadow != shadow || !ports.contains(port) {
+                    self.shadow_differences.remove(&ShadowPortLabels {
+                        namespace: key.0.clone(),
+                        service: key.1.clone(),
+                        shadow: old_shadow.clone(),
+                        port: port.clone(),
+                    });
+                }
+            }
+            if old_shadow != shadow {
+                self.shadow_verdicts.remove(&ShadowLabels {
+                    namespace: key.0.clone(),
+                    service: key.1.clone(),
+                    shadow: old_shadow.clone(),
+                });
+            }
+        }
+        for (port, n) in per_port {
+            self.shadow_differences
+                .get_or_create(&ShadowPortLabels {
+                    namespace: key.0.clone(),
+                    service: key.1.clone(),
+                    shadow: label(shadow),
+                    port: label(port),
+                })
+                .set(gauge_value(*n));
+        }
+        self.shadow_verdicts
+            .get_or_create(&ShadowLabels {
+                namespace: key.0.clone(),
+                service: key.1.clone(),
+                shadow: label(shadow),
+            })
+            .set(gauge_value(verdicts));
+        index.insert(key, (label(shadow), ports));
+    }
+
+    /// Drops a Service's shadow series (no shadow applies any more).
+    pub fn forget_shadow(&self, namespace: &str, service: &str) {
+        let mut index = self
+            .shadow_index
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some((shadow, ports)) = index.remove(&(label(namespace), label(service))) {
+            for port in ports {
+                self.shadow_differences.remove(&ShadowPortLabels {
+                    namespace: label(namespace),
+                    service: label(service),
+                    shadow: shadow.clone(),
+                    port,
+                });
+            }
+            self.shadow_verdicts.remove(&ShadowLabels {
+                namespace: label(namespace),
+                service: label(service),
+                shadow,
+            });
+        }
     }
 
     /// The longest ongoing abstain of a Service (zero when none).

@@ -55,6 +55,8 @@ pub(crate) struct Context {
     /// slices by the Service they belong to (owner or service-name label)
     pub(crate) slice_owners: Arc<GroupIndex>,
     pub(crate) judge: Judge,
+    /// The configuration's shadow expressions, if any (`crate::shadow`).
+    pub(crate) shadows: Option<crate::shadow::Shadows>,
     pub(crate) writer: SliceWriter,
     pub(crate) recorder: Recorder,
     pub(crate) metrics: Metrics,
@@ -144,7 +146,7 @@ impl Context {
         meta.labels().get("topology.kubernetes.io/zone").cloned()
     }
 
-    async fn event(&self, svc: &Service, type_: EventType, reason: &str, note: String) {
+    pub(crate) async fn event(&self, svc: &Service, type_: EventType, reason: &str, note: String) {
         let ev = KubeEvent {
             type_,
             reason: reason.into(),
@@ -398,6 +400,10 @@ async fn serve(ctx: &Context, svc: &Arc<Service>, mut serve: Serve) -> Result<bo
                 }
             }
         }
+    }
+    // Last, so that the shadow's probes never delay what is published.
+    if let Some(shadows) = &ctx.shadows {
+        shadows.observe(ctx, svc, &judged).await;
     }
     Ok(true)
 }

@@ -257,6 +257,17 @@ pub(crate) async fn run(
         },
     )
     .map_err(|e| Error::Build(e.to_string()))?;
+    let shadows = crate::shadow::Shadows::build(
+        &config,
+        &BuildContext {
+            wasm: opts.wasm.as_deref(),
+            stable_ttl: BuildContext::stable_ttl_for(config.resync_period),
+            stable_spacing: BuildContext::stable_spacing_for(config.resync_period),
+        },
+        |checker| {
+            crate::shadow::shadow_judge(checker, &config, opts.check_timeout, opts.metrics.clone())
+        },
+    )?;
 
     let gate = SyncGate::default();
     let list_cfg = watcher::Config::default().any_semantic();
@@ -486,6 +497,7 @@ pub(crate) async fn run(
             config.abstain_limit(),
             opts.metrics.clone(),
         ),
+        shadows,
         writer: SliceWriter::new(client.clone(), config.managed_by.clone()),
         recorder: Recorder::new(client.clone(), reporter),
         migration: migrate::Migrator::new(client.clone(), config.managed_by.clone()),
@@ -518,6 +530,9 @@ pub(crate) async fn run(
                 let ns = svc.namespace().unwrap_or_default();
                 let uid = svc.uid().unwrap_or_default();
                 ctx.judge.forget(&uid);
+                if let Some(shadows) = &ctx.shadows {
+                    shadows.forget(&uid);
+                }
                 ctx.migration.forget(&svc);
                 ctx.metrics.forget_service(&ns, &svc.name_any());
                 ctx.selector_warned.lock().unwrap().remove(&uid);

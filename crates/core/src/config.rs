@@ -103,6 +103,42 @@ pub struct Config {
     /// The checker expression deciding membership.
     #[serde(default)]
     pub membership: CheckerExpr,
+    /// Membership expressions judged next to the live one, publishing
+    /// nothing: how a new checker is tried before it decides.
+    #[serde(default)]
+    pub shadow: Option<ShadowSpec>,
+}
+
+/// `shadow: {membership, expressions, annotation}`.
+///
+/// A shadow expression is judged on every reconcile of a Service it applies
+/// to, right after the live one, and its verdicts are only compared: the
+/// differences go to a metric, an Event on the Service and `portwise check
+/// --live`. Named expressions live here, in the operator's file, rather
+/// than in the annotation itself, because an expression can run probes
+/// and WebAssembly: who may write a Service must not choose what portwise
+/// runs.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ShadowSpec {
+    /// The shadow of every managed Service, unless its annotation picks
+    /// another (or `none`).
+    #[serde(default)]
+    pub membership: Option<CheckerExpr>,
+    /// Named shadows; a Service picks one with `annotation: NAME`.
+    #[serde(default)]
+    pub expressions: BTreeMap<String, CheckerExpr>,
+    /// The Service annotation that picks a named shadow (`none` turns the
+    /// default off for that Service).
+    #[serde(default = "default_shadow_annotation")]
+    pub annotation: String,
+}
+
+/// `portwise.io/shadow`.
+pub const DEFAULT_SHADOW_ANNOTATION: &str = "portwise.io/shadow";
+
+fn default_shadow_annotation() -> String {
+    DEFAULT_SHADOW_ANNOTATION.to_owned()
 }
 
 /// The default `maxModuleBytes`: 64 MiB, 3.5 times the largest example
@@ -644,7 +680,19 @@ impl Config {
             registry_ca: None,
             max_module_bytes: DEFAULT_MAX_MODULE_BYTES,
             membership: CheckerExpr::default(),
+            shadow: None,
         }
+    }
+
+    /// Every `wasm` expression of the file: the live membership's and the
+    /// shadows'. What has to be pulled and sized for at start.
+    pub fn all_wasm_specs(&self) -> Vec<&WasmSpec> {
+        let mut out = self.membership.wasm_specs();
+        if let Some(sh) = &self.shadow {
+            out.extend(sh.membership.iter().flat_map(|m| m.wasm_specs()));
+            out.extend(sh.expressions.values().flat_map(|e| e.wasm_specs()));
+        }
+        out
     }
 
     /// How long an abstain keeps what was published (`abstainLimit`).
@@ -717,7 +765,24 @@ impl Config {
             return Err(root.field("maxModuleBytes").issue("must be at least 1"));
         }
         self.membership
-            .validate(&root.field("membership"), self.modules_dir.is_some())
+            .validate(&root.field("membership"), self.modules_dir.is_some())?;
+        if let Some(shadow) = &self.shadow {
+            let p = root.field("shadow");
+            check_qualified_name(&shadow.annotation).map_err(|m| p.field("annotation").issue(m))?;
+            if let Some(m) = &shadow.membership {
+                m.validate(&p.field("membership"), self.modules_dir.is_some())?;
+            }
+            let named = p.field("expressions");
+            for (name, expr) in &shadow.expressions {
+                let at = named.field(name);
+                check_dns_label(name).map_err(|m| at.issue(format!("not a shadow name: {m}")))?;
+                if name == "none" {
+                    return Err(at.issue("`none` is reserved: it turns the shadow off"));
+                }
+                expr.validate(&at, self.modules_dir.is_some())?;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -1779,6 +1844,35 @@ membership:
         ))
         .unwrap_err();
         assert!(e.to_string().contains("memory"), "{e}");
+    }
+
+    #[test]
+    fn shadow_parses_and_bad_shadows_name_the_key() {
+        let c = Config::from_yaml(&with_membership(
+            "podReady\nshadow: {membership: notTerminating, expressions: {next: {tcpDial: {timeout: 1s}}}}",
+        ))
+        .unwrap();
+        let shadow = c.shadow.unwrap();
+        assert_eq!(shadow.membership, Some(CheckerExpr::NotTerminating));
+        assert!(shadow.expressions.contains_key("next"));
+        assert_eq!(shadow.annotation, DEFAULT_SHADOW_ANNOTATION);
+        for (yaml, field) in [
+            ("{expressions: {Next: podReady}}", "shadow.expressions.Next"),
+            ("{expressions: {none: podReady}}", "shadow.expressions.none"),
+            (
+                "{expressions: {next: {tcpDial: {timeout: 0s}}}}",
+                "shadow.expressions.next.tcpDial.timeout",
+            ),
+            (
+                "{membership: {httpGet: {path: x}}}",
+                "shadow.membership.httpGet.path",
+            ),
+            ("{annotation: 'not a key!'}", "shadow.annotation"),
+        ] {
+            let e = Config::from_yaml(&with_membership(&format!("podReady\nshadow: {yaml}")))
+                .unwrap_err();
+            assert_eq!(e.field_path(), Some(field), "{yaml}: {e}");
+        }
     }
 
     #[test]

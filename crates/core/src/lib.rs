@@ -19,3 +19,4 @@ pub mod config;
 pub mod membership;
 pub mod plan;
 pub mod reconcile;
+pub mod shadow;

@@ -30,7 +30,10 @@ use portwise_core::{
     align,
     config::{CheckerExpr, Config, WasmSpec},
 };
-use portwise_wasm::{Limits, WasmConfig, WasmRuntime, default_cache_dir};
+use portwise_wasm::{
+    CompileSource, Limits, ProbeMode, Recorder, Recording, Replayer, WasmConfig, WasmRuntime,
+    default_cache_dir,
+};
 
 use crate::ops::{
     self,
@@ -116,15 +119,35 @@ pub struct CheckArgs {
     pub namespace: String,
     #[arg(long, env = "PORTWISE_CACHE_DIR")]
     pub cache_dir: Option<PathBuf>,
+    /// After the verdicts, run every decision N more times on a reused
+    /// instance and print p50/p99 per decision, and each module's compile,
+    /// cached-load and instantiation time. Probes really happen (unless
+    /// `--replay`).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub bench: Option<u32>,
+    /// Save every probe the WebAssembly guests make, with its answer, to
+    /// FILE (JSON; see docs/guests.md).
+    #[arg(long, value_name = "FILE", conflicts_with = "replay")]
+    pub record: Option<PathBuf>,
+    /// Answer the guests' probes from FILE (made by `--record`) instead of
+    /// the network. A probe not in it fails for the guest, is reported on
+    /// stderr and makes the command exit 4.
+    #[arg(long, value_name = "FILE")]
+    pub replay: Option<PathBuf>,
+    /// Judge a Service of the cluster with the live and the shadow
+    /// membership of `--config` and print both verdicts for every pod and
+    /// port, writing nothing. `--service` is then `NAMESPACE/NAME`.
+    #[arg(long, requires = "config")]
+    pub live: bool,
 }
 
 /// The WebAssembly runtime's limits: the flags as every expression's
 /// defaults, and a memory ceiling that fits the largest per-expression
 /// `limits.memoryMiB` (the pooling allocator sizes its slots once, at start).
-fn runtime_limits(membership: &CheckerExpr, args: &RunArgs) -> Limits {
+fn runtime_limits(config: &Config, args: &RunArgs) -> Limits {
     let default = (args.guest_memory_mib * 1024 * 1024) as usize;
-    let largest = membership
-        .wasm_specs()
+    let largest = config
+        .all_wasm_specs()
         .iter()
         .filter_map(|w| w.limits.memory_mib)
         .map(|mib| (mib as usize) << 20)
@@ -137,6 +160,9 @@ fn runtime_limits(membership: &CheckerExpr, args: &RunArgs) -> Limits {
         ..Limits::default()
     }
 }
+
+/// `portwise check --replay` found probes with no recorded answer.
+pub const EXIT_REPLAY_MISSED: u8 = 4;
 
 /// `portwise run`.
 pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
@@ -172,16 +198,17 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         let _ = server_stop_rx.await;
     }));
 
-    let wasm_specs = config.membership.wasm_specs();
+    let wasm_specs = config.all_wasm_specs();
     let pulls = wasm_specs.iter().any(|s| s.oci().is_some());
     let wasm = if config.modules_dir.is_some() || pulls {
         Some(Arc::new(
             WasmRuntime::new(WasmConfig {
                 oci: oci_config(&config),
+                probes: Default::default(),
                 modules_dir: config.modules_dir.clone(),
                 cache_dir: Some(args.cache_dir.clone().unwrap_or_else(default_cache_dir)),
                 watch: true,
-                limits: runtime_limits(&config.membership, &args),
+                limits: runtime_limits(&config, &args),
             })
             .context("cannot start the WebAssembly runtime")?,
         ))
@@ -439,8 +466,152 @@ fn read_object<T: serde::de::DeserializeOwned>(path: &Path) -> anyhow::Result<T>
         .with_context(|| format!("{} is not a valid object", path.display()))
 }
 
+/// `portwise check --live`: the live and shadow verdicts of every pod of a
+/// Service in the cluster, side by side. Reads only (GET and LIST).
+async fn check_live(args: &CheckArgs) -> anyhow::Result<ExitCode> {
+    use portwise_core::shadow::{self, Pick};
+    let path = args.config.as_ref().context("--live needs --config FILE")?;
+    let cfg =
+        Config::load(path).with_context(|| format!("invalid configuration {}", path.display()))?;
+    let target = args
+        .service
+        .as_ref()
+        .map(|p| p.to_string_lossy().to_string())
+        .or_else(|| {
+            args.service_name
+                .as_ref()
+                .map(|n| format!("{}/{n}", args.namespace))
+        })
+        .context("give the Service with --service NAMESPACE/NAME")?;
+    let (ns, name) = target
+        .split_once('/')
+        .with_context(|| format!("--service {target:?}: expected NAMESPACE/NAME"))?;
+    let client = connect(&ClientOptions::standalone())
+        .await
+        .context("no Kubernetes connection (set KUBECONFIG or run in a cluster)")?;
+    let svc: Service = Api::namespaced(client.clone(), ns)
+        .get(name)
+        .await
+        .with_context(|| format!("cannot read Service {ns}/{name}"))?;
+    let group = portwise_core::align::key_value(&svc.metadata, &cfg.service_key)
+        .with_context(|| {
+            format!(
+                "Service {ns}/{name} does not carry the serviceKey: portwise does not manage it"
+            )
+        })?
+        .to_string();
+    let pods: Vec<Arc<Pod>> = Api::<Pod>::namespaced(client, ns)
+        .list(&Default::default())
+        .await
+        .with_context(|| format!("cannot list pods in {ns}"))?
+        .items
+        .into_iter()
+        .filter(|p| {
+            portwise_core::align::key_value(&p.metadata, cfg.pod_key()) == Some(group.as_str())
+        })
+        .map(Arc::new)
+        .collect();
+
+    let all_exprs = cfg.all_wasm_specs();
+    let pulls = all_exprs.iter().any(|s| s.oci().is_some());
+    let runtime = match (&cfg.modules_dir, pulls) {
+        (None, false) => None,
+        (dir, _) => Some(WasmRuntime::new(WasmConfig {
+            oci: oci_config(&cfg),
+            probes: Default::default(),
+            modules_dir: dir.clone(),
+            cache_dir: Some(args.cache_dir.clone().unwrap_or_else(default_cache_dir)),
+            watch: false,
+            limits: Limits {
+                max_memory_bytes: all_exprs
+                    .iter()
+                    .filter_map(|w| w.limits.memory_mib)
+                    .map(|mib| (mib as usize) << 20)
+                    .max()
+                    .unwrap_or(0),
+                ..Limits::default()
+            },
+        })?),
+    };
+    if let Some(rt) = &runtime {
+        for (module, result) in rt.pull(&all_exprs).await {
+            if let Err(e) = result {
+                eprintln!("{module}: {e}");
+            }
+        }
+    }
+    let ctx = BuildContext {
+        wasm: runtime.as_ref().map(|r| r as &dyn WasmCheckers),
+        ..BuildContext::default()
+    };
+    let live = build(&cfg.membership, &ctx).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let pick = shadow::pick(&svc, cfg.shadow.as_ref());
+    let shadow_expr = match (&pick, &cfg.shadow) {
+        (Pick::Default, Some(sh)) => sh.membership.as_ref(),
+        (Pick::Named(n), Some(sh)) => sh.expressions.get(n),
+        _ => None,
+    };
+    let shadow_checker = shadow_expr
+        .map(|e| portwise_checkers::build_at(e, &ctx, &pick.label()))
+        .transpose()
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    match &pick {
+        Pick::Unknown(n) => println!(
+            "Service {ns}/{name} names shadow {n:?}, which {} does not have: live verdicts only",
+            path.display()
+        ),
+        Pick::Off => println!("Service {ns}/{name} has no shadow: live verdicts only"),
+        _ => println!(
+            "Service {ns}/{name}: live membership against {}",
+            pick.label()
+        ),
+    }
+
+    let svc = Arc::new(svc);
+    let subjects = align::subjects(&svc, &pods);
+    println!(
+        "{:<16} {:<6} {:<24} {:<40} {:<8} {:<8} {:<5} REASONS (live | shadow)",
+        "PORT", "FAMILY", "POD", "ADDRESS", "LIVE", "SHADOW", "DIFF"
+    );
+    let word = |d: portwise_core::membership::Decision| format!("{d:?}").to_lowercase();
+    let (mut differ, total) = (0usize, subjects.len());
+    for s in &subjects {
+        let l = live.check(s).await;
+        let sh = match &shadow_checker {
+            Some(c) => Some(c.check(s).await),
+            None => None,
+        };
+        let diff = sh.as_ref().is_some_and(|v| v.decision != l.decision);
+        differ += usize::from(diff);
+        let port = if s.port.name.is_empty() {
+            s.port.port.to_string()
+        } else {
+            s.port.name.clone()
+        };
+        println!(
+            "{:<16} {:<6} {:<24} {:<40} {:<8} {:<8} {:<5} {} | {}",
+            port,
+            format!("{:?}", s.family).to_lowercase(),
+            s.pod.metadata.name.as_deref().unwrap_or_default(),
+            format!("{}:{}", s.address, s.port.target),
+            word(l.decision),
+            sh.as_ref().map_or("-".to_string(), |v| word(v.decision)),
+            if diff { "yes" } else { "" },
+            l.reason.unwrap_or_default(),
+            sh.and_then(|v| v.reason).unwrap_or_default(),
+        );
+    }
+    if shadow_checker.is_some() {
+        println!("{differ} of {total} verdicts differ; nothing was written");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 /// `portwise check`.
 pub async fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
+    if args.live {
+        return check_live(&args).await;
+    }
     let needs_cluster = args.pod_name.is_some() || args.service_name.is_some();
     let client = if needs_cluster {
         Some(
@@ -512,13 +683,30 @@ pub async fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
         (CheckerExpr::default(), None)
     };
 
+    let (probes, recorder, replayer) = if let Some(path) = &args.replay {
+        let recording = Recording::read(path).map_err(|e| anyhow::anyhow!("--replay {e}"))?;
+        let replayer = Arc::new(Replayer::new(recording));
+        (ProbeMode::Replay(replayer.clone()), None, Some(replayer))
+    } else if args.record.is_some() {
+        let recorder = Arc::new(Recorder::new());
+        (ProbeMode::Record(recorder.clone()), Some(recorder), None)
+    } else {
+        (ProbeMode::Live, None, None)
+    };
+    if (args.record.is_some() || args.replay.is_some()) && uses_builtin_probes(&expr) {
+        eprintln!(
+            "portwise: note: only WebAssembly guests' probes are recorded and replayed; \
+             the built-in tcpDial and httpGet checkers in this expression probe the network"
+        );
+    }
+    let cache_dir = args.cache_dir.clone().unwrap_or_else(default_cache_dir);
     let pulls = expr.wasm_specs().iter().any(|s| s.oci().is_some());
     let runtime = match (modules_dir, pulls) {
         (None, false) => None,
         (dir, _) => Some(WasmRuntime::new(WasmConfig {
             oci,
             modules_dir: dir,
-            cache_dir: Some(args.cache_dir.clone().unwrap_or_else(default_cache_dir)),
+            cache_dir: Some(cache_dir.clone()),
             watch: false,
             limits: Limits {
                 max_memory_bytes: expr
@@ -530,6 +718,7 @@ pub async fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
                     .unwrap_or(0),
                 ..Limits::default()
             },
+            probes,
         })?),
     };
     if let Some(rt) = &runtime {
@@ -593,23 +782,206 @@ pub async fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
         "{:<16} {:<6} {:<40} {:<8} REASON",
         "PORT", "FAMILY", "ADDRESS", "VERDICT"
     );
-    for s in subjects {
-        let v = checker.check(&s).await;
-        let port = if s.port.name.is_empty() {
-            s.port.port.to_string()
-        } else {
-            s.port.name.clone()
-        };
+    for s in &subjects {
+        let v = checker.check(s).await;
+        let (port, family, address) = row(s);
         println!(
-            "{:<16} {:<6} {:<40} {:<8} {}",
-            port,
-            format!("{:?}", s.family).to_lowercase(),
-            format!("{}:{}", s.address, s.port.target),
+            "{port:<16} {family:<6} {address:<40} {:<8} {}",
             format!("{:?}", v.decision).to_lowercase(),
             v.reason.unwrap_or_default()
         );
     }
+    // The recording holds the probes behind the table, not the benchmark's
+    // repeats of them (a replay answers repeats with the last answer).
+    if let (Some(recorder), Some(path)) = (&recorder, &args.record) {
+        let recording = recorder.finish();
+        recording
+            .write(path)
+            .map_err(|e| anyhow::anyhow!("--record {e}"))?;
+        eprintln!(
+            "portwise: recorded {} probe(s) to {}",
+            recording.probes.len(),
+            path.display()
+        );
+    }
+    if let Some(runs) = args.bench {
+        let how = if args.replay.is_some() {
+            "probes replayed"
+        } else {
+            "probes live"
+        };
+        bench(&*checker, &subjects, runs, how).await;
+        if let Some(rt) = &runtime {
+            bench_modules(rt, &expr, &cache_dir, runs).await?;
+        }
+    }
+    if let Some(replayer) = &replayer {
+        let misses = replayer.misses();
+        if !misses.is_empty() {
+            let path = args.replay.as_deref().unwrap_or(Path::new(""));
+            eprintln!(
+                "portwise: replay: {} probe(s) had no recorded answer in {} \
+                 (the guest got probe-error.io):",
+                misses.len(),
+                path.display()
+            );
+            for m in &misses {
+                eprintln!("  {} ({}×)", m.probe, m.count);
+            }
+            return Ok(ExitCode::from(EXIT_REPLAY_MISSED));
+        }
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The port, family and address columns of a subject's row.
+fn row(s: &portwise_core::membership::Subject) -> (String, String, String) {
+    let port = if s.port.name.is_empty() {
+        s.port.port.to_string()
+    } else {
+        s.port.name.clone()
+    };
+    (
+        port,
+        format!("{:?}", s.family).to_lowercase(),
+        format!("{}:{}", s.address, s.port.target),
+    )
+}
+
+/// Whether `expr` has a built-in checker that probes (not recorded or
+/// replayed: only guests' probes go through the WebAssembly host).
+fn uses_builtin_probes(expr: &CheckerExpr) -> bool {
+    match expr {
+        CheckerExpr::TcpDial(_) | CheckerExpr::HttpGet(_) => true,
+        CheckerExpr::All(xs) | CheckerExpr::Any(xs) => xs.iter().any(uses_builtin_probes),
+        CheckerExpr::Not(x) => uses_builtin_probes(x),
+        CheckerExpr::Stable(s) => uses_builtin_probes(&s.checker),
+        CheckerExpr::PerPort(p) => p
+            .ports
+            .values()
+            .chain(p.fallback.as_deref())
+            .any(uses_builtin_probes),
+        _ => false,
+    }
+}
+
+/// The modules `expr` runs, as the runtime names them (`x` is `x.wasm`).
+fn wasm_modules(expr: &CheckerExpr) -> std::collections::BTreeSet<String> {
+    let mut found = std::collections::BTreeSet::new();
+    let mut stack = vec![expr];
+    while let Some(e) = stack.pop() {
+        match e {
+            CheckerExpr::Wasm(w) => {
+                let m = &w.module;
+                found.insert(if m.ends_with(".wasm") || m.ends_with(".wasm.gz") {
+                    m.clone()
+                } else {
+                    format!("{m}.wasm")
+                });
+            }
+            CheckerExpr::All(xs) | CheckerExpr::Any(xs) => stack.extend(xs),
+            CheckerExpr::Not(x) => stack.push(x),
+            CheckerExpr::Stable(s) => stack.push(&s.checker),
+            CheckerExpr::PerPort(p) => stack.extend(p.ports.values().chain(p.fallback.as_deref())),
+            _ => {}
+        }
+    }
+    found
+}
+
+/// The `q` quantile (nearest rank) of sorted durations.
+fn quantile(sorted: &[Duration], q: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let rank = (q * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+/// `--bench`: each decision `runs` times in a row (after the table's run,
+/// which warmed the instance up), timed one by one.
+async fn bench(
+    checker: &dyn portwise_checkers::Checker,
+    subjects: &[portwise_core::membership::Subject],
+    runs: u32,
+    how: &str,
+) {
+    println!();
+    println!("bench: {runs} runs of each decision on a reused instance, {how}");
+    println!(
+        "{:<16} {:<6} {:<40} {:>10} {:>10} {:>10} {:>10}",
+        "PORT", "FAMILY", "ADDRESS", "P50 (ms)", "P99 (ms)", "MIN (ms)", "MAX (ms)"
+    );
+    for s in subjects {
+        let mut times = Vec::with_capacity(runs as usize);
+        for _ in 0..runs {
+            let started = std::time::Instant::now();
+            let _ = checker.check(s).await;
+            times.push(started.elapsed());
+        }
+        times.sort_unstable();
+        let (port, family, address) = row(s);
+        println!(
+            "{port:<16} {family:<6} {address:<40} {:>10.3} {:>10.3} {:>10.3} {:>10.3}",
+            ms(quantile(&times, 0.5)),
+            ms(quantile(&times, 0.99)),
+            ms(times[0]),
+            ms(times[times.len() - 1]),
+        );
+    }
+}
+
+/// `--bench`, per module: a compile with no cache, a load from the
+/// compiled-code cache (which the first load filled), and fresh
+/// instantiations.
+async fn bench_modules(
+    rt: &WasmRuntime,
+    expr: &CheckerExpr,
+    cache_dir: &Path,
+    runs: u32,
+) -> anyhow::Result<()> {
+    let fresh = |cache_dir: Option<PathBuf>| {
+        WasmRuntime::new(WasmConfig {
+            oci: Default::default(),
+            modules_dir: None,
+            cache_dir,
+            watch: false,
+            limits: Limits::default(),
+            probes: ProbeMode::Live,
+        })
+    };
+    let instantiations = runs.min(20) as usize;
+    let used = wasm_modules(expr);
+    for info in rt
+        .modules()
+        .into_iter()
+        .filter(|m| used.contains(&m.module))
+    {
+        let compiled = fresh(None)?.load_file(&info.source).await?;
+        let cached = fresh(Some(cache_dir.to_path_buf()))?
+            .load_file(&info.source)
+            .await?;
+        let cached = match cached.compiled {
+            CompileSource::Cached => format!("{:.1} ms", ms(cached.load_time)),
+            CompileSource::Compiled => "n/a (the cache did not keep it)".into(),
+        };
+        let mut inst = rt.time_instantiation(&info.module, instantiations).await?;
+        inst.sort_unstable();
+        println!(
+            "module {} (portwise:membership@{}, {:.1} KB): compile {:.1} ms, cached load {cached}, \
+             instantiate {:.3} ms (p50 of {instantiations})",
+            info.module,
+            info.interface,
+            info.size as f64 / 1000.0,
+            ms(compiled.load_time),
+            ms(quantile(&inst, 0.5)),
+        );
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -645,6 +1017,7 @@ mod tests {
         let rt = Arc::new(
             WasmRuntime::new(WasmConfig {
                 oci: Default::default(),
+                probes: Default::default(),
                 modules_dir: None,
                 cache_dir: None,
                 watch: false,

@@ -212,6 +212,7 @@ fn cache_dir() -> PathBuf {
 fn runtime(dir: &std::path::Path, idle_instances: usize) -> WasmRuntime {
     WasmRuntime::new(WasmConfig {
         oci: Default::default(),
+        probes: Default::default(),
         modules_dir: Some(dir.to_path_buf()),
         cache_dir: Some(cache_dir()),
         watch: false,

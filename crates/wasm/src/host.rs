@@ -33,7 +33,9 @@ use crate::bindings::{
     HttpRequest, WitHttpResponse, WitLevel, WitProbeError, normalise_ip,
     v01::portwise::membership::{log, probes, types},
 };
-use crate::{CallLimits, Limits, failures::FailureKind, failures::ModuleCounters};
+use crate::{
+    CallLimits, Limits, failures::FailureKind, failures::ModuleCounters, replay::ProbeMode,
+};
 use portwise_probe as probe;
 
 /// Longest log line a guest can emit through `log` (bytes).
@@ -121,6 +123,8 @@ pub(crate) struct HostState {
     pub stderr: Capture,
     limits: Arc<Limits>,
     counters: Arc<ModuleCounters>,
+    /// Live, recorded or replayed probes (`portwise check --record/--replay`).
+    probes: ProbeMode,
 }
 
 impl HostState {
@@ -151,7 +155,14 @@ impl HostState {
             stderr,
             limits,
             counters,
+            probes: ProbeMode::Live,
         }
+    }
+
+    /// Where this store's probes go (live unless said otherwise).
+    pub(crate) fn with_probes(mut self, probes: ProbeMode) -> Self {
+        self.probes = probes;
+        self
     }
 
     /// Resets the per-call state before a call.
@@ -340,10 +351,17 @@ impl HostState {
             return Err(self.deny(why));
         }
         let timeout = self.timeout(timeout_ms);
+        if let ProbeMode::Replay(replay) = &self.probes {
+            return replay.http(addr, path);
+        }
         let started = Instant::now();
         let result = probe::http_get(addr, path, timeout, probe::MAX_BODY_BYTES).await;
         self.credit(started.elapsed());
-        result.map_err(ProbeFailure::from)
+        let result = result.map_err(ProbeFailure::from);
+        if let ProbeMode::Record(recorder) = &self.probes {
+            recorder.http(addr, path, timeout, &result);
+        }
+        result
     }
 
     /// Opens and closes a TCP connection for the guest, after the checks.
@@ -358,10 +376,17 @@ impl HostState {
             Err(why) => return Err(self.deny(why)),
         };
         let timeout = self.timeout(timeout_ms);
+        if let ProbeMode::Replay(replay) = &self.probes {
+            return replay.tcp(addr);
+        }
         let started = Instant::now();
         let result = probe::tcp_dial(addr, timeout).await;
         self.credit(started.elapsed());
-        result.map_err(ProbeFailure::from)
+        let result = result.map_err(ProbeFailure::from);
+        if let ProbeMode::Record(recorder) = &self.probes {
+            recorder.tcp(addr, timeout, &result);
+        }
+        result
     }
 
     /// The guest's log line, capped in length and per call.

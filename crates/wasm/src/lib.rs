@@ -48,6 +48,7 @@ mod failures;
 mod host;
 mod modules;
 pub mod oci;
+pub mod replay;
 mod resources;
 
 use std::{
@@ -63,6 +64,7 @@ use tokio::sync::broadcast;
 pub use cache::{CodeCacheStats, CompileSource, default_cache_dir};
 pub use failures::{FailureCount, FailureKind};
 pub use oci::OciConfig;
+pub use replay::{ProbeMode, Recorder, Recording, ReplayMiss, Replayer};
 
 use modules::{CheckerSpec, Runtime};
 use portwise_checkers::{BoxFuture, Checker};
@@ -194,6 +196,11 @@ pub struct WasmConfig {
     /// How `oci://` modules are pulled ([`WasmRuntime::pull`]); their
     /// verified content is cached under `cache_dir`'s `oci/`.
     pub oci: OciConfig,
+    /// Where guests' probes go: the network ([`ProbeMode::Live`]), the
+    /// network and a recording, or only a recording (`portwise check
+    /// --record/--replay`). Probes are authorised first in every mode, so
+    /// a denied probe is denied the same way.
+    pub probes: ProbeMode,
 }
 
 impl Default for WasmConfig {
@@ -204,6 +211,7 @@ impl Default for WasmConfig {
             watch: true,
             limits: Limits::default(),
             oci: OciConfig::default(),
+            probes: ProbeMode::Live,
         }
     }
 }
@@ -369,8 +377,14 @@ impl WasmRuntime {
         let ticker =
             engine::Ticker::start(engine.clone()).map_err(|e| WasmError::Engine(e.to_string()))?;
         let rt = Arc::new(
-            Runtime::new(engine, cache, config.limits, config.modules_dir.clone())
-                .map_err(|e| WasmError::Engine(format!("{e:#}")))?,
+            Runtime::new(
+                engine,
+                cache,
+                config.limits,
+                config.modules_dir.clone(),
+                config.probes,
+            )
+            .map_err(|e| WasmError::Engine(format!("{e:#}")))?,
         );
         block_on(rt.rescan());
         let watcher = match (&config.modules_dir, config.watch) {
@@ -465,6 +479,21 @@ impl WasmRuntime {
             out.push((key, result));
         }
         out
+    }
+
+    /// Creates `runs` fresh instances of `module` (a loaded module's name)
+    /// one after the other and returns how long each took; they are dropped,
+    /// not pooled (`portwise check --bench`).
+    pub async fn time_instantiation(
+        &self,
+        module: &str,
+        runs: usize,
+    ) -> Result<Vec<Duration>, WasmError> {
+        let module = module_key(module)?;
+        self.rt
+            .time_instantiation(&module, runs)
+            .await
+            .map_err(|message| WasmError::Load { module, message })
     }
 
     /// Rescans `modules_dir` now (the watcher does this on its own).

@@ -328,6 +328,7 @@ fn check_case(pool: &[u8], answers: &[Answer]) -> Result<u64, TestCaseError> {
     let result = RT.block_on(async {
         let rt = WasmRuntime::new(WasmConfig {
             oci: Default::default(),
+            probes: Default::default(),
             modules_dir: None,
             cache_dir: Some(dir.join("cache")),
             watch: false,

@@ -61,6 +61,7 @@ async fn runtime_loading(path: &Path) -> WasmRuntime {
     let _one_at_a_time = LOADING.lock().await;
     let rt = WasmRuntime::new(WasmConfig {
         oci: Default::default(),
+        probes: Default::default(),
         modules_dir: None,
         cache_dir: Some(default_cache_dir()),
         watch: false,
@@ -308,10 +309,11 @@ async fn js_drain_check_verdicts() {
     assert_verdict(&v, Decision::Include, "connected");
 }
 
-/// As `.wasm` (1.6 MB) the JavaScript guest does not fit a ConfigMap (1 MiB);
-/// gzipped it does, and the `.wasm.gz` judges exactly like the plain file.
+/// The JavaScript guest (12 MB: the StarlingMonkey engine) gzips to about a
+/// third, still over a ConfigMap's 1 MiB (docs/guests.md), and the `.wasm.gz`
+/// judges exactly like the plain file.
 #[tokio::test]
-async fn js_drain_check_gzipped_fits_a_configmap_and_judges_the_same() {
+async fn js_drain_check_gzipped_judges_the_same() {
     use std::io::Write;
     let plain = runtime_with(JS).await;
     let wasm = std::fs::read(guests_dir().join(JS)).unwrap();
@@ -323,7 +325,7 @@ async fn js_drain_check_gzipped_fits_a_configmap_and_judges_the_same() {
         wasm.len() / 1024,
         gz.len() / 1024
     );
-    assert!(wasm.len() > 1 << 20 && gz.len() < 1 << 20);
+    assert!(gz.len() < wasm.len() / 2);
     let dir = std::env::temp_dir().join(format!("portwise-js-gz-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join(format!("{JS}.gz"));

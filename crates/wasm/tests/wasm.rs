@@ -106,6 +106,7 @@ impl Harness {
         let cache = TempDir::new("cache");
         let rt = WasmRuntime::new(WasmConfig {
             oci: Default::default(),
+            probes: Default::default(),
             modules_dir: None,
             cache_dir: Some(cache.path().to_path_buf()),
             watch: false,
@@ -750,6 +751,7 @@ async fn compiled_code_is_cached_on_disk_and_corrupt_entries_are_rebuilt() {
     let runtime = || {
         WasmRuntime::new(WasmConfig {
             oci: Default::default(),
+            probes: Default::default(),
             modules_dir: None,
             cache_dir: Some(cache.path().to_path_buf()),
             watch: false,
@@ -826,6 +828,7 @@ async fn load_and_judge(
 ) -> (CompileSource, portwise_wasm::CodeCacheStats, String) {
     let rt = WasmRuntime::new(WasmConfig {
         oci: Default::default(),
+        probes: Default::default(),
         modules_dir: None,
         cache_dir: Some(cache.to_path_buf()),
         watch: false,
@@ -974,6 +977,7 @@ impl ConfigMapDir {
 fn dir_runtime(dir: &Path, cache: &TempDir) -> WasmRuntime {
     WasmRuntime::new(WasmConfig {
         oci: Default::default(),
+        probes: Default::default(),
         modules_dir: Some(dir.to_path_buf()),
         cache_dir: Some(cache.path().to_path_buf()),
         watch: true,

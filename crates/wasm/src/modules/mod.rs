@@ -18,6 +18,7 @@
 //! - [`call`]: dispatching `check` and `validate-config` into a guest and
 //!   sorting what went wrong.
 
+mod bench;
 mod call;
 mod decode;
 mod pool;
@@ -38,6 +39,7 @@ use crate::{
     cache::{CodeCache, CompileSource},
     failures::{Counters, FailureKind, ModuleCounters},
     host::HostState,
+    replay::ProbeMode,
 };
 
 pub(crate) use decode::{is_module_file, sha256_hex};
@@ -109,6 +111,8 @@ pub(crate) struct Runtime {
     pub limits: Arc<Limits>,
     pub counters: Counters,
     pub dir: Option<PathBuf>,
+    /// Where guests' probes go ([`crate::WasmConfig::probes`]).
+    pub probes: ProbeMode,
     pub events: broadcast::Sender<ModuleEvent>,
     modules: RwLock<HashMap<String, Arc<ModuleVersion>>>,
     scan: tokio::sync::Mutex<ScanState>,
@@ -128,6 +132,7 @@ impl Runtime {
         cache: Option<CodeCache>,
         limits: Limits,
         dir: Option<PathBuf>,
+        probes: ProbeMode,
     ) -> wasmtime::Result<Self> {
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
@@ -149,6 +154,7 @@ impl Runtime {
             limits: Arc::new(limits),
             counters: Counters::default(),
             dir,
+            probes,
             events: broadcast::channel(64).0,
             modules: RwLock::new(HashMap::new()),
             scan: tokio::sync::Mutex::new(ScanState::default()),

@@ -199,7 +199,7 @@ impl ModuleVersion {
         }
     }
 
-    async fn instantiate(
+    pub(super) async fn instantiate(
         &self,
         rt: &Runtime,
         slot: OwnedSemaphorePermit,
@@ -213,7 +213,8 @@ impl ModuleVersion {
                 rt.limits.clone(),
                 self.counters.clone(),
                 limits.memory_bytes,
-            ),
+            )
+            .with_probes(rt.probes.clone()),
         );
         store.limiter(|s| &mut s.limiter);
         // Runs when the epoch deadline passes while the guest executes: stop

@@ -1,0 +1,235 @@
+//! Shadow rollout, the I/O half: judge a Service's subjects with its shadow
+//! expression after the live reconcile has written, count where the two
+//! disagree, and tell the Service's owner, without publishing anything.
+//!
+//! Which shadow applies and what counts as a difference are pure
+//! (`portwise_core::shadow`). Here: one [`Judge`] per shadow expression
+//! (its own verdict cache, `stable` state and abstain runs, so a shadow
+//! never disturbs the live ones), the metric, and an Event per Service that
+//! is rate-limited: sent when the set of differences changes, at most once
+//! per [`EVENT_INTERVAL`].
+
+use std::{
+    collections::{BTreeMap, HashMap, hash_map::DefaultHasher},
+    hash::{Hash, Hasher},
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use k8s_openapi::api::core::v1::Service;
+use kube::{ResourceExt, runtime::events::EventType};
+
+use portwise_checkers::{BuildContext, Checker};
+use portwise_core::{
+    config::{CheckerExpr, Config, ShadowSpec},
+    membership::Subject,
+    plan::Judged,
+    shadow::{self, Pick},
+};
+
+use crate::{Error, Judge, metrics::Metrics, reconcile::Context};
+
+/// Shortest gap between two shadow Events of one Service.
+pub(crate) const EVENT_INTERVAL: Duration = Duration::from_secs(60);
+
+/// What was last reported for one Service.
+struct Reported {
+    at: Instant,
+    digest: u64,
+}
+
+/// The configured shadows, built once at start like the live checker.
+pub(crate) struct Shadows {
+    spec: ShadowSpec,
+    default: Option<Judge>,
+    named: BTreeMap<String, Judge>,
+    /// Per Service UID.
+    reported: Mutex<HashMap<String, Reported>>,
+    /// Services warned about an unknown shadow name (per name).
+    unknown_warned: Mutex<HashMap<String, String>>,
+}
+
+impl Shadows {
+    /// Builds every shadow expression of the configuration; `None` when the
+    /// file has no `shadow`.
+    pub(crate) fn build(
+        config: &Config,
+        ctx: &BuildContext<'_>,
+        judge: impl Fn(Arc<dyn Checker>) -> Judge,
+    ) -> Result<Option<Self>, Error> {
+        let Some(spec) = &config.shadow else {
+            return Ok(None);
+        };
+        let make = |expr: &CheckerExpr, at: &str| -> Result<Judge, Error> {
+            portwise_checkers::build_at(expr, ctx, at)
+                .map(&judge)
+                .map_err(|e| Error::Build(e.to_string()))
+        };
+        let default = spec
+            .membership
+            .as_ref()
+            .map(|m| make(m, "shadow.membership"))
+            .transpose()?;
+        let named = spec
+            .expressions
+            .iter()
+            .map(|(name, expr)| {
+                Ok((
+                    name.clone(),
+                    make(expr, &format!("shadow.expressions.{name}"))?,
+                ))
+            })
+            .collect::<Result<_, Error>>()?;
+        Ok(Some(Shadows {
+            spec: spec.clone(),
+            default,
+            named,
+            reported: Mutex::default(),
+            unknown_warned: Mutex::default(),
+        }))
+    }
+
+    /// The shadow `svc` gets, and its judge.
+    pub(crate) fn for_service(&self, svc: &Service) -> (Pick, Option<&Judge>) {
+        let pick = shadow::pick(svc, Some(&self.spec));
+        let judge = match &pick {
+            Pick::Default => self.default.as_ref(),
+            Pick::Named(name) => self.named.get(name),
+            Pick::Off | Pick::Unknown(_) => None,
+        };
+        (pick, judge)
+    }
+
+    /// Forgets a deleted Service.
+    pub(crate) fn forget(&self, svc_uid: &str) {
+        self.reported.lock().unwrap().remove(svc_uid);
+        self.unknown_warned.lock().unwrap().remove(svc_uid);
+        if let Some(j) = &self.default {
+            j.forget(svc_uid);
+        }
+        for j in self.named.values() {
+            j.forget(svc_uid);
+        }
+    }
+
+    /// Judges `svc`'s subjects with its shadow and reports where it differs
+    /// from `live`. Runs after the live writes: a slow shadow never delays
+    /// publication.
+    pub(crate) async fn observe(&self, ctx: &Context, svc: &Arc<Service>, live: &[Judged]) {
+        let (ns, name, uid) = (
+            svc.namespace().unwrap_or_default(),
+            svc.name_any(),
+            svc.uid().unwrap_or_default(),
+        );
+        let (pick, judge) = self.for_service(svc);
+        if let Pick::Unknown(wanted) = &pick {
+            let first = self
+                .unknown_warned
+                .lock()
+                .unwrap()
+                .insert(uid.clone(), wanted.clone())
+                .is_none_or(|before| before != *wanted);
+            if first {
+                let known: Vec<&str> = self.named.keys().map(String::as_str).collect();
+                ctx.event(
+                    svc,
+                    EventType::Warning,
+                    "ShadowUnknown",
+                    format!(
+                        "annotation {} names shadow {wanted:?}, which the configuration does not have (it has: {}); no shadow is judged",
+                        self.spec.annotation,
+                        if known.is_empty() { "none".to_string() } else { known.join(", ") }
+                    ),
+                )
+                .await;
+            }
+        }
+        let Some(judge) = judge else {
+            ctx.metrics.forget_shadow(&ns, &name);
+            self.reported.lock().unwrap().remove(&uid);
+            return;
+        };
+        let subjects: Vec<Subject> = live
+            .iter()
+            .map(|j| Subject {
+                service: svc.clone(),
+                pod: j.pod.clone(),
+                port: j.port.clone(),
+                family: j.family,
+                address: j.address,
+            })
+            .collect();
+        let shadowed = judge.judge(svc, subjects).await;
+        let diffs = shadow::differences(live, &shadowed);
+        ctx.metrics.set_shadow(
+            &ns,
+            &name,
+            &pick.label(),
+            &shadow::per_port(live, &diffs),
+            live.len(),
+        );
+        let digest = {
+            let mut h = DefaultHasher::new();
+            pick.label().hash(&mut h);
+            for d in &diffs {
+                (&d.port, &d.pod, d.family, d.address, d.live, d.shadow).hash(&mut h);
+            }
+            h.finish()
+        };
+        let due = {
+            let mut reported = self.reported.lock().unwrap();
+            let now = Instant::now();
+            let due = match reported.get(&uid) {
+                // Nothing to say the first time if the shadow agrees.
+                None => !diffs.is_empty(),
+                Some(r) => r.digest != digest && now.duration_since(r.at) >= EVENT_INTERVAL,
+            };
+            if due {
+                reported.insert(uid.clone(), Reported { at: now, digest });
+            } else if !reported.contains_key(&uid) {
+                // Remember the agreeing state, so a later difference is news.
+                reported.insert(
+                    uid.clone(),
+                    Reported {
+                        at: now - EVENT_INTERVAL,
+                        digest,
+                    },
+                );
+            }
+            due
+        };
+        if due {
+            let reason = if diffs.is_empty() {
+                "ShadowAgrees"
+            } else {
+                "ShadowDiffers"
+            };
+            ctx.event(
+                svc,
+                EventType::Normal,
+                reason,
+                shadow::note(&pick, &diffs, live.len()),
+            )
+            .await;
+        }
+    }
+}
+
+/// A judge for a shadow: like the live one, but its checks stay out of the
+/// live check metrics.
+pub(crate) fn shadow_judge(
+    checker: Arc<dyn Checker>,
+    config: &Config,
+    check_timeout: Duration,
+    metrics: Metrics,
+) -> Judge {
+    Judge::new(
+        checker,
+        config.max_concurrent_checks,
+        check_timeout,
+        config.resync_period,
+        config.abstain_limit(),
+        metrics,
+    )
+    .as_shadow()
+}

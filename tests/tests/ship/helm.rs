@@ -1,0 +1,832 @@
+//! deploy/helm, the Helm chart: `helm lint` passes, `helm template` renders,
+//! the rendered default chart passes a server-side dry-run apply on the real
+//! apiserver (Pod Security `restricted` included), its defaults are the
+//! kustomize base object for object (so the two cannot drift apart), and
+//! non-default values render what the values table promises. helm is built
+//! from its Go module by tests/helm/build (cached by version).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+use anyhow::{Context, Result, bail, ensure};
+use portwise_tests::*;
+use serde_json::{Value, json};
+
+use crate::support::*;
+
+/// The release name and namespace whose names match the base's.
+const RELEASE: &str = "portwise";
+const NAMESPACE: &str = "portwise-system";
+
+/// tests/helm/build: the cached helm binary, built if need be.
+fn helm_binary() -> Result<PathBuf> {
+    let out = Command::new(repo().join("tests/helm/build"))
+        .stderr(Stdio::inherit())
+        .output()
+        .context("running tests/helm/build")?;
+    if !out.status.success() {
+        bail!("tests/helm/build failed ({})", out.status);
+    }
+    Ok(PathBuf::from(String::from_utf8(out.stdout)?.trim()))
+}
+
+/// What one helm run printed.
+struct HelmOutput {
+    ok: bool,
+    stdout: String,
+    stderr: String,
+}
+
+/// Runs helm in the repository with its cache, config and data directories
+/// in a throwaway directory (nothing of the user's Helm setup is read or
+/// written), whatever the exit status.
+fn helm_run(args: &[&str]) -> Result<HelmOutput> {
+    let bin = helm_binary()?;
+    let home = tempfile::Builder::new()
+        .prefix("portwise-helm-")
+        .tempdir()?;
+    let out = Command::new(&bin)
+        .args(args)
+        .current_dir(repo())
+        .env("HELM_CACHE_HOME", home.path().join("cache"))
+        .env("HELM_CONFIG_HOME", home.path().join("config"))
+        .env("HELM_DATA_HOME", home.path().join("data"))
+        .env_remove("KUBECONFIG")
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("running {}", bin.display()))?;
+    Ok(HelmOutput {
+        ok: out.status.success(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    })
+}
+
+/// `helm template RELEASE deploy/helm -n portwise-system` with extra
+/// arguments (`--set k=v`, ...); fails unless helm exits 0.
+fn template_as(release: &str, extra: &[&str]) -> Result<String> {
+    let mut args = vec!["template", release, "deploy/helm", "--namespace", NAMESPACE];
+    args.extend_from_slice(extra);
+    let out = helm_run(&args)?;
+    ensure!(out.ok, "helm {args:?} failed:\n{}", out.stderr);
+    Ok(out.stdout)
+}
+
+fn template(extra: &[&str]) -> Result<String> {
+    template_as(RELEASE, extra)
+}
+
+/// A rendering that must be refused, with `message` in helm's error.
+fn template_refused(extra: &[&str], message: &str) -> Result<()> {
+    let mut args = vec!["template", RELEASE, "deploy/helm", "--namespace", NAMESPACE];
+    args.extend_from_slice(extra);
+    let out = helm_run(&args)?;
+    ensure!(
+        !out.ok,
+        "helm {args:?} rendered, but must refuse:\n{}",
+        out.stdout
+    );
+    ensure!(
+        out.stderr.contains(message),
+        "helm {args:?} failed without saying {message:?}:\n{}",
+        out.stderr
+    );
+    Ok(())
+}
+
+// ---- YAML as data -------------------------------------------------------------
+
+fn to_json(y: &yaml_rust2::Yaml) -> Value {
+    use yaml_rust2::Yaml;
+    match y {
+        Yaml::Real(s) => s
+            .parse::<f64>()
+            .ok()
+            .and_then(serde_json::Number::from_f64)
+            .map_or(Value::String(s.clone()), Value::Number),
+        Yaml::Integer(i) => json!(i),
+        Yaml::String(s) => Value::String(s.clone()),
+        Yaml::Boolean(b) => Value::Bool(*b),
+        Yaml::Array(a) => Value::Array(a.iter().map(to_json).collect()),
+        Yaml::Hash(h) => Value::Object(
+            h.iter()
+                .map(|(k, v)| {
+                    let key = match k {
+                        Yaml::String(s) => s.clone(),
+                        other => to_json(other).to_string(),
+                    };
+                    (key, to_json(v))
+                })
+                .collect(),
+        ),
+        Yaml::Alias(_) | Yaml::Null | Yaml::BadValue => Value::Null,
+    }
+}
+
+/// The non-empty documents of a YAML stream, as JSON values.
+fn parse_docs(yaml: &str) -> Result<Vec<Value>> {
+    let docs = yaml_rust2::YamlLoader::load_from_str(yaml).context("parsing rendered YAML")?;
+    Ok(docs.iter().map(to_json).filter(|d| !d.is_null()).collect())
+}
+
+/// `Kind/namespace/name` of an object (`Kind//name` when cluster-scoped).
+fn key(obj: &Value) -> String {
+    format!(
+        "{}/{}/{}",
+        obj["kind"].as_str().unwrap_or_default(),
+        obj["metadata"]["namespace"].as_str().unwrap_or_default(),
+        obj["metadata"]["name"].as_str().unwrap_or_default()
+    )
+}
+
+fn by_key(docs: Vec<Value>) -> Result<BTreeMap<String, Value>> {
+    let mut out = BTreeMap::new();
+    for d in docs {
+        let k = key(&d);
+        ensure!(out.insert(k.clone(), d).is_none(), "{k} rendered twice");
+    }
+    Ok(out)
+}
+
+fn rendered(extra: &[&str]) -> Result<BTreeMap<String, Value>> {
+    by_key(parse_docs(&template(extra)?)?)
+}
+
+fn object<'a>(objs: &'a BTreeMap<String, Value>, key: &str) -> Result<&'a Value> {
+    objs.get(key).with_context(|| {
+        format!(
+            "{key} not rendered; rendered: {:?}",
+            objs.keys().collect::<Vec<_>>()
+        )
+    })
+}
+
+/// The portwise container's args of the rendered Deployment.
+fn args(objs: &BTreeMap<String, Value>) -> Result<Vec<String>> {
+    let d = object(objs, "Deployment/portwise-system/portwise")?;
+    Ok(d["spec"]["template"]["spec"]["containers"][0]["args"]
+        .as_array()
+        .context("no args")?
+        .iter()
+        .map(|a| a.as_str().unwrap_or_default().to_string())
+        .collect())
+}
+
+/// The config file the chart renders, parsed.
+fn config(objs: &BTreeMap<String, Value>) -> Result<Value> {
+    let cm = object(objs, "ConfigMap/portwise-system/portwise-config")?;
+    let text = cm["data"]["config.yaml"]
+        .as_str()
+        .context("no data.config.yaml")?;
+    parse_docs(text)?
+        .into_iter()
+        .next()
+        .context("empty config.yaml")
+}
+
+// ---- comparing with the kustomize base ---------------------------------------
+
+/// Labels only Helm adds (release bookkeeping). Everything else about the
+/// objects must be the base's.
+const HELM_ONLY_LABELS: &[&str] = &[
+    "app.kubernetes.io/instance",
+    "app.kubernetes.io/version",
+    "app.kubernetes.io/managed-by",
+    "helm.sh/chart",
+];
+
+fn strip_labels(v: &mut Value) {
+    match v {
+        Value::Object(m) => {
+            for l in HELM_ONLY_LABELS {
+                m.remove(*l);
+            }
+            m.values_mut().for_each(strip_labels);
+        }
+        Value::Array(a) => a.iter_mut().for_each(strip_labels),
+        _ => {}
+    }
+}
+
+/// Removes `obj[path]`, and the map holding it when that is left empty.
+fn remove_path(obj: &mut Value, path: &[&str]) {
+    let (last, parents) = path.split_last().expect("non-empty path");
+    let mut cur = &mut *obj;
+    for p in parents {
+        match cur.get_mut(*p) {
+            Some(next) => cur = next,
+            None => return,
+        }
+    }
+    if let Some(m) = cur.as_object_mut() {
+        m.remove(*last);
+        if m.is_empty() && !parents.is_empty() {
+            remove_path(obj, parents);
+        }
+    }
+}
+
+/// The base's generated config ConfigMap is `portwise-config-<hash>` (its
+/// name rolls the pods); the chart's is `portwise-config` with a
+/// `checksum/config` pod annotation for the same effect.
+fn unhash(name: &str) -> String {
+    match name.rsplit_once('-') {
+        Some((stem, hash)) if stem.ends_with("-config") && hash.len() == 10 => stem.to_string(),
+        _ => name.to_string(),
+    }
+}
+
+/// One form for both: Helm's own labels (and the name label on ConfigMaps)
+/// and its checksum annotation gone,
+/// the config ConfigMap under its unhashed name with its file parsed, the
+/// Service type that the apiserver defaults anyway made explicit.
+fn normalize(mut obj: Value) -> Result<Value> {
+    strip_labels(&mut obj);
+    remove_path(
+        &mut obj,
+        &[
+            "spec",
+            "template",
+            "metadata",
+            "annotations",
+            "checksum/config",
+        ],
+    );
+    match obj["kind"].as_str().unwrap_or_default() {
+        "ConfigMap" => {
+            // The base's generated ConfigMaps carry only kustomize's
+            // `labels:` (part-of); the chart labels them like the rest.
+            remove_path(&mut obj, &["metadata", "labels", "app.kubernetes.io/name"]);
+            let name = unhash(obj["metadata"]["name"].as_str().unwrap_or_default());
+            obj["metadata"]["name"] = json!(name);
+            if let Some(text) = obj["data"]["config.yaml"].as_str() {
+                let parsed = parse_docs(text)?.into_iter().next().unwrap_or_default();
+                obj["data"]["config.yaml"] = parsed;
+            }
+        }
+        "Deployment" => {
+            if let Some(vols) = obj["spec"]["template"]["spec"]["volumes"].as_array_mut() {
+                for v in vols {
+                    if let Some(n) = v["configMap"]["name"].as_str() {
+                        v["configMap"]["name"] = json!(unhash(n));
+                    }
+                }
+            }
+        }
+        "Service" if obj["spec"].get("type").is_none() => {
+            obj["spec"]["type"] = json!("ClusterIP");
+        }
+        _ => {}
+    }
+    Ok(obj)
+}
+
+/// Fails, naming each difference, unless `helm` and `base` hold the same
+/// objects (same kinds and names) with the same content once normalized.
+fn expect_same_objects(helm: &str, base: &str) -> Result<()> {
+    let helm = by_key(
+        parse_docs(helm)?
+            .into_iter()
+            .map(normalize)
+            .collect::<Result<_>>()?,
+    )?;
+    let base = by_key(
+        parse_docs(base)?
+            .into_iter()
+            .map(normalize)
+            .collect::<Result<_>>()?,
+    )?;
+    let names = |m: &BTreeMap<String, Value>| m.keys().cloned().collect::<Vec<_>>();
+    expect_eq(names(&helm), names(&base))?;
+    let mut diffs = Vec::new();
+    for (k, b) in &base {
+        let h = &helm[k];
+        if h != b {
+            diffs.push(format!(
+                "{k} differs\n--- chart:\n{}\n--- base:\n{}",
+                serde_json::to_string_pretty(h)?,
+                serde_json::to_string_pretty(b)?
+            ));
+        }
+    }
+    ensure!(
+        diffs.is_empty(),
+        "the chart's defaults drifted from deploy/kustomize:\n{}",
+        diffs.join("\n")
+    );
+    Ok(())
+}
+
+// ---- the tests ----------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn helm_chart_lints_and_renders() -> Result<()> {
+    tokio::task::spawn_blocking(|| -> Result<()> {
+        let version = helm_run(&["version", "--short"])?;
+        ensure!(
+            version.ok && version.stdout.starts_with("v4."),
+            "helm version: {}{}",
+            version.stdout,
+            version.stderr
+        );
+        // The default values, and the non-default ones the other tests use.
+        for extra in [
+            &[][..],
+            &["--set", "config.publishLegacyEndpoints=true"],
+            &[
+                "--set",
+                "replicaCount=1",
+                "--set",
+                "leaderElection.enabled=false",
+            ],
+            &["--set", "namespace.create=true"],
+        ] {
+            let mut args = vec!["lint", "--strict", "deploy/helm", "--namespace", NAMESPACE];
+            args.extend_from_slice(extra);
+            let out = helm_run(&args)?;
+            ensure!(
+                out.ok && out.stdout.contains("1 chart(s) linted, 0 chart(s) failed"),
+                "helm {args:?}:\n{}\n{}",
+                out.stdout,
+                out.stderr
+            );
+        }
+        let docs = parse_docs(&template(&[])?)?;
+        let mut kinds: Vec<_> = docs
+            .iter()
+            .map(|d| d["kind"].as_str().unwrap_or_default().to_string())
+            .collect();
+        kinds.sort();
+        expect_eq(
+            kinds,
+            [
+                "ClusterRole",
+                "ClusterRoleBinding",
+                "ConfigMap",
+                "ConfigMap",
+                "Deployment",
+                "PodDisruptionBudget",
+                "Role",
+                "RoleBinding",
+                "Service",
+                "ServiceAccount",
+            ]
+            .map(String::from)
+            .to_vec(),
+        )?;
+        // Values that cannot work are refused at render time.
+        template_refused(
+            &["--set", "leaderElection.enabled=false"],
+            "replicaCount > 1 needs leaderElection.enabled=true",
+        )?;
+        template_refused(
+            &["--set", "modules.oci[0]=registry.example/checks:v1"],
+            "modules.oci is reserved",
+        )?;
+        Ok(())
+    })
+    .await?
+}
+
+/// Every value in values.yaml has a row in the README's values tables, and
+/// every row names a value that exists: a value is covered by a row for it
+/// or for a map holding it (`config`, `resources`, ...).
+#[test]
+fn helm_chart_values_are_all_documented() -> Result<()> {
+    let values = std::fs::read_to_string(repo().join("deploy/helm/values.yaml"))?;
+    let readme = std::fs::read_to_string(repo().join("deploy/helm/README.md"))?;
+    let values = parse_docs(&values)?
+        .into_iter()
+        .next()
+        .context("empty values.yaml")?;
+    /// Every path (`a`, `a.b`, ...) and whether it is a leaf (not a
+    /// non-empty map).
+    fn walk(prefix: &str, v: &Value, out: &mut Vec<(String, bool)>) {
+        if let Value::Object(m) = v {
+            for (k, v) in m {
+                let path = if prefix.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{prefix}.{k}")
+                };
+                let leaf = !matches!(v, Value::Object(m) if !m.is_empty());
+                out.push((path.clone(), leaf));
+                walk(&path, v, out);
+            }
+        }
+    }
+    let mut paths = Vec::new();
+    walk("", &values, &mut paths);
+    let section = readme
+        .split_once("\n## Values")
+        .and_then(|(_, rest)| rest.split_once("\n## "))
+        .map(|(s, _)| s)
+        .context("no \"## Values\" section in deploy/helm/README.md")?;
+    // The first cell of each table row: `a.b` or `a`, `b`.
+    let documented: Vec<String> = section
+        .lines()
+        .filter_map(|l| l.strip_prefix("| ")?.split_once(" |"))
+        .flat_map(|(first, _)| {
+            first
+                .split(", ")
+                .filter_map(|c| Some(c.strip_prefix('`')?.strip_suffix('`')?.to_string()))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    ensure!(!documented.is_empty(), "no rows in the values tables");
+    let undocumented: Vec<_> = paths
+        .iter()
+        .filter(|(p, leaf)| {
+            *leaf
+                && !documented
+                    .iter()
+                    .any(|d| p == d || p.starts_with(&format!("{d}.")))
+        })
+        .map(|(p, _)| p)
+        .collect();
+    ensure!(
+        undocumented.is_empty(),
+        "values without a row in deploy/helm/README.md: {undocumented:?}"
+    );
+    let stale: Vec<_> = documented
+        .iter()
+        .filter(|d| !paths.iter().any(|(p, _)| p == *d))
+        .collect();
+    ensure!(
+        stale.is_empty(),
+        "rows for values that do not exist: {stale:?}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn helm_chart_defaults_match_the_kustomize_base() -> Result<()> {
+    let cp = ControlPlane::shared().await?;
+    let base = kustomize(cp, "deploy/kustomize").await?;
+    let (with_namespace, defaults) = tokio::task::spawn_blocking(|| -> Result<_> {
+        Ok((
+            template(&["--set", "namespace.create=true"])?,
+            template(&[])?,
+        ))
+    })
+    .await??;
+    expect_same_objects(&with_namespace, &base)?;
+    // By default Helm leaves the namespace to `helm install
+    // --create-namespace` (or an existing one): the rest is the same.
+    expect_same_objects(&defaults, &only_kinds_except(&base, &["Namespace"]))?;
+
+    // The legacy-endpoints component's grant is the chart's
+    // publishLegacyEndpoints=true (which also sets it in the config file,
+    // where the component leaves that to the overlay). The base's `labels:`
+    // do not reach the component's objects; the overlay adds part-of, as
+    // the chart does on every object.
+    let dir = tempfile::Builder::new()
+        .prefix("portwise-helm-legacy-")
+        .tempdir()?;
+    std::fs::write(
+        dir.path().join("kustomization.yaml"),
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n\
+         resources: [base]\ncomponents: [base/components/legacy-endpoints]\n\
+         labels:\n- pairs: {app.kubernetes.io/part-of: portwise}\n  includeSelectors: false\n\
+         configMapGenerator:\n- name: portwise-config\n  namespace: portwise-system\n  \
+         behavior: replace\n  files: [config.yaml]\n",
+    )?;
+    copy_dir(&repo().join("deploy/kustomize"), &dir.path().join("base"))?;
+    let cfg = std::fs::read_to_string(repo().join("deploy/kustomize/config.yaml"))?;
+    ensure!(cfg.contains("publishLegacyEndpoints: false\n"));
+    std::fs::write(
+        dir.path().join("config.yaml"),
+        cfg.replace(
+            "publishLegacyEndpoints: false\n",
+            "publishLegacyEndpoints: true\n",
+        ),
+    )?;
+    let legacy_base = kustomize(cp, &dir.path().to_string_lossy()).await?;
+    let legacy_chart = tokio::task::spawn_blocking(|| {
+        template(&[
+            "--set",
+            "namespace.create=true",
+            "--set",
+            "config.publishLegacyEndpoints=true",
+        ])
+    })
+    .await??;
+    expect_same_objects(&legacy_chart, &legacy_base)?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn helm_chart_passes_a_server_side_dry_run() -> Result<()> {
+    let cp = ControlPlane::shared().await?;
+    let module = module_as_base64_file()?;
+    let (with_namespace, defaults, features) = tokio::task::spawn_blocking(move || -> Result<_> {
+        Ok((
+            template(&["--set", "namespace.create=true"])?,
+            template(&[])?,
+            template(&[
+                "--set",
+                "config.publishLegacyEndpoints=true",
+                "--set",
+                "replicaCount=3",
+                "--set-file",
+                &format!(
+                    "modules.binaryData.admin-check\\.wasm={}",
+                    module.path().display()
+                ),
+            ])?,
+        ))
+    })
+    .await??;
+    // A dry run cannot create the namespace its objects go into: the
+    // base's (the chart's with namespace.create=true, compared above),
+    // applied idempotently as the kustomize test does.
+    let base = kustomize(cp, "deploy/kustomize").await?;
+    kubectl(
+        cp,
+        &[
+            "apply",
+            "--server-side",
+            "--field-manager=portwise-tests",
+            "-f",
+            "-",
+        ],
+        Some(&only_kinds(&base, &["Namespace"])),
+    )
+    .await?;
+    for (what, yaml) in [
+        ("the default chart", &defaults),
+        ("the chart with namespace.create", &with_namespace),
+        ("legacy Endpoints, 3 replicas and a module", &features),
+    ] {
+        let out = kubectl_as(
+            cp,
+            cp.kubeconfig(),
+            &[
+                "apply",
+                "--server-side",
+                "--dry-run=server",
+                "--field-manager=portwise-tests",
+                "-f",
+                "-",
+            ],
+            Some(yaml),
+        )
+        .await?;
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        ensure!(
+            out.status.success(),
+            "{what}: server-side dry-run apply failed ({}):\n{stderr}\n{stdout}",
+            out.status
+        );
+        let applied = stdout
+            .lines()
+            .filter(|l| l.ends_with("serverside-applied (server dry run)"))
+            .count();
+        expect_eq((what, applied), (what, parse_docs(yaml)?.len()))?;
+        ensure!(
+            !stderr.to_lowercase().contains("warning"),
+            "{what}: the apiserver warned (Pod Security restricted is enforced on {NAMESPACE}):\n{stderr}"
+        );
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn helm_chart_values_render_what_they_promise() -> Result<()> {
+    let guest = guests_dir().join("admin-check.wasm");
+    let module = module_as_base64_file()?;
+    tokio::task::spawn_blocking(move || -> Result<()> {
+        let sa = json!([{"kind": "ServiceAccount", "name": "portwise", "namespace": NAMESPACE}]);
+
+        // HA: replicas, leader election on the Lease the Role names, a PDB.
+        let ha = rendered(&["--set", "replicaCount=3"])?;
+        let d = object(&ha, "Deployment/portwise-system/portwise")?;
+        expect_eq(&d["spec"]["replicas"], &json!(3))?;
+        let a = args(&ha)?;
+        for flag in [
+            "--leader-elect",
+            "--lease-namespace=$(POD_NAMESPACE)",
+            "--lease-name=portwise",
+        ] {
+            ensure!(a.iter().any(|x| x == flag), "no {flag} in {a:?}");
+        }
+        let role = object(&ha, "Role/portwise-system/portwise-leader-election")?;
+        expect_eq(&role["rules"][1]["resourceNames"], &json!(["portwise"]))?;
+        object(&ha, "RoleBinding/portwise-system/portwise-leader-election")?;
+        let pdb = object(&ha, "PodDisruptionBudget/portwise-system/portwise")?;
+        expect_eq(&pdb["spec"]["minAvailable"], &json!(1))?;
+        // Selectors carry the release, so two releases never share pods.
+        let selector = json!({"app.kubernetes.io/name": "portwise", "app.kubernetes.io/instance": RELEASE});
+        expect_eq(&d["spec"]["selector"]["matchLabels"], &selector)?;
+        expect_eq(&pdb["spec"]["selector"]["matchLabels"], &selector)?;
+        let svc = object(&ha, "Service/portwise-system/portwise-metrics")?;
+        expect_eq(&svc["spec"]["selector"], &selector)?;
+
+        // Another Lease name: the flag and the Role's resourceNames follow;
+        // and a lease duration.
+        let lease = rendered(&[
+            "--set",
+            "leaderElection.leaseName=pw-lease",
+            "--set",
+            "leaderElection.leaseDuration=30s",
+        ])?;
+        let a = args(&lease)?;
+        ensure!(a.iter().any(|x| x == "--lease-name=pw-lease"), "{a:?}");
+        ensure!(a.iter().any(|x| x == "--lease-duration=30s"), "{a:?}");
+        let role = object(&lease, "Role/portwise-system/portwise-leader-election")?;
+        expect_eq(&role["rules"][1]["resourceNames"], &json!(["pw-lease"]))?;
+
+        // One replica without leader election: no Lease flags, no Role, no
+        // PDB (it would block every drain).
+        let single = rendered(&[
+            "--set",
+            "replicaCount=1",
+            "--set",
+            "leaderElection.enabled=false",
+        ])?;
+        let a = args(&single)?;
+        ensure!(!a.iter().any(|x| x.starts_with("--lease") || x == "--leader-elect"), "{a:?}");
+        for gone in [
+            "Role/portwise-system/portwise-leader-election",
+            "RoleBinding/portwise-system/portwise-leader-election",
+            "PodDisruptionBudget/portwise-system/portwise",
+        ] {
+            ensure!(!single.contains_key(gone), "{gone} rendered without leader election");
+        }
+
+        // Legacy Endpoints: the config says so and the grant is there,
+        // bound to the ServiceAccount.
+        let legacy = rendered(&["--set", "config.publishLegacyEndpoints=true"])?;
+        expect_eq(&config(&legacy)?["publishLegacyEndpoints"], &json!(true))?;
+        let cr = object(&legacy, "ClusterRole//portwise-legacy-endpoints")?;
+        expect_eq(
+            &cr["rules"],
+            &json!([{"apiGroups": [""], "resources": ["endpoints"], "verbs": ["create", "update", "patch"]}]),
+        )?;
+        let crb = object(&legacy, "ClusterRoleBinding//portwise-legacy-endpoints")?;
+        expect_eq(&crb["subjects"], &sa)?;
+        expect_eq(&crb["roleRef"]["name"], &json!("portwise-legacy-endpoints"))?;
+        let defaults = rendered(&[])?;
+        expect_eq(&config(&defaults)?["publishLegacyEndpoints"], &json!(false))?;
+        ensure!(!defaults.contains_key("ClusterRole//portwise-legacy-endpoints"));
+
+        // No node lookups: no access to Nodes. No Events: no Event rules.
+        let lean = rendered(&[
+            "--set",
+            "config.disableNodeLookups=true",
+            "--set",
+            "rbac.events=false",
+        ])?;
+        let rules = &object(&lean, "ClusterRole//portwise")?["rules"];
+        expect_eq(&rules[0]["resources"], &json!(["services", "pods"]))?;
+        ensure!(
+            !rules.to_string().contains("events"),
+            "Event rules with rbac.events=false: {rules}"
+        );
+        let rules = &object(&defaults, "ClusterRole//portwise")?["rules"];
+        expect_eq(&rules[0]["resources"], &json!(["services", "pods", "nodes"]))?;
+
+        // A config change rolls the pods.
+        let checksum = |objs: &BTreeMap<String, Value>| -> Result<Value> {
+            Ok(object(objs, "Deployment/portwise-system/portwise")?["spec"]["template"]["metadata"]
+                ["annotations"]["checksum/config"]
+                .clone())
+        };
+        ensure!(checksum(&defaults)?.is_string());
+        ensure!(checksum(&defaults)? != checksum(&legacy)?, "the config changed, the pod template did not");
+
+        // Modules: a file's base64 given with --set-file (wrapped, as
+        // `base64` prints it) lands byte for byte in binaryData; an existing
+        // ConfigMap replaces the chart's.
+        let wasm = std::fs::read(&guest)?;
+        let with_module = rendered(&[
+            "--set-file",
+            &format!("modules.binaryData.admin-check\\.wasm={}", module.path().display()),
+        ])?;
+        let cm = object(&with_module, "ConfigMap/portwise-system/portwise-modules")?;
+        let b64 = cm["binaryData"]["admin-check.wasm"].as_str().context("no binaryData")?;
+        expect_eq(b64, base64(&wasm).as_str())?;
+        let existing = rendered(&["--set", "modules.existingConfigMap=my-modules"])?;
+        ensure!(!existing.contains_key("ConfigMap/portwise-system/portwise-modules"));
+        let vols = &object(&existing, "Deployment/portwise-system/portwise")?["spec"]["template"]["spec"]["volumes"];
+        ensure!(
+            vols.as_array().is_some_and(|v| v.iter().any(|v| v["name"] == "modules"
+                && v["configMap"]["name"] == "my-modules")),
+            "modules volume does not use my-modules: {vols}"
+        );
+
+        // Another release name: every name carries it, the Lease too.
+        let other = by_key(parse_docs(&template_as("edge", &[])?)?)?;
+        for k in [
+            "Deployment/portwise-system/edge-portwise",
+            "ClusterRole//edge-portwise",
+            "ConfigMap/portwise-system/edge-portwise-config",
+            "ConfigMap/portwise-system/edge-portwise-modules",
+            "Service/portwise-system/edge-portwise-metrics",
+        ] {
+            object(&other, k)?;
+        }
+        let d = object(&other, "Deployment/portwise-system/edge-portwise")?;
+        let a: Vec<_> = d["spec"]["template"]["spec"]["containers"][0]["args"]
+            .as_array()
+            .context("no args")?
+            .iter()
+            .filter_map(|a| a.as_str())
+            .collect();
+        ensure!(a.contains(&"--lease-name=edge-portwise"), "{a:?}");
+
+        // Image by digest; extra args after the base's.
+        let digest = format!("sha256:{}", "a".repeat(64));
+        let img = rendered(&[
+            "--set",
+            &format!("image.digest={digest}"),
+            "--set",
+            "extraArgs[0]=--check-timeout=5s",
+        ])?;
+        let c = &object(&img, "Deployment/portwise-system/portwise")?["spec"]["template"]["spec"]["containers"][0];
+        expect_eq(&c["image"], &json!(format!("localhost/portwise@{digest}")))?;
+        expect_eq(c["args"].as_array().and_then(|a| a.last()), Some(&json!("--check-timeout=5s")))?;
+        Ok(())
+    })
+    .await?
+}
+
+// ---- small helpers ------------------------------------------------------------
+
+/// The documents of `yaml` whose kind is not one of `kinds`, as one stream.
+fn only_kinds_except(yaml: &str, kinds: &[&str]) -> String {
+    documents(yaml)
+        .into_iter()
+        .filter(|(k, _)| !kinds.contains(&k.as_str()))
+        .map(|(_, d)| d)
+        .collect::<Vec<_>>()
+        .join("---\n")
+}
+
+/// The admin-check guest's base64, wrapped at 76 columns as `base64`
+/// prints it, in a file for `--set-file`.
+fn module_as_base64_file() -> Result<tempfile::NamedTempFile> {
+    let guest = guests_dir().join("admin-check.wasm");
+    let wasm = std::fs::read(&guest)
+        .map_err(|e| anyhow::anyhow!("{}: {e} (run guests/build rust first)", guest.display()))?;
+    let b64 = base64(&wasm);
+    let mut wrapped = String::new();
+    for line in b64.as_bytes().chunks(76) {
+        wrapped.push_str(std::str::from_utf8(line)?);
+        wrapped.push('\n');
+    }
+    let mut f = tempfile::Builder::new()
+        .prefix("admin-check-")
+        .suffix(".wasm.b64")
+        .tempfile()?;
+    std::io::Write::write_all(&mut f, wrapped.as_bytes())?;
+    Ok(f)
+}
+
+fn copy_dir(from: &std::path::Path, to: &std::path::Path) -> Result<()> {
+    std::fs::create_dir_all(to)?;
+    for entry in std::fs::read_dir(from)? {
+        let entry = entry?;
+        let target = to.join(entry.file_name());
+        if entry.file_type()?.is_dir() {
+            copy_dir(&entry.path(), &target)?;
+        } else {
+            std::fs::copy(entry.path(), target)?;
+        }
+    }
+    Ok(())
+}
+
+/// Standard base64 with padding, as Kubernetes' binaryData holds it.
+fn base64(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for chunk in bytes.chunks(3) {
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn base64_matches_rfc4648() {
+    assert_eq!(base64(b""), "");
+    assert_eq!(base64(b"f"), "Zg==");
+    assert_eq!(base64(b"fo"), "Zm8=");
+    assert_eq!(base64(b"foo"), "Zm9v");
+    assert_eq!(base64(b"foob"), "Zm9vYg==");
+    assert_eq!(base64(b"\xff\x00\xfe"), "/wD+");
+}
