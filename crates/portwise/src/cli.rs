@@ -141,18 +141,23 @@ pub struct CheckArgs {
     pub live: bool,
 }
 
+/// The largest `limits.memoryMiB` of these expressions, in bytes (0: none
+/// set): what the pooling allocator's slots must fit.
+fn largest_memory_limit(specs: &[&portwise_core::config::WasmSpec]) -> usize {
+    specs
+        .iter()
+        .filter_map(|w| w.limits.memory_mib)
+        .map(|mib| (mib as usize) << 20)
+        .max()
+        .unwrap_or(0)
+}
+
 /// The WebAssembly runtime's limits: the flags as every expression's
 /// defaults, and a memory ceiling that fits the largest per-expression
 /// `limits.memoryMiB` (the pooling allocator sizes its slots once, at start).
 fn runtime_limits(config: &Config, args: &RunArgs) -> Limits {
     let default = (args.guest_memory_mib * 1024 * 1024) as usize;
-    let largest = config
-        .all_wasm_specs()
-        .iter()
-        .filter_map(|w| w.limits.memory_mib)
-        .map(|mib| (mib as usize) << 20)
-        .max()
-        .unwrap_or(0);
+    let largest = largest_memory_limit(&config.all_wasm_specs());
     Limits {
         deadline: args.guest_deadline,
         memory_bytes: default,
@@ -523,12 +528,7 @@ async fn check_live(args: &CheckArgs) -> anyhow::Result<ExitCode> {
             cache_dir: Some(args.cache_dir.clone().unwrap_or_else(default_cache_dir)),
             watch: false,
             limits: Limits {
-                max_memory_bytes: all_exprs
-                    .iter()
-                    .filter_map(|w| w.limits.memory_mib)
-                    .map(|mib| (mib as usize) << 20)
-                    .max()
-                    .unwrap_or(0),
+                max_memory_bytes: largest_memory_limit(&all_exprs),
                 ..Limits::default()
             },
         })?),
@@ -709,13 +709,7 @@ pub async fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
             cache_dir: Some(cache_dir.clone()),
             watch: false,
             limits: Limits {
-                max_memory_bytes: expr
-                    .wasm_specs()
-                    .iter()
-                    .filter_map(|w| w.limits.memory_mib)
-                    .map(|mib| (mib as usize) << 20)
-                    .max()
-                    .unwrap_or(0),
+                max_memory_bytes: largest_memory_limit(&expr.wasm_specs()),
                 ..Limits::default()
             },
             probes,
