@@ -100,6 +100,10 @@ pub struct Config {
     /// its manifest, before its download starts. Default 64 MiB.
     #[serde(default = "default_max_module_bytes")]
     pub max_module_bytes: u64,
+    /// When set, every `oci://` module must carry a cosign signature by one
+    /// of these keys, or it is refused.
+    #[serde(default)]
+    pub module_signatures: Option<ModuleSignatures>,
     /// The checker expression deciding membership.
     #[serde(default)]
     pub membership: CheckerExpr,
@@ -107,6 +111,21 @@ pub struct Config {
     /// nothing: how a new checker is tried before it decides.
     #[serde(default)]
     pub shadow: Option<ShadowSpec>,
+}
+
+/// `moduleSignatures: {keys: [FILE, ...]}`.
+///
+/// Signatures are what `cosign sign --key` makes (a sigstore bundle
+/// referrer, or the older `sha256-<digest>.sig` tag), verified offline
+/// against these public keys: no transparency log is consulted. They apply
+/// to `oci://` modules, shadows' included; a `modulesDir` file is the
+/// operator's own (pin it with `sha256`).
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ModuleSignatures {
+    /// PEM public key files (`cosign.pub`); a signature by any one of them
+    /// is enough.
+    pub keys: Vec<PathBuf>,
 }
 
 /// `shadow: {membership, expressions, annotation}`.
@@ -679,6 +698,7 @@ impl Config {
             registry_auth: None,
             registry_ca: None,
             max_module_bytes: DEFAULT_MAX_MODULE_BYTES,
+            module_signatures: None,
             membership: CheckerExpr::default(),
             shadow: None,
         }
@@ -763,6 +783,18 @@ impl Config {
         }
         if self.max_module_bytes == 0 {
             return Err(root.field("maxModuleBytes").issue("must be at least 1"));
+        }
+        if let Some(sigs) = &self.module_signatures {
+            let keys = root.field("moduleSignatures").field("keys");
+            if sigs.keys.is_empty() {
+                return Err(keys.issue(
+                    "name at least one public key file (cosign.pub); to accept unsigned \
+                     modules, leave moduleSignatures out",
+                ));
+            }
+            if let Some(i) = sigs.keys.iter().position(|k| k.as_os_str().is_empty()) {
+                return Err(keys.index(i).issue("must not be empty"));
+            }
         }
         self.membership
             .validate(&root.field("membership"), self.modules_dir.is_some())?;
@@ -1998,6 +2030,45 @@ mod oci_tests {
         assert_eq!(
             c.registry_auth.as_deref(),
             Some(Path::new("/etc/portwise/registry/config.json"))
+        );
+    }
+
+    #[test]
+    fn module_signatures_name_key_files() {
+        let c = Config::from_yaml(&format!(
+            "moduleSignatures: {{keys: [/keys/a.pub, /keys/b.pub]}}\n{}",
+            membership("podReady")
+        ))
+        .unwrap();
+        assert_eq!(
+            c.module_signatures.unwrap().keys,
+            vec![PathBuf::from("/keys/a.pub"), PathBuf::from("/keys/b.pub")]
+        );
+        let e = Config::from_yaml(&format!(
+            "moduleSignatures: {{keys: []}}\n{}",
+            membership("podReady")
+        ))
+        .unwrap_err();
+        assert_eq!(e.field_path(), Some("moduleSignatures.keys"), "{e}");
+        assert!(e.to_string().contains("leave moduleSignatures out"), "{e}");
+        let e = Config::from_yaml(&format!(
+            "moduleSignatures: {{keys: [/a.pub, '']}}\n{}",
+            membership("podReady")
+        ))
+        .unwrap_err();
+        assert_eq!(e.field_path(), Some("moduleSignatures.keys[1]"), "{e}");
+        // A typo is refused, not ignored (signatures would silently be off).
+        let e = Config::from_yaml(&format!(
+            "moduleSignatures: {{key: [/a.pub]}}\n{}",
+            membership("podReady")
+        ))
+        .unwrap_err();
+        assert!(e.to_string().contains("key"), "{e}");
+        assert!(
+            Config::from_yaml(&membership("podReady"))
+                .unwrap()
+                .module_signatures
+                .is_none()
         );
     }
 }

@@ -321,6 +321,11 @@ fn oci_config(config: &Config) -> portwise_wasm::OciConfig {
         auth_file: config.registry_auth.clone(),
         ca_file: config.registry_ca.clone(),
         max_module_bytes: config.max_module_bytes,
+        signature_keys: config
+            .module_signatures
+            .as_ref()
+            .map(|s| s.keys.clone())
+            .unwrap_or_default(),
         ..Default::default()
     }
 }

@@ -50,6 +50,7 @@ mod modules;
 pub mod oci;
 pub mod replay;
 mod resources;
+pub mod signatures;
 
 use std::{
     path::{Path, PathBuf},

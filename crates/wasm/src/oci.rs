@@ -14,6 +14,15 @@
 //!   as they stream in: past the cap the download stops;
 //! - the blob's sha256 against the manifest's layer digest.
 //!
+//! With `moduleSignatures`, a cosign signature of the manifest by one of the
+//! configured keys is required too ([`crate::signatures`]); it is looked
+//! for after the pin is checked and before the layer is downloaded, so an
+//! unsigned module costs no download. The signatures that verified are
+//! cached beside the manifest (`oci/signatures/<sha256>`) and verified
+//! again, against the keys of the config being loaded, whenever the cache
+//! serves: a key removed from the config stops a cached module too, and a
+//! signed module restarts with the registry down.
+//!
 //! Verified content is cached on disk under the code cache's directory,
 //! keyed by digest: `oci/manifests/<sha256>`, `oci/blobs/<sha256>`. Every
 //! read re-hashes what it read, so a damaged or planted entry is a miss, not
@@ -42,7 +51,21 @@ use oci_client::{
 };
 use portwise_core::config::OciRef;
 
-use crate::modules::sha256_hex;
+use crate::{
+    modules::sha256_hex,
+    signatures::{
+        self, BUNDLE_MEDIA_TYPE, Evidence, PublicKey, SIGNATURE_ANNOTATION,
+        SIMPLE_SIGNING_MEDIA_TYPE,
+    },
+};
+
+/// A signature manifest or blob larger than this is not a cosign signature.
+const MAX_SIGNATURE_BYTES: u64 = 1 << 20;
+/// Signatures looked at per module, at most (each is a download).
+const MAX_SIGNATURES: usize = 16;
+/// What a registry may answer for an image manifest (Docker's schema 2 for
+/// signatures pushed by older tools).
+const DOCKER_MANIFEST_MEDIA_TYPE: &str = "application/vnd.docker.distribution.manifest.v2+json";
 
 /// The config media type of a WebAssembly OCI artifact.
 pub const WASM_CONFIG_MEDIA_TYPE: &str = "application/vnd.wasm.config.v0+json";
@@ -64,6 +87,9 @@ pub struct OciConfig {
     pub connect_timeout: Duration,
     /// A registry that sends nothing for this long has failed the pull.
     pub read_timeout: Duration,
+    /// `moduleSignatures.keys`: PEM public keys; when not empty, a module
+    /// without a valid signature by one of them is refused.
+    pub signature_keys: Vec<PathBuf>,
 }
 
 impl Default for OciConfig {
@@ -74,6 +100,7 @@ impl Default for OciConfig {
             max_module_bytes: portwise_core::config::DEFAULT_MAX_MODULE_BYTES,
             connect_timeout: Duration::from_secs(10),
             read_timeout: Duration::from_secs(30),
+            signature_keys: Vec::new(),
         }
     }
 }
@@ -92,6 +119,8 @@ pub(crate) struct Pulled {
     /// Why the registry was not used although it should have been (a tag
     /// served from its last resolution).
     pub fallback: Option<String>,
+    /// The key (and signature) that verified it, under `moduleSignatures`.
+    pub signed_by: Option<signatures::Verified>,
 }
 
 /// Credentials per registry, from a Docker config JSON.
@@ -184,6 +213,7 @@ pub(crate) struct Puller {
     auths: Auths,
     cache: Option<PathBuf>,
     max: u64,
+    keys: Vec<PublicKey>,
 }
 
 impl Puller {
@@ -208,6 +238,17 @@ impl Puller {
             }
             None => Vec::new(),
         };
+        let keys = config
+            .signature_keys
+            .iter()
+            .map(|path| {
+                let name = path.display().to_string();
+                let pem = fs::read(path).map_err(|e| {
+                    format!("moduleSignatures: cannot read the public key {name}: {e}")
+                })?;
+                PublicKey::from_pem(&name, &pem).map_err(|e| format!("moduleSignatures: {e}"))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         let client = Client::try_from(ClientConfig {
             protocol: ClientProtocol::Https,
             extra_root_certificates,
@@ -224,6 +265,7 @@ impl Puller {
             auths,
             cache,
             max: config.max_module_bytes,
+            keys,
         })
     }
 
@@ -297,6 +339,22 @@ impl Puller {
                 ))
             })?
             .to_ascii_lowercase();
+        let signed_by = match self.keys.is_empty() {
+            true => None,
+            false => {
+                let evidence = self.signatures(r, &auth, &digest).await?;
+                let verified =
+                    signatures::verify(&digest, &evidence, &self.keys).map_err(Failure::Refused)?;
+                let kept: Vec<&Evidence> = evidence
+                    .iter()
+                    .filter(|e| {
+                        signatures::verify(&digest, std::slice::from_ref(*e), &self.keys).is_ok()
+                    })
+                    .collect();
+                self.store_signatures(&digest, &kept, r);
+                Some(verified)
+            }
+        };
         let bytes = self.fetch_blob(r, &reference, &layer, &layer_hex).await?;
         let source = self.store(&digest, &manifest_bytes, &layer_hex, &bytes, r);
         Ok(Pulled {
@@ -305,6 +363,7 @@ impl Puller {
             source: source.unwrap_or_else(|| PathBuf::from(r.to_string())),
             cached: false,
             fallback: None,
+            signed_by,
         })
     }
 
@@ -375,7 +434,7 @@ impl Puller {
             E::ServerError { code: 401, .. } | E::ServerError { code: 403, .. } => {
                 Failure::Refused(format!("{} refused access {doing} {who}: {e}", r.registry))
             }
-            E::ImageManifestNotFoundError(_) | E::ServerError { code: 404, .. } => {
+            _ if is_not_found(&e) => {
                 Failure::Refused(format!("{doing}: {} has no such artifact: {e}", r.registry))
             }
             E::RegistryError { envelope, .. }
@@ -392,23 +451,191 @@ impl Puller {
                     r.registry
                 ))
             }
-            E::RegistryError { envelope, .. }
-                if envelope.errors.iter().any(|x| {
-                    matches!(
-                        x.code,
-                        oci_client::errors::OciErrorCode::ManifestUnknown
-                            | oci_client::errors::OciErrorCode::NameUnknown
-                            | oci_client::errors::OciErrorCode::BlobUnknown
-                    )
-                }) =>
-            {
-                Failure::Refused(format!("{doing}: {} has no such artifact: {e}", r.registry))
-            }
             _ => Failure::Unreachable(format!(
                 "{doing} from {} failed: {}",
                 r.registry,
                 error_chain(&e)
             )),
+        }
+    }
+
+    /// The cosign signatures the registry holds for manifest `digest`:
+    /// sigstore bundles among its referrers (the referrers API, or the
+    /// `sha256-<hex>` tag where the registry has none), then the
+    /// `sha256-<hex>.sig` tag. Absent ones are not errors; a registry that
+    /// cannot be asked is.
+    async fn signatures(
+        &self,
+        r: &OciRef,
+        auth: &RegistryAuth,
+        digest: &str,
+    ) -> Result<Vec<Evidence>, Failure> {
+        let subject = Reference::with_digest(
+            r.registry.clone(),
+            r.repository.clone(),
+            format!("sha256:{digest}"),
+        );
+        let mut out = Vec::new();
+        let index = self
+            .client
+            .pull_referrers(&subject, Some(BUNDLE_MEDIA_TYPE))
+            .await
+            .map_err(|e| self.explain(r, "listing the module's signatures (referrers)", e))?;
+        for entry in index
+            .manifests
+            .iter()
+            // Registries may ignore the filter.
+            .filter(|m| m.artifact_type.as_deref() == Some(BUNDLE_MEDIA_TYPE))
+            .take(MAX_SIGNATURES)
+        {
+            let at = Reference::with_digest(
+                r.registry.clone(),
+                r.repository.clone(),
+                entry.digest.clone(),
+            );
+            let Some(manifest) = self.signature_manifest(r, auth, &at, &entry.digest).await? else {
+                continue;
+            };
+            for layer in manifest
+                .layers
+                .iter()
+                .filter(|l| l.media_type == BUNDLE_MEDIA_TYPE)
+            {
+                let bundle = self.signature_blob(r, &at, layer).await?;
+                out.push(Evidence::Bundle {
+                    manifest: entry.digest.clone(),
+                    bundle,
+                });
+            }
+        }
+        let sig_tag = Reference::with_tag(
+            r.registry.clone(),
+            r.repository.clone(),
+            format!("sha256-{digest}.sig"),
+        );
+        if let Some(manifest) = self.signature_manifest(r, auth, &sig_tag, "").await? {
+            for layer in manifest
+                .layers
+                .iter()
+                .filter(|l| l.media_type == SIMPLE_SIGNING_MEDIA_TYPE)
+                .take(MAX_SIGNATURES)
+            {
+                let Some(signature) = layer
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(SIGNATURE_ANNOTATION))
+                else {
+                    continue;
+                };
+                let payload = self.signature_blob(r, &sig_tag, layer).await?;
+                out.push(Evidence::SimpleSigning {
+                    layer: layer.digest.clone(),
+                    payload,
+                    signature: signature.clone(),
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    /// A signature's manifest; `None` when the registry has none there.
+    /// `digest` (when not empty) is checked against the bytes.
+    async fn signature_manifest(
+        &self,
+        r: &OciRef,
+        auth: &RegistryAuth,
+        at: &Reference,
+        digest: &str,
+    ) -> Result<Option<OciImageManifest>, Failure> {
+        let bytes = match self
+            .client
+            .pull_manifest_raw(
+                at,
+                auth,
+                &[OCI_IMAGE_MEDIA_TYPE, DOCKER_MANIFEST_MEDIA_TYPE],
+            )
+            .await
+        {
+            Ok((bytes, _)) => bytes,
+            // No such tag: not signed in that form.
+            Err(e) if is_not_found(&e) => return Ok(None),
+            Err(e) => return Err(self.explain(r, "fetching a signature", e)),
+        };
+        if bytes.len() as u64 > MAX_SIGNATURE_BYTES {
+            return Err(Failure::Refused(format!(
+                "the signature manifest {at} is {} bytes, not a cosign signature",
+                bytes.len()
+            )));
+        }
+        if !digest.is_empty() && format!("sha256:{}", sha256_hex(&bytes)) != digest {
+            return Err(Failure::Refused(format!(
+                "the signature manifest {at} does not match its digest"
+            )));
+        }
+        serde_json::from_slice(&bytes).map(Some).map_err(|e| {
+            Failure::Refused(format!(
+                "the signature manifest {at} is not an image manifest: {e}"
+            ))
+        })
+    }
+
+    /// A signature's layer, small and matching its digest.
+    async fn signature_blob(
+        &self,
+        r: &OciRef,
+        at: &Reference,
+        layer: &oci_client::manifest::OciDescriptor,
+    ) -> Result<Vec<u8>, Failure> {
+        if layer.size < 0 || layer.size as u64 > MAX_SIGNATURE_BYTES {
+            return Err(Failure::Refused(format!(
+                "the signature layer {} is {} bytes, not a cosign signature",
+                layer.digest, layer.size
+            )));
+        }
+        let mut blob = self
+            .client
+            .pull_blob_stream(at, layer)
+            .await
+            .map_err(|e| self.explain(r, "fetching a signature", e))?;
+        let mut bytes = Vec::new();
+        while let Some(chunk) = blob.stream.next().await {
+            let chunk = chunk.map_err(|e| {
+                Failure::Unreachable(format!(
+                    "a signature's download from {} failed: {}",
+                    r.registry,
+                    error_chain(&e)
+                ))
+            })?;
+            if (bytes.len() + chunk.len()) as u64 > MAX_SIGNATURE_BYTES {
+                return Err(Failure::Refused(format!(
+                    "the signature layer {} is larger than its manifest says",
+                    layer.digest
+                )));
+            }
+            bytes.extend_from_slice(&chunk);
+        }
+        if format!("sha256:{}", sha256_hex(&bytes)) != layer.digest {
+            return Err(Failure::Refused(format!(
+                "the signature layer {} does not match its digest",
+                layer.digest
+            )));
+        }
+        Ok(bytes)
+    }
+
+    fn cached_signatures(&self, digest: &str) -> Option<Vec<Evidence>> {
+        let text = fs::read(self.dir("signatures")?.join(digest)).ok()?;
+        serde_json::from_slice(&text).ok()
+    }
+
+    /// Keeps the signatures that verified, for offline restarts.
+    fn store_signatures(&self, digest: &str, evidence: &[&Evidence], r: &OciRef) {
+        let Some(dir) = self.dir("signatures") else {
+            return;
+        };
+        let text = serde_json::to_vec(evidence).expect("evidence serializes");
+        if let Err(e) = write_atomic(&dir.join(digest), &text) {
+            tracing::warn!(module = %r, "cannot cache the module's signatures: {e}");
         }
     }
 
@@ -436,12 +663,31 @@ impl Puller {
             tracing::warn!(path = %blob_path.display(), "cached layer does not match its digest; pulling again");
             return None;
         }
+        let signed_by = match self.keys.is_empty() {
+            true => None,
+            // Verified again under this config's keys; a miss asks the
+            // registry, which may have the signature the cache lacks.
+            false => match self.cached_signatures(digest) {
+                Some(evidence) => match signatures::verify(digest, &evidence, &self.keys) {
+                    Ok(v) => Some(v),
+                    Err(why) => {
+                        tracing::info!(
+                            manifest = digest,
+                            "cached signatures do not verify under the configured keys ({why}); asking the registry"
+                        );
+                        return None;
+                    }
+                },
+                None => return None,
+            },
+        };
         Some(Pulled {
             bytes,
             manifest: digest.to_string(),
             source: blob_path,
             cached: true,
             fallback: None,
+            signed_by,
         })
     }
 
@@ -493,6 +739,23 @@ impl Puller {
 enum Failure {
     Refused(String),
     Unreachable(String),
+}
+
+/// The registry has nothing at that name (as opposed to: refused, failed).
+fn is_not_found(e: &OciDistributionError) -> bool {
+    use OciDistributionError as E;
+    match e {
+        E::ImageManifestNotFoundError(_) | E::ServerError { code: 404, .. } => true,
+        E::RegistryError { envelope, .. } => envelope.errors.iter().any(|x| {
+            matches!(
+                x.code,
+                oci_client::errors::OciErrorCode::ManifestUnknown
+                    | oci_client::errors::OciErrorCode::NameUnknown
+                    | oci_client::errors::OciErrorCode::BlobUnknown
+            )
+        }),
+        _ => false,
+    }
 }
 
 /// `e` with its sources, which carry the useful part (connection refused,

@@ -248,6 +248,7 @@ impl Runtime {
             module = name,
             manifest = %pulled.manifest,
             from_cache = pulled.cached,
+            signed_by = pulled.signed_by.as_ref().map(|v| format!("{} ({})", v.key, v.signature)),
             "{} bytes {}",
             pulled.bytes.len(),
             if pulled.cached { "read from the pull cache" } else { "pulled" }
