@@ -467,8 +467,12 @@ mod tests {
             )
             .unwrap();
             assert_eq!(ok.key, "signer.pub");
-            let err =
-                verify(MANIFEST, std::slice::from_ref(&evidence), &[other.clone()]).unwrap_err();
+            let err = verify(
+                MANIFEST,
+                std::slice::from_ref(&evidence),
+                std::slice::from_ref(&other),
+            )
+            .unwrap_err();
             assert!(
                 err.contains("does not verify under any configured key"),
                 "{err}"
