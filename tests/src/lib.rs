@@ -27,6 +27,7 @@
 mod addresses;
 pub mod consumers;
 mod control_plane;
+pub mod cosign;
 pub mod faults;
 mod identity;
 mod listeners;

@@ -3,12 +3,20 @@
 //! start and deciding a port end to end, refused on a wrong digest, damaged
 //! content, wrong credentials or a size past `maxModuleBytes` (before the
 //! download), and served from the cache after a restart with the registry
-//! gone.
+//! gone. Under `moduleSignatures`, modules signed by real cosign (both of
+//! the forms it stores signatures in) serve, unsigned or wrongly signed ones
+//! are refused while the running portwise keeps serving its own, and the
+//! cache is verified again, offline, against the keys of each start.
 
 use std::{collections::BTreeSet, path::Path, time::Duration};
 
 use anyhow::{Context, Result, ensure};
-use portwise_tests::{registry::Registry, *};
+use oci_client::client::{Config, ImageLayer};
+use portwise_tests::{
+    cosign::{Cosign, Form},
+    registry::Registry,
+    *,
+};
 use sha2::{Digest, Sha256};
 
 const REPO: &str = "guests/python-tier-check";
@@ -275,5 +283,244 @@ async fn a_huge_artifact_is_refused_before_it_is_downloaded() -> Result<()> {
         "portwise never asked for the manifest:\n{}",
         reg.logs()
     );
+    Ok(())
+}
+
+/// Port `http` decided by ready-role from `bundle_module` (signed in
+/// cosign 3's bundle form), `admin` by the same guest from `sig_module`
+/// (signed in the older `.sig` form), both requiring role `primary`.
+fn signed_config(
+    reg: &Registry,
+    bundle_module: &str,
+    sig_module: &str,
+    auth: &Path,
+    keys: &[&Path],
+) -> String {
+    let guest = |m: &str| {
+        format!("{{wasm: {{module: '{m}', config: {{roles: [primary], path: /ready}}}}}}")
+    };
+    let keys: Vec<String> = keys.iter().map(|k| k.display().to_string()).collect();
+    config_with(
+        &format!(
+            "{{perPort: {{ports: {{http: {}, admin: {}}}, fallback: podReady}}}}",
+            guest(bundle_module),
+            guest(sig_module)
+        ),
+        &format!(
+            "registryAuth: {}\nregistryCA: {}\nmoduleSignatures: {{keys: [{}]}}\n",
+            auth.display(),
+            reg.ca_file().display(),
+            keys.join(", ")
+        ),
+    )
+}
+
+/// Modules signed with cosign (3.x, offline, `--key`) serve in both of the
+/// forms cosign stores signatures in. A new config naming an unsigned
+/// module, or one signed by a key the config does not name, is refused by
+/// the portwise that loads it, and the running one keeps serving its
+/// modules (it follows a pod's change afterwards). A restart with the
+/// registry gone verifies the cached signatures offline: under the same key
+/// it serves, under another key it refuses, saying why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn signed_modules_serve_and_unsigned_or_wrongly_signed_ones_are_refused() -> Result<()> {
+    let cp = ControlPlane::shared().await?;
+    let ns = TestNs::new(cp, "oci-signed").await?;
+    let mut reg = Registry::start(cp).await?;
+    let cosign = Cosign::new(&reg)?;
+    let release = cosign.generate_key_pair("release")?;
+    let stranger = cosign.generate_key_pair("stranger")?;
+    let work = tempfile::Builder::new().prefix("oci-signed-").tempdir()?;
+    let auth = work.path().join("config.json");
+    reg.write_auth(&auth, registry::USER, registry::PASSWORD)?;
+    let cache = work.path().join("cache");
+
+    let ready_role = std::fs::read(guests_dir().join("ready-role.wasm"))?;
+    let digest = reg.push("guests/ready-role", "v1", &ready_role).await?;
+    cosign.sign(&reg, "guests/ready-role", &digest, &release, Form::Bundle)?;
+    // The same component under another manifest (its config differs): a
+    // signature is of a manifest digest, whatever repository holds it, and
+    // the pull cache is keyed by that digest.
+    let legacy = reg
+        .push_layers(
+            "guests/ready-role-legacy",
+            "v1",
+            vec![ImageLayer::new(
+                ready_role.clone(),
+                registry::WASM_LAYER_MEDIA_TYPE.to_string(),
+                None,
+            )],
+            Config::new(
+                br#"{"architecture":"wasm","os":"wasip2","variant":"legacy-signed"}"#.to_vec(),
+                registry::WASM_CONFIG_MEDIA_TYPE.to_string(),
+                None,
+            ),
+        )
+        .await?;
+    ensure!(legacy != digest);
+    cosign.sign(
+        &reg,
+        "guests/ready-role-legacy",
+        &legacy,
+        &release,
+        Form::SimpleSigning,
+    )?;
+    ensure!(
+        reg.logs().contains(&format!(
+            "/v2/guests/ready-role-legacy/manifests/sha256-{legacy}.sig"
+        )),
+        "cosign did not write the .sig tag:\n{}",
+        reg.logs()
+    );
+    let bundle_module = reg.module("guests/ready-role", &digest);
+    let sig_module = reg.module("guests/ready-role-legacy", &legacy);
+
+    let ips: Vec<_> = (0..2).map(|_| next_ips()).collect();
+    let listeners = [
+        HttpListener::start(ips[0].v4, 8080).await?,
+        HttpListener::start(ips[1].v4, 8080).await?,
+    ];
+    let admin = [
+        HttpListener::start(ips[0].v4, 9000).await?,
+        HttpListener::start(ips[1].v4, 9000).await?,
+    ];
+    for (i, role) in ["primary", "replica"].iter().enumerate() {
+        listeners[i].set_body(&format!("{{\"role\": \"{role}\"}}"));
+        admin[i].set_body(&format!("{{\"role\": \"{role}\"}}"));
+    }
+    let mut pw = Scenario::new(&ns)
+        .service(
+            service("web")
+                .annotation(GROUP_KEY, "g")
+                .port("http", 8080)
+                .port("admin", 9000),
+        )
+        .pods(
+            ["a", "b"]
+                .iter()
+                .zip(&ips)
+                .map(|(name, ip)| pod(name).annotation(GROUP_KEY, "g").ips(ip.v4())),
+        )
+        .config(&signed_config(
+            &reg,
+            &bundle_module,
+            &sig_module,
+            &auth,
+            &[&stranger.public, &release.public],
+        ))
+        .with_portwise(|l| {
+            l.binary()
+                .args(&["--cache-dir", &cache.display().to_string()])
+        })
+        .start()
+        .await?;
+    wait_for(Duration::from_secs(90), || async {
+        expect_eq(members(&ns, "web", "http").await?, set(&["a"]))?;
+        expect_eq(members(&ns, "web", "admin").await?, set(&["a"]))
+    })
+    .await?;
+    let logs = pw.logs();
+    ensure!(
+        logs.contains(&format!("{} (sigstore bundle", release.public.display()))
+            && logs.contains(&format!(
+                "{} (simple-signing payload",
+                release.public.display()
+            )),
+        "the log does not say which key and form verified each module:\n{logs}"
+    );
+
+    // A rollout to an unsigned module: the new portwise refuses it.
+    let admin_check = std::fs::read(guests_dir().join("admin-check.wasm"))?;
+    let unsigned = reg.push("guests/admin-check", "v1", &admin_check).await?;
+    let unsigned_module = reg.module("guests/admin-check", &unsigned);
+    let out = run_refused(
+        &ns,
+        &signed_config(
+            &reg,
+            &unsigned_module,
+            &sig_module,
+            &auth,
+            &[&release.public],
+        ),
+        &work.path().join("c-unsigned"),
+    )
+    .await?;
+    ensure!(
+        out.contains("it is not signed") && out.contains(&unsigned),
+        "{out}"
+    );
+    let served = reg.blob_bytes_served(&sha256(&admin_check));
+    ensure!(
+        served == 0,
+        "the unsigned module's layer was downloaded ({served} bytes)"
+    );
+
+    // Signed, but by a key the config does not name.
+    cosign.sign(
+        &reg,
+        "guests/admin-check",
+        &unsigned,
+        &stranger,
+        Form::Bundle,
+    )?;
+    let out = run_refused(
+        &ns,
+        &signed_config(
+            &reg,
+            &unsigned_module,
+            &sig_module,
+            &auth,
+            &[&release.public],
+        ),
+        &work.path().join("c-stranger"),
+    )
+    .await?;
+    ensure!(
+        out.contains("does not verify under any configured key")
+            && out.contains(&release.public.display().to_string()),
+        "{out}"
+    );
+
+    // The running portwise still decides with its own modules.
+    listeners[1].set_body("{\"role\": \"primary\"}");
+    wait_for(Duration::from_secs(60), || async {
+        expect_eq(members(&ns, "web", "http").await?, set(&["a", "b"]))?;
+        expect_eq(members(&ns, "web", "admin").await?, set(&["a"]))
+    })
+    .await?;
+    pw.check_running()?;
+
+    // Registry gone: the cached signatures are verified offline.
+    pw.stop().await?;
+    reg.stop().await?;
+    let out = run_refused(
+        &ns,
+        &signed_config(
+            &reg,
+            &bundle_module,
+            &sig_module,
+            &auth,
+            &[&stranger.public],
+        ),
+        &cache,
+    )
+    .await?;
+    ensure!(
+        out.contains("the cached copy is not served")
+            && out.contains("does not verify under any configured key"),
+        "{out}"
+    );
+    pw.start_again().await?;
+    listeners[0].set_body("{\"role\": \"replica\"}");
+    wait_for(Duration::from_secs(90), || async {
+        expect_eq(members(&ns, "web", "http").await?, set(&["b"]))
+    })
+    .await?;
+    let logs = pw.current_logs();
+    ensure!(
+        logs.contains("read from the pull cache") && logs.contains("sigstore bundle"),
+        "the restart did not serve verified modules from the cache:\n{logs}"
+    );
+    pw.check_running()?;
     Ok(())
 }

@@ -272,10 +272,13 @@ impl Puller {
     /// The module `r` names: from the cache when its digest is there, else
     /// from the registry (then cached).
     pub async fn pull(&self, r: &OciRef) -> Result<Pulled, String> {
-        if let Some(digest) = &r.digest
-            && let Some(pulled) = self.cached(digest)
-        {
-            return Ok(pulled);
+        // What the cache holds but may not serve (unsigned under these keys).
+        let mut not_served = None;
+        if let Some(digest) = &r.digest {
+            match self.cached(digest) {
+                Ok(pulled) => return Ok(pulled),
+                Err(why) => not_served = why,
+            }
         }
         match self.fetch(r).await {
             Ok(pulled) => Ok(pulled),
@@ -284,14 +287,21 @@ impl Puller {
                 // A tag's last resolution, if the registry cannot answer.
                 if r.digest.is_none()
                     && let Some(digest) = self.cached_tag(r)
-                    && let Some(mut pulled) = self.cached(&digest)
                 {
-                    pulled.fallback = Some(format!(
-                        "{why}; serving sha256:{digest}, what the tag last pointed at"
-                    ));
-                    return Ok(pulled);
+                    match self.cached(&digest) {
+                        Ok(mut pulled) => {
+                            pulled.fallback = Some(format!(
+                                "{why}; serving sha256:{digest}, what the tag last pointed at"
+                            ));
+                            return Ok(pulled);
+                        }
+                        Err(why) => not_served = why,
+                    }
                 }
-                Err(why)
+                Err(match not_served {
+                    Some(cached) => format!("{why}; the cached copy is not served: {cached}"),
+                    None => why,
+                })
             }
         }
     }
@@ -643,8 +653,40 @@ impl Puller {
         self.cache.as_ref().map(|c| c.join(kind))
     }
 
-    /// A digest's manifest and layer from the cache, both re-verified.
-    fn cached(&self, digest: &str) -> Option<Pulled> {
+    /// A digest's manifest and layer from the cache, both re-verified, and
+    /// under `moduleSignatures` their signatures too. `Err(None)` is a miss;
+    /// `Err(Some(why))` is content that is there but not signed by a
+    /// configured key (the registry may have that signature: it is asked).
+    fn cached(&self, digest: &str) -> Result<Pulled, Option<String>> {
+        let (bytes, blob_path) = self.cached_content(digest).ok_or(None)?;
+        let signed_by = match self.keys.is_empty() {
+            true => None,
+            false => {
+                let evidence = self.cached_signatures(digest).unwrap_or_default();
+                match signatures::verify(digest, &evidence, &self.keys) {
+                    Ok(v) => Some(v),
+                    Err(why) => {
+                        tracing::info!(
+                            manifest = digest,
+                            "cached module not served: {why}; asking the registry"
+                        );
+                        return Err(Some(why));
+                    }
+                }
+            }
+        };
+        Ok(Pulled {
+            bytes,
+            manifest: digest.to_string(),
+            source: blob_path,
+            cached: true,
+            fallback: None,
+            signed_by,
+        })
+    }
+
+    /// The cached layer of manifest `digest`, re-hashed, and its path.
+    fn cached_content(&self, digest: &str) -> Option<(Vec<u8>, PathBuf)> {
         let manifest_path = self.dir("manifests")?.join(digest);
         let manifest = fs::read(&manifest_path).ok()?;
         if sha256_hex(&manifest) != digest {
@@ -663,32 +705,7 @@ impl Puller {
             tracing::warn!(path = %blob_path.display(), "cached layer does not match its digest; pulling again");
             return None;
         }
-        let signed_by = match self.keys.is_empty() {
-            true => None,
-            // Verified again under this config's keys; a miss asks the
-            // registry, which may have the signature the cache lacks.
-            false => match self.cached_signatures(digest) {
-                Some(evidence) => match signatures::verify(digest, &evidence, &self.keys) {
-                    Ok(v) => Some(v),
-                    Err(why) => {
-                        tracing::info!(
-                            manifest = digest,
-                            "cached signatures do not verify under the configured keys ({why}); asking the registry"
-                        );
-                        return None;
-                    }
-                },
-                None => return None,
-            },
-        };
-        Some(Pulled {
-            bytes,
-            manifest: digest.to_string(),
-            source: blob_path,
-            cached: true,
-            fallback: None,
-            signed_by,
-        })
+        Some((bytes, blob_path))
     }
 
     fn tag_file(&self, r: &OciRef) -> Option<PathBuf> {
@@ -927,13 +944,13 @@ mod tests {
         let m = manifest(&[(WASM_LAYER_MEDIA_TYPE, &format!("sha256:{layer_hex}"))]);
         let digest = sha256_hex(&m);
         let r = OciRef::parse(&format!("oci://r.example/x@sha256:{digest}")).unwrap();
-        assert!(puller.cached(&digest).is_none());
+        assert!(puller.cached(&digest).is_err());
         puller.store(&digest, &m, &layer_hex, &wasm, &r).unwrap();
         let hit = puller.cached(&digest).unwrap();
         assert_eq!(hit.bytes, wasm);
         assert!(hit.cached);
         // A damaged layer is a miss.
         fs::write(dir.path().join("blobs").join(&layer_hex), b"\0asm tampered").unwrap();
-        assert!(puller.cached(&digest).is_none());
+        assert!(puller.cached(&digest).is_err());
     }
 }
