@@ -57,7 +57,7 @@ pub use observe::{
 pub use ops::{Metrics, Sample, http_get};
 pub use portwise::{
     BinaryOutcome, Launch, Portwise, free_port, guests_dir, portwise_bin, run_binary_to_exit,
-    run_binary_to_exit_on,
+    run_binary_to_exit_on, run_binary_to_exit_with_env,
 };
 pub use scenario::{
     SEED_MEMBERSHIP, Scenario, expect_endpoints, expect_seed, seed_is, seed_pod, seed_scenario,

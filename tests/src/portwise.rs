@@ -693,7 +693,18 @@ pub async fn run_binary_to_exit(
     config_yaml: &str,
     timeout: Duration,
 ) -> Result<BinaryOutcome> {
-    run_binary(args, config_yaml, timeout, None).await
+    run_binary(args, config_yaml, timeout, None, &[]).await
+}
+
+/// [`run_binary_to_exit`] with extra environment variables (`POD_NAME`,
+/// say, which makes portwise publish its module Events on that Pod).
+pub async fn run_binary_to_exit_with_env(
+    args: &[&str],
+    config_yaml: &str,
+    timeout: Duration,
+    env: &[(&str, &str)],
+) -> Result<BinaryOutcome> {
+    run_binary(args, config_yaml, timeout, None, env).await
 }
 
 /// [`run_binary_to_exit`] against `cp`, whichever control plane the run
@@ -709,6 +720,7 @@ pub async fn run_binary_to_exit_on(
         config_yaml,
         timeout,
         Some(cp.kubeconfig().to_path_buf()),
+        &[],
     )
     .await
 }
@@ -718,6 +730,7 @@ async fn run_binary(
     config_yaml: &str,
     timeout: Duration,
     kubeconfig: Option<PathBuf>,
+    env: &[(&str, &str)],
 ) -> Result<BinaryOutcome> {
     let dir = tempfile::Builder::new().prefix("portwise-cfg-").tempdir()?;
     let config_path = dir.path().join("config.yaml");
@@ -736,6 +749,7 @@ async fn run_binary(
     let mut child = tokio::process::Command::new(portwise_bin()?)
         .args(&args)
         .env("KUBECONFIG", kubeconfig)
+        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

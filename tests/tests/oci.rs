@@ -59,8 +59,23 @@ fn set(names: &[&str]) -> BTreeSet<String> {
 
 /// Runs `portwise run` on `config` until it exits (it should: refused).
 async fn run_refused(ns: &TestNs, config: &str, cache: &Path) -> Result<String> {
+    run_refused_as(ns, config, cache, None).await
+}
+
+/// [`run_refused`], as Pod `pod` of the test namespace (where its module
+/// Events go).
+async fn run_refused_as(
+    ns: &TestNs,
+    config: &str,
+    cache: &Path,
+    pod: Option<&str>,
+) -> Result<String> {
     let cache = cache.display().to_string();
-    let out = run_binary_to_exit(
+    let env: Vec<(&str, &str)> = match pod {
+        Some(p) => vec![("POD_NAME", p), ("POD_NAMESPACE", ns.name())],
+        None => Vec::new(),
+    };
+    let out = run_binary_to_exit_with_env(
         &[
             "run",
             "--config",
@@ -74,6 +89,7 @@ async fn run_refused(ns: &TestNs, config: &str, cache: &Path) -> Result<String> 
         ],
         config,
         Duration::from_secs(120),
+        &env,
     )
     .await?;
     ensure!(
@@ -433,7 +449,7 @@ async fn signed_modules_serve_and_unsigned_or_wrongly_signed_ones_are_refused() 
     let admin_check = std::fs::read(guests_dir().join("admin-check.wasm"))?;
     let unsigned = reg.push("guests/admin-check", "v1", &admin_check).await?;
     let unsigned_module = reg.module("guests/admin-check", &unsigned);
-    let out = run_refused(
+    let out = run_refused_as(
         &ns,
         &signed_config(
             &reg,
@@ -443,6 +459,7 @@ async fn signed_modules_serve_and_unsigned_or_wrongly_signed_ones_are_refused() 
             &[&release.public],
         ),
         &work.path().join("c-unsigned"),
+        Some("portwise-next"),
     )
     .await?;
     ensure!(
@@ -453,6 +470,16 @@ async fn signed_modules_serve_and_unsigned_or_wrongly_signed_ones_are_refused() 
     ensure!(
         served == 0,
         "the unsigned module's layer was downloaded ({served} bytes)"
+    );
+    // The refusal reached its Pod's Events, although portwise exited at once.
+    let events = events_for(&ns, "portwise-next", Some("ModuleLoadFailed")).await?;
+    ensure!(
+        events.iter().any(|e| e
+            .message
+            .as_deref()
+            .unwrap_or_default()
+            .contains("it is not signed")),
+        "no ModuleLoadFailed Event about the unsigned module: {events:?}"
     );
 
     // Signed, but by a key the config does not name.

@@ -221,14 +221,15 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         None
     };
 
+    let mut module_reports = None;
     if let Some(rt) = &wasm {
         // Every replica reports its own modules, leading or not.
-        report_wasm(
+        module_reports = Some(report_wasm(
             rt.clone(),
             metrics.clone(),
             unfenced.clone(),
             config.managed_by.clone(),
-        );
+        ));
         // oci:// modules, before the checker tree that uses them is built;
         // failures went to the Events and metrics above, and a checker on
         // a module that did not pull is refused with the reason.
@@ -299,6 +300,13 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     };
     let result = controller::run(client, config, opts, shutdown).await;
     readiness.set_ready(false);
+    if result.is_err()
+        && let Some(reports) = &module_reports
+    {
+        // A module that failed to load is the usual reason to stop here:
+        // its Event is what `kubectl describe pod` shows, so let it out.
+        reports.flush(Duration::from_secs(5)).await;
+    }
     if let Some(e) = elector
         && let Err(err) = e.release().await
     {
@@ -357,12 +365,31 @@ pub fn worst_case(expr: &CheckerExpr, guest_call: Duration) -> Duration {
 /// metrics, and turns module load failures into Events on portwise's own Pod
 /// (when POD_NAME/POD_NAMESPACE tell us which), so an operator sees why a
 /// new module version is not serving.
+/// The task reporting module loads; [`ModuleReports::flush`] waits until
+/// it has reported every load so far.
+struct ModuleReports {
+    flush: tokio::sync::mpsc::Sender<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl ModuleReports {
+    /// Waits (at most `limit`) until every module event sent so far has been
+    /// logged, counted and published.
+    async fn flush(&self, limit: Duration) {
+        let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+        if self.flush.send(done_tx).await.is_ok()
+            && tokio::time::timeout(limit, done_rx).await.is_err()
+        {
+            tracing::warn!("module Events not all published within {limit:?}");
+        }
+    }
+}
+
 fn report_wasm(
     rt: Arc<WasmRuntime>,
     metrics: portwise_controller::metrics::Metrics,
     client: Client,
     managed_by: String,
-) {
+) -> ModuleReports {
     use kube::runtime::events::{Event, EventType, Recorder, Reporter};
     use portwise_controller::metrics::ModuleLoad;
     use portwise_wasm::CompileSource;
@@ -394,18 +421,45 @@ fn report_wasm(
         metrics.count_module_load(&info.module, result);
     }
     let m = metrics.clone();
+    let (flush_tx, mut flush_rx) =
+        tokio::sync::mpsc::channel::<tokio::sync::oneshot::Sender<()>>(1);
     tokio::spawn(async move {
+        use tokio::sync::broadcast::error::{RecvError, TryRecvError};
+        // A flush request is answered once every event already sent is
+        // handled: those are in the channel by then, so draining it is
+        // enough.
+        let mut flushing: Option<tokio::sync::oneshot::Sender<()>> = None;
         loop {
-            let ev = match events.recv().await {
+            let ev = if flushing.is_some() {
+                match events.try_recv() {
+                    Ok(ev) => Ok(ev),
+                    Err(TryRecvError::Lagged(n)) => Err(RecvError::Lagged(n)),
+                    Err(TryRecvError::Empty | TryRecvError::Closed) => {
+                        if let Some(done) = flushing.take() {
+                            let _ = done.send(());
+                        }
+                        continue;
+                    }
+                }
+            } else {
+                tokio::select! {
+                    ev = events.recv() => ev,
+                    Some(done) = flush_rx.recv() => {
+                        flushing = Some(done);
+                        continue;
+                    }
+                }
+            };
+            let ev = match ev {
                 Ok(ev) => ev,
-                Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
+                Err(RecvError::Lagged(n)) => {
                     tracing::warn!(
                         missed = n,
                         "module events came faster than they were reported"
                     );
                     continue;
                 }
-                Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
+                Err(RecvError::Closed) => break,
             };
             let result = match (ev.ok, ev.compiled) {
                 (false, _) => ModuleLoad::Failed,
@@ -434,6 +488,7 @@ fn report_wasm(
     });
     // Guest failures are atomics in the runtime, read at every scrape.
     read_guest_failures(&metrics, rt);
+    ModuleReports { flush: flush_tx }
 }
 
 /// Makes `portwise_guest_failures_total` read `rt`'s failure counters at
