@@ -551,3 +551,110 @@ async fn signed_modules_serve_and_unsigned_or_wrongly_signed_ones_are_refused() 
     pw.check_running()?;
     Ok(())
 }
+
+/// `allowTags`: the tag is resolved at start; with the registry gone, a
+/// restart serves what the tag last pointed at (from the cache) and says
+/// so, and the module still decides.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_allowed_tag_serves_its_last_resolution_when_the_registry_is_gone() -> Result<()> {
+    let cp = ControlPlane::shared().await?;
+    let ns = TestNs::new(cp, "oci-tag").await?;
+    let mut reg = Registry::start(cp).await?;
+    let work = tempfile::Builder::new().prefix("oci-tag-").tempdir()?;
+    let auth = work.path().join("config.json");
+    reg.write_auth(&auth, registry::USER, registry::PASSWORD)?;
+    let cache = work.path().join("cache");
+    let wasm = std::fs::read(guests_dir().join("ready-role.wasm"))?;
+    let digest = reg.push("guests/ready-role", "v1", &wasm).await?;
+    let module = format!("oci://{}/guests/ready-role:v1", reg.host());
+
+    let ip = next_ips();
+    let http = HttpListener::start(ip.v4, 8080).await?;
+    http.set_body(r#"{"role": "primary"}"#);
+    let config = config_with(
+        &format!(
+            "{{perPort: {{ports: {{http: {{wasm: {{module: '{module}', allowTags: true, \
+             config: {{roles: [primary], path: /ready}}}}}}}}, fallback: podReady}}}}"
+        ),
+        &format!(
+            "registryAuth: {}\nregistryCA: {}\n",
+            auth.display(),
+            reg.ca_file().display()
+        ),
+    );
+    let mut pw = Scenario::new(&ns)
+        .service(service("web").annotation(GROUP_KEY, "g").port("http", 8080))
+        .pods([pod("a").annotation(GROUP_KEY, "g").ips(ip.v4())])
+        .config(&config)
+        .with_portwise(|l| {
+            l.binary()
+                .args(&["--cache-dir", &cache.display().to_string()])
+        })
+        .start()
+        .await?;
+    wait_for(Duration::from_secs(90), || async {
+        expect_eq(members(&ns, "web", "http").await?, set(&["a"]))
+    })
+    .await?;
+
+    pw.stop().await?;
+    reg.stop().await?;
+    pw.start_again().await?;
+    http.set_body(r#"{"role": "replica"}"#);
+    wait_for(Duration::from_secs(90), || async {
+        expect_eq(members(&ns, "web", "http").await?, set(&[]))
+    })
+    .await?;
+    let logs = pw.current_logs();
+    ensure!(
+        logs.contains(&format!(
+            "serving sha256:{digest}, what the tag last pointed at"
+        )),
+        "the restart did not say it served the tag's last resolution:\n{logs}"
+    );
+    pw.check_running()?;
+    Ok(())
+}
+
+/// A registry that sends more than the manifest declares (its storage
+/// holds a bigger blob than the descriptor says) is cut off at
+/// `maxModuleBytes`: refused from the response's length, without taking
+/// the whole blob.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blob_larger_than_its_manifest_says_is_refused_at_the_cap() -> Result<()> {
+    let cp = ControlPlane::shared().await?;
+    let ns = TestNs::new(cp, "oci-liar").await?;
+    let reg = Registry::start(cp).await?;
+    let work = tempfile::tempdir()?;
+    let auth = work.path().join("config.json");
+    reg.write_auth(&auth, registry::USER, registry::PASSWORD)?;
+    let wasm = std::fs::read(guests_dir().join("ready-role.wasm"))?;
+    let digest = reg.push("guests/liar", "v1", &wasm).await?;
+    // The stored blob grows to 8 MiB; the manifest still says the original size.
+    let blob = reg.blob_path(&sha256(&wasm));
+    let mut bigger = wasm.clone();
+    bigger.resize(8 << 20, 0x5a);
+    std::fs::write(&blob, &bigger)?;
+    let cap = wasm.len() + 4096;
+    let out = run_refused(
+        &ns,
+        &oci_config(
+            &reg,
+            &reg.module("guests/liar", &digest),
+            &auth,
+            &format!("maxModuleBytes: {cap}\n"),
+        ),
+        &work.path().join("c"),
+    )
+    .await?;
+    ensure!(
+        out.contains("over maxModuleBytes") || out.contains("more than maxModuleBytes"),
+        "{out}"
+    );
+    let served = reg.blob_bytes_served(&sha256(&wasm));
+    ensure!(
+        served < bigger.len() as u64,
+        "the registry served all {served} bytes of the oversized blob"
+    );
+    Ok(())
+}
