@@ -166,7 +166,8 @@ impl Registry {
 
     /// A Docker config JSON with `user:password` for this registry.
     pub fn write_auth(&self, path: &Path, user: &str, password: &str) -> Result<()> {
-        let auth = base64_encode(format!("{user}:{password}").as_bytes());
+        use base64::Engine as _;
+        let auth = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
         std::fs::write(
             path,
             serde_json::to_vec_pretty(&serde_json::json!({
@@ -304,35 +305,4 @@ fn write_tls(cp: &ControlPlane, dir: &Path, ip: Ipv4Addr) -> Result<()> {
     std::fs::write(dir.join("registry.key"), key.serialize_pem())?;
     std::fs::write(dir.join("ca.crt"), ca_pem)?;
     Ok(())
-}
-
-fn base64_encode(bytes: &[u8]) -> String {
-    const ABC: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::new();
-    for chunk in bytes.chunks(3) {
-        let b = [
-            chunk[0],
-            *chunk.get(1).unwrap_or(&0),
-            *chunk.get(2).unwrap_or(&0),
-        ];
-        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-        for i in 0..4 {
-            if i <= chunk.len() {
-                out.push(ABC[(n >> (18 - 6 * i) & 63) as usize] as char);
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn base64_matches_the_standard_alphabet() {
-        assert_eq!(super::base64_encode(b"alice:s3cr3t"), "YWxpY2U6czNjcjN0");
-        assert_eq!(super::base64_encode(b"a"), "YQ==");
-        assert_eq!(super::base64_encode(b"ab"), "YWI=");
-    }
 }
