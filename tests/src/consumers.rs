@@ -37,7 +37,7 @@ use tokio::{
     task::JoinHandle,
 };
 
-use crate::{ControlPlane, Metrics, control_plane::repo_root, free_port, http_get, wait_for};
+use crate::{ControlPlane, Metrics, free_port, http_get, wait_for};
 
 /// The Node kube-proxy runs as. Without a Node object kube-proxy waits 30 s
 /// before it programs anything.
@@ -262,14 +262,7 @@ pub struct CoreDns {
 
 /// tests/coredns/build: the cached CoreDNS binary, built if need be.
 pub fn coredns_binary() -> Result<PathBuf> {
-    let out = Command::new(repo_root().join("tests/coredns/build"))
-        .stderr(Stdio::inherit())
-        .output()
-        .context("running tests/coredns/build")?;
-    if !out.status.success() {
-        bail!("tests/coredns/build failed ({})", out.status);
-    }
-    Ok(PathBuf::from(String::from_utf8(out.stdout)?.trim()))
+    crate::control_plane::built_tool("tests/coredns/build")
 }
 
 impl CoreDns {

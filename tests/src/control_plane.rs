@@ -44,6 +44,20 @@ pub(crate) fn repo_root() -> PathBuf {
         .to_path_buf()
 }
 
+/// Runs one of the tests' cached tool builds (`tests/coredns/build`, ...),
+/// which prints the binary's path on stdout once it is built or found.
+pub(crate) fn built_tool(script: &str) -> anyhow::Result<PathBuf> {
+    use anyhow::Context as _;
+    let out = std::process::Command::new(repo_root().join(script))
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .with_context(|| format!("running {script}"))?;
+    if !out.status.success() {
+        anyhow::bail!("{script} failed ({})", out.status);
+    }
+    Ok(PathBuf::from(String::from_utf8(out.stdout)?.trim()))
+}
+
 impl ControlPlane {
     /// The control plane for this test process: the one named by
     /// `PORTWISE_TEST_KUBECONFIG`, else one started once for this binary.

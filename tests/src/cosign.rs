@@ -13,26 +13,16 @@
 
 use std::{
     path::{Path, PathBuf},
-    process::{Command, Stdio},
+    process::Command,
 };
 
 use anyhow::{Context, Result, bail};
 
-use crate::{
-    control_plane::repo_root,
-    registry::{self, Registry},
-};
+use crate::registry::{self, Registry};
 
 /// tests/cosign/build: the cached cosign binary, built if need be.
 pub fn cosign_binary() -> Result<PathBuf> {
-    let out = Command::new(repo_root().join("tests/cosign/build"))
-        .stderr(Stdio::inherit())
-        .output()
-        .context("running tests/cosign/build")?;
-    if !out.status.success() {
-        bail!("tests/cosign/build failed ({})", out.status);
-    }
-    Ok(PathBuf::from(String::from_utf8(out.stdout)?.trim()))
+    crate::control_plane::built_tool("tests/cosign/build")
 }
 
 /// The two forms `cosign sign` stores a signature in.

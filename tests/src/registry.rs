@@ -18,7 +18,7 @@
 use std::{
     net::{Ipv4Addr, SocketAddr},
     path::{Path, PathBuf},
-    process::{Command, Stdio},
+    process::Stdio,
     time::{Duration, Instant},
 };
 
@@ -32,7 +32,7 @@ use oci_client::{
 use sha2::{Digest, Sha256};
 use tokio::process::Child;
 
-use crate::{ControlPlane, control_plane::repo_root};
+use crate::ControlPlane;
 
 /// The config media type of a WebAssembly OCI artifact.
 pub const WASM_CONFIG_MEDIA_TYPE: &str = "application/vnd.wasm.config.v0+json";
@@ -45,14 +45,7 @@ pub const PASSWORD: &str = "s3cret-for-tests";
 
 /// tests/registry/build: the cached registry binary, built if need be.
 pub fn registry_binary() -> Result<PathBuf> {
-    let out = Command::new(repo_root().join("tests/registry/build"))
-        .stderr(Stdio::inherit())
-        .output()
-        .context("running tests/registry/build")?;
-    if !out.status.success() {
-        bail!("tests/registry/build failed ({})", out.status);
-    }
-    Ok(PathBuf::from(String::from_utf8(out.stdout)?.trim()))
+    crate::control_plane::built_tool("tests/registry/build")
 }
 
 /// A running registry (stopped on drop).

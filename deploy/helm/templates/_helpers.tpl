@@ -55,6 +55,52 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | 
 {{- end }}
 {{- end }}
 
+{{/* The ConfigMap of public keys mounted at /etc/portwise/signing, or "". */}}
+{{- define "portwise.signingKeysConfigMap" -}}
+{{- if .Values.moduleSignatures.existingConfigMap }}
+{{- .Values.moduleSignatures.existingConfigMap }}
+{{- else if .Values.moduleSignatures.publicKeys }}
+{{- printf "%s-signing-keys" (include "portwise.fullname" .) }}
+{{- end }}
+{{- end }}
+
+{{/*
+The config file: .Values.config, plus the keys naming the files the chart
+mounts (registryAuth, registryCA, moduleSignatures), each only when config
+does not set it. With the defaults it is .Values.config as is.
+*/}}
+{{- define "portwise.config" -}}
+{{- $cfg := deepCopy (.Values.config | default dict) }}
+{{- if and .Values.registry.credentialsSecret (not (get $cfg "registryAuth")) }}
+{{- $_ := set $cfg "registryAuth" "/etc/portwise/registry/config.json" }}
+{{- end }}
+{{- if and .Values.registry.caConfigMap (not (get $cfg "registryCA")) }}
+{{- $_ := set $cfg "registryCA" "/etc/portwise/registry-ca/ca.crt" }}
+{{- end }}
+{{- if and .Values.moduleSignatures.publicKeys (not (get $cfg "moduleSignatures")) }}
+{{- $keys := list }}
+{{- /* range over a map goes in key order: the list is sorted by name */}}
+{{- range $name, $_ := .Values.moduleSignatures.publicKeys }}
+{{- $keys = append $keys (printf "/etc/portwise/signing/%s" $name) }}
+{{- end }}
+{{- $_ := set $cfg "moduleSignatures" (dict "keys" $keys) }}
+{{- end }}
+{{- toYaml $cfg }}
+{{- end }}
+
+{{/*
+The checksum/config pod annotation: what portwise reads once at start, the
+config file and the chart's signing keys. With the defaults it is the
+checksum of the config file alone.
+*/}}
+{{- define "portwise.configChecksum" -}}
+{{- $text := include "portwise.config" . }}
+{{- if and .Values.moduleSignatures.publicKeys (not .Values.moduleSignatures.existingConfigMap) }}
+{{- $text = printf "%s\n---\n%s" $text (toYaml .Values.moduleSignatures.publicKeys) }}
+{{- end }}
+{{- $text | sha256sum }}
+{{- end }}
+
 {{- define "portwise.image" -}}
 {{- if .Values.image.digest }}
 {{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
@@ -68,8 +114,11 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | 
 {{- if and (gt (int .Values.replicaCount) 1) (not .Values.leaderElection.enabled) }}
 {{- fail "replicaCount > 1 needs leaderElection.enabled=true: without it every replica writes" }}
 {{- end }}
-{{- if .Values.modules.oci }}
-{{- fail "modules.oci is reserved for a later change: portwise cannot load modules from OCI registries yet; use modules.binaryData or modules.existingConfigMap" }}
+{{- if and .Values.moduleSignatures.publicKeys .Values.moduleSignatures.existingConfigMap }}
+{{- fail "moduleSignatures: set publicKeys or existingConfigMap, not both" }}
+{{- end }}
+{{- if and .Values.moduleSignatures.existingConfigMap (not (get (.Values.config | default dict) "moduleSignatures")) }}
+{{- fail "moduleSignatures.existingConfigMap is mounted at /etc/portwise/signing/, but config.moduleSignatures.keys does not name its keys: without it portwise accepts unsigned modules" }}
 {{- end }}
 {{- if not .Values.config.modulesDir }}
 {{- if or .Values.modules.binaryData .Values.modules.existingConfigMap }}
