@@ -46,7 +46,7 @@ pub(crate) fn repo_root() -> PathBuf {
 
 /// Runs one of the tests' cached tool builds (`tests/coredns/build`, ...),
 /// which prints the binary's path on stdout once it is built or found.
-pub(crate) fn built_tool(script: &str) -> anyhow::Result<PathBuf> {
+pub fn built_tool(script: &str) -> anyhow::Result<PathBuf> {
     use anyhow::Context as _;
     let out = std::process::Command::new(repo_root().join(script))
         .stderr(std::process::Stdio::inherit())

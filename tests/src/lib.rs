@@ -42,7 +42,7 @@ mod scenario;
 mod writes;
 
 pub use addresses::{PodIps, next_ips};
-pub use control_plane::ControlPlane;
+pub use control_plane::{ControlPlane, built_tool};
 pub use identity::{
     PORTWISE_USER, impersonating, kubeconfig_variant, kubectl, kubectl_as, portwise_identity,
     service_account_token, token_kubeconfig, unreachable_kubeconfig, write_kubeconfig,

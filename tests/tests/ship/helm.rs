@@ -22,14 +22,7 @@ const NAMESPACE: &str = "portwise-system";
 
 /// tests/helm/build: the cached helm binary, built if need be.
 fn helm_binary() -> Result<PathBuf> {
-    let out = Command::new(repo().join("tests/helm/build"))
-        .stderr(Stdio::inherit())
-        .output()
-        .context("running tests/helm/build")?;
-    if !out.status.success() {
-        bail!("tests/helm/build failed ({})", out.status);
-    }
-    Ok(PathBuf::from(String::from_utf8(out.stdout)?.trim()))
+    built_tool("tests/helm/build")
 }
 
 /// What one helm run printed.
@@ -1096,18 +1089,7 @@ fn mounted_file(objs: &BTreeMap<String, Value>, path: &str) -> Result<(String, S
 /// with namespace.create=true is the same object.
 async fn apply_base_namespace(cp: &ControlPlane) -> Result<()> {
     let base = kustomize(cp, "deploy/kustomize").await?;
-    kubectl(
-        cp,
-        &[
-            "apply",
-            "--server-side",
-            "--field-manager=portwise-tests",
-            "-f",
-            "-",
-        ],
-        Some(&only_kinds(&base, &["Namespace"])),
-    )
-    .await?;
+    apply(cp, &only_kinds(&base, &["Namespace"])).await?;
     Ok(())
 }
 
@@ -1115,35 +1097,12 @@ async fn apply_base_namespace(cp: &ControlPlane) -> Result<()> {
 /// document applied, no warning (Pod Security `restricted` is enforced on
 /// the namespace).
 async fn dry_run(cp: &ControlPlane, what: &str, yaml: &str) -> Result<()> {
-    let out = kubectl_as(
-        cp,
-        cp.kubeconfig(),
-        &[
-            "apply",
-            "--server-side",
-            "--dry-run=server",
-            "--field-manager=portwise-tests",
-            "-f",
-            "-",
-        ],
-        Some(yaml),
-    )
-    .await?;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let warnings = crate::support::dry_run(cp, yaml)
+        .await
+        .with_context(|| format!("{what}: server-side dry run"))?;
     ensure!(
-        out.status.success(),
-        "{what}: server-side dry-run apply failed ({}):\n{stderr}\n{stdout}",
-        out.status
-    );
-    let applied = stdout
-        .lines()
-        .filter(|l| l.ends_with("serverside-applied (server dry run)"))
-        .count();
-    expect_eq((what, applied), (what, parse_docs(yaml)?.len()))?;
-    ensure!(
-        !stderr.to_lowercase().contains("warning"),
-        "{what}: the apiserver warned (Pod Security restricted is enforced on {NAMESPACE}):\n{stderr}"
+        !warnings.to_lowercase().contains("warning"),
+        "{what}: the apiserver warned (Pod Security restricted is enforced on {NAMESPACE}):\n{warnings}"
     );
     Ok(())
 }
@@ -1194,32 +1153,6 @@ fn copy_dir(from: &std::path::Path, to: &std::path::Path) -> Result<()> {
 
 /// Standard base64 with padding, as Kubernetes' binaryData holds it.
 fn base64(bytes: &[u8]) -> String {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
-    for chunk in bytes.chunks(3) {
-        let b = [
-            chunk[0],
-            *chunk.get(1).unwrap_or(&0),
-            *chunk.get(2).unwrap_or(&0),
-        ];
-        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-        for i in 0..4 {
-            if i <= chunk.len() {
-                out.push(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize] as char);
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
-}
-
-#[test]
-fn base64_matches_rfc4648() {
-    assert_eq!(base64(b""), "");
-    assert_eq!(base64(b"f"), "Zg==");
-    assert_eq!(base64(b"fo"), "Zm8=");
-    assert_eq!(base64(b"foo"), "Zm9v");
-    assert_eq!(base64(b"foob"), "Zm9vYg==");
-    assert_eq!(base64(b"\xff\x00\xfe"), "/wD+");
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.encode(bytes)
 }

@@ -23,38 +23,6 @@ const BASE_KINDS: &[(&str, usize)] = &[
     ("PodDisruptionBudget", 1),
 ];
 
-/// A server-side dry-run apply of `yaml`: fails unless kubectl exits 0 and
-/// reports every document as applied; returns kubectl's warnings (stderr).
-async fn dry_run(cp: &ControlPlane, yaml: &str) -> Result<String> {
-    let out = kubectl_as(
-        cp,
-        cp.kubeconfig(),
-        &[
-            "apply",
-            "--server-side",
-            "--dry-run=server",
-            "--field-manager=portwise-tests",
-            "-f",
-            "-",
-        ],
-        Some(yaml),
-    )
-    .await?;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    ensure!(
-        out.status.success(),
-        "server-side dry-run apply failed ({}):\n{stderr}\n{stdout}",
-        out.status
-    );
-    let applied = stdout
-        .lines()
-        .filter(|l| l.ends_with("serverside-applied (server dry run)"))
-        .count();
-    expect_eq(applied, documents(yaml).len())?;
-    Ok(stderr)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kustomize_base_passes_a_server_side_dry_run() -> Result<()> {
     let cp = ControlPlane::shared().await?;
@@ -67,18 +35,7 @@ async fn kustomize_base_passes_a_server_side_dry_run() -> Result<()> {
     expect_eq(docs.len(), BASE_KINDS.iter().map(|(_, n)| n).sum::<usize>())?;
 
     // A dry run cannot create the namespace its objects go into.
-    kubectl(
-        cp,
-        &[
-            "apply",
-            "--server-side",
-            "--field-manager=portwise-tests",
-            "-f",
-            "-",
-        ],
-        Some(&only_kinds(&base, &["Namespace"])),
-    )
-    .await?;
+    apply(cp, &only_kinds(&base, &["Namespace"])).await?;
 
     // Control: in this namespace a pod template that breaks Pod Security
     // `restricted` draws a warning on a dry run, so the absence of one for

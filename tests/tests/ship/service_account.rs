@@ -41,18 +41,7 @@ async fn runs_as_its_service_account_and_can_do_nothing_more() -> Result<()> {
 
     // The base's RBAC (and namespace), as rendered, applied for real.
     let base = kustomize(cp, "deploy/kustomize").await?;
-    kubectl(
-        cp,
-        &[
-            "apply",
-            "--server-side",
-            "--field-manager=portwise-tests",
-            "-f",
-            "-",
-        ],
-        Some(&only_kinds(&base, RBAC_KINDS)),
-    )
-    .await?;
+    apply(cp, &only_kinds(&base, RBAC_KINDS)).await?;
     // The legacy-endpoints component is not part of the base.
     kubectl(
         cp,

@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, ensure};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
 use portwise_tests::*;
@@ -16,6 +16,55 @@ pub fn repo() -> PathBuf {
         .parent()
         .expect("tests/ has a parent")
         .to_path_buf()
+}
+
+/// `kubectl apply --server-side` of `yaml`, for real.
+pub async fn apply(cp: &ControlPlane, yaml: &str) -> Result<()> {
+    kubectl(
+        cp,
+        &[
+            "apply",
+            "--server-side",
+            "--field-manager=portwise-tests",
+            "-f",
+            "-",
+        ],
+        Some(yaml),
+    )
+    .await?;
+    Ok(())
+}
+
+/// A server-side dry-run apply of `yaml`: fails unless kubectl exits 0 and
+/// reports every document as applied; returns kubectl's warnings (stderr).
+pub async fn dry_run(cp: &ControlPlane, yaml: &str) -> Result<String> {
+    let out = kubectl_as(
+        cp,
+        cp.kubeconfig(),
+        &[
+            "apply",
+            "--server-side",
+            "--dry-run=server",
+            "--field-manager=portwise-tests",
+            "-f",
+            "-",
+        ],
+        Some(yaml),
+    )
+    .await?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    ensure!(
+        out.status.success(),
+        "server-side dry-run apply failed ({}):\n{stderr}\n{stdout}",
+        out.status
+    );
+    let applied = stdout
+        .lines()
+        .filter(|l| l.ends_with("serverside-applied (server dry run)"))
+        .count();
+    expect_eq(applied, documents(yaml).len())?;
+    Ok(stderr)
 }
 
 /// `kubectl kustomize DIR` (a path relative to the repository, or absolute).
