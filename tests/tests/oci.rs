@@ -46,6 +46,32 @@ fn oci_config(reg: &Registry, module: &str, auth: &Path, extra: &str) -> String 
     )
 }
 
+/// What each test starts with: a namespace, a registry, and a work
+/// directory holding credentials for it (`auth`, a Docker config JSON).
+struct Setup {
+    ns: TestNs,
+    reg: Registry,
+    work: tempfile::TempDir,
+    auth: std::path::PathBuf,
+}
+
+async fn setup(name: &str) -> Result<Setup> {
+    let cp = ControlPlane::shared().await?;
+    let ns = TestNs::new(cp, name).await?;
+    let reg = Registry::start(cp).await?;
+    let work = tempfile::Builder::new()
+        .prefix(&format!("{name}-"))
+        .tempdir()?;
+    let auth = work.path().join("config.json");
+    reg.write_auth(&auth, registry::USER, registry::PASSWORD)?;
+    Ok(Setup {
+        ns,
+        reg,
+        work,
+        auth,
+    })
+}
+
 async fn members(ns: &TestNs, svc: &str, port: &str) -> Result<BTreeSet<String>> {
     Ok(endpoints_by_port(ns, svc)
         .await?
@@ -108,9 +134,12 @@ async fn run_refused_as(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_guest_pulled_by_digest_decides_a_port_and_survives_the_registry_going_away()
 -> Result<()> {
-    let cp = ControlPlane::shared().await?;
-    let ns = TestNs::new(cp, "oci-python").await?;
-    let mut reg = Registry::start(cp).await?;
+    let Setup {
+        ns,
+        mut reg,
+        work,
+        auth,
+    } = setup("oci-python").await?;
     let wasm = python_guest()?;
     ensure!(
         wasm.len() > 3 << 20,
@@ -119,9 +148,6 @@ async fn python_guest_pulled_by_digest_decides_a_port_and_survives_the_registry_
     );
     let digest = reg.push(REPO, "v1", &wasm).await?;
     let module = reg.module(REPO, &digest);
-    let work = tempfile::Builder::new().prefix("oci-python-").tempdir()?;
-    let auth = work.path().join("config.json");
-    reg.write_auth(&auth, registry::USER, registry::PASSWORD)?;
     let cache = work.path().join("cache");
 
     let ips: Vec<_> = (0..3).map(|_| next_ips()).collect();
@@ -196,12 +222,12 @@ async fn python_guest_pulled_by_digest_decides_a_port_and_survives_the_registry_
 /// registry serves that does not match its digest (damaged in its storage).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wrong_digest_or_damaged_content_is_refused() -> Result<()> {
-    let cp = ControlPlane::shared().await?;
-    let ns = TestNs::new(cp, "oci-digest").await?;
-    let reg = Registry::start(cp).await?;
-    let work = tempfile::tempdir()?;
-    let auth = work.path().join("config.json");
-    reg.write_auth(&auth, registry::USER, registry::PASSWORD)?;
+    let Setup {
+        ns,
+        reg,
+        work,
+        auth,
+    } = setup("oci-digest").await?;
     let wasm = std::fs::read(guests_dir().join("ready-role.wasm"))?;
     let digest = reg.push("guests/ready-role", "v1", &wasm).await?;
 
@@ -242,14 +268,15 @@ async fn a_wrong_digest_or_damaged_content_is_refused() -> Result<()> {
 /// the user and where the credentials came from.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wrong_credentials_are_refused_clearly() -> Result<()> {
-    let cp = ControlPlane::shared().await?;
-    let ns = TestNs::new(cp, "oci-auth").await?;
-    let reg = Registry::start(cp).await?;
-    let work = tempfile::tempdir()?;
+    let Setup {
+        ns,
+        reg,
+        work,
+        auth,
+    } = setup("oci-auth").await?;
     let wasm = std::fs::read(guests_dir().join("ready-role.wasm"))?;
     let digest = reg.push("guests/ready-role", "v1", &wasm).await?;
     let module = reg.module("guests/ready-role", &digest);
-    let auth = work.path().join("config.json");
     reg.write_auth(&auth, registry::USER, "not-the-password")?;
     let out = run_refused(
         &ns,
@@ -272,12 +299,12 @@ async fn wrong_credentials_are_refused_clearly() -> Result<()> {
 /// registry never serves a byte of its layer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_huge_artifact_is_refused_before_it_is_downloaded() -> Result<()> {
-    let cp = ControlPlane::shared().await?;
-    let ns = TestNs::new(cp, "oci-huge").await?;
-    let reg = Registry::start(cp).await?;
-    let work = tempfile::tempdir()?;
-    let auth = work.path().join("config.json");
-    reg.write_auth(&auth, registry::USER, registry::PASSWORD)?;
+    let Setup {
+        ns,
+        reg,
+        work,
+        auth,
+    } = setup("oci-huge").await?;
     let mut huge = b"\0asm\x0d\0\x01\0".to_vec();
     huge.resize(4 << 20, 0x5a);
     let digest = reg.push("guests/huge", "v1", &huge).await?;
@@ -340,15 +367,15 @@ fn signed_config(
 /// it serves, under another key it refuses, saying why.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn signed_modules_serve_and_unsigned_or_wrongly_signed_ones_are_refused() -> Result<()> {
-    let cp = ControlPlane::shared().await?;
-    let ns = TestNs::new(cp, "oci-signed").await?;
-    let mut reg = Registry::start(cp).await?;
+    let Setup {
+        ns,
+        mut reg,
+        work,
+        auth,
+    } = setup("oci-signed").await?;
     let cosign = Cosign::new(&reg)?;
     let release = cosign.generate_key_pair("release")?;
     let stranger = cosign.generate_key_pair("stranger")?;
-    let work = tempfile::Builder::new().prefix("oci-signed-").tempdir()?;
-    let auth = work.path().join("config.json");
-    reg.write_auth(&auth, registry::USER, registry::PASSWORD)?;
     let cache = work.path().join("cache");
 
     let ready_role = std::fs::read(guests_dir().join("ready-role.wasm"))?;
@@ -557,12 +584,12 @@ async fn signed_modules_serve_and_unsigned_or_wrongly_signed_ones_are_refused() 
 /// so, and the module still decides.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_allowed_tag_serves_its_last_resolution_when_the_registry_is_gone() -> Result<()> {
-    let cp = ControlPlane::shared().await?;
-    let ns = TestNs::new(cp, "oci-tag").await?;
-    let mut reg = Registry::start(cp).await?;
-    let work = tempfile::Builder::new().prefix("oci-tag-").tempdir()?;
-    let auth = work.path().join("config.json");
-    reg.write_auth(&auth, registry::USER, registry::PASSWORD)?;
+    let Setup {
+        ns,
+        mut reg,
+        work,
+        auth,
+    } = setup("oci-tag").await?;
     let cache = work.path().join("cache");
     let wasm = std::fs::read(guests_dir().join("ready-role.wasm"))?;
     let digest = reg.push("guests/ready-role", "v1", &wasm).await?;
@@ -622,12 +649,12 @@ async fn an_allowed_tag_serves_its_last_resolution_when_the_registry_is_gone() -
 /// the whole blob.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_blob_larger_than_its_manifest_says_is_refused_at_the_cap() -> Result<()> {
-    let cp = ControlPlane::shared().await?;
-    let ns = TestNs::new(cp, "oci-liar").await?;
-    let reg = Registry::start(cp).await?;
-    let work = tempfile::tempdir()?;
-    let auth = work.path().join("config.json");
-    reg.write_auth(&auth, registry::USER, registry::PASSWORD)?;
+    let Setup {
+        ns,
+        reg,
+        work,
+        auth,
+    } = setup("oci-liar").await?;
     let wasm = std::fs::read(guests_dir().join("ready-role.wasm"))?;
     let digest = reg.push("guests/liar", "v1", &wasm).await?;
     // The stored blob grows to 8 MiB; the manifest still says the original size.
