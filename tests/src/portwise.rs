@@ -637,10 +637,21 @@ impl Drop for Portwise {
     }
 }
 
-/// A port on 127.0.0.1 that was free a moment ago.
+/// A port on 127.0.0.1 that was free a moment ago, for a server another
+/// process binds later.
+///
+/// Drawn below Linux's ephemeral range (32768-60999), not with `bind(:0)`:
+/// a port from that range can be taken as the source port of any outgoing
+/// connection before the server binds it (kube-proxy's metrics port was,
+/// in a cold CI run: `bind: address already in use`).
 pub fn free_port() -> Result<u16> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
-    Ok(l.local_addr()?.port())
+    for _ in 0..1000 {
+        let port = fastrand::u16(20000..32000);
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return Ok(port);
+        }
+    }
+    Err(anyhow!("no free port in 20000-31999 on 127.0.0.1"))
 }
 
 /// Where `guests/build` puts the example guests: `$PORTWISE_GUESTS_DIR`,

@@ -119,9 +119,7 @@ async fn image_publishes_the_seed_example_and_stops_on_sigterm() -> Result<()> {
     let modules = dir.path().join("modules");
     std::fs::create_dir(&modules)?;
     std::fs::set_permissions(&modules, std::fs::Permissions::from_mode(0o755))?;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port();
+    let port = free_port()?;
     let ops = std::net::SocketAddr::from(([127, 0, 0, 1], port));
 
     let name = format!("portwise-test-{}", ns.name());
