@@ -17,7 +17,7 @@
 //! With `moduleSignatures`, a cosign signature of the manifest by one of the
 //! configured keys is required too ([`crate::signatures`]); it is looked
 //! for after the pin is checked and before the layer is downloaded, so an
-//! unsigned module costs no download. The signatures that verified are
+//! unsigned module costs no download. The signatures found are
 //! cached beside the manifest (`oci/signatures/<sha256>`) and verified
 //! again, against the keys of the config being loaded, whenever the cache
 //! serves: a key removed from the config stops a cached module too, and a
@@ -355,13 +355,9 @@ impl Puller {
                 let evidence = self.signatures(r, &auth, &digest).await?;
                 let verified =
                     signatures::verify(&digest, &evidence, &self.keys).map_err(Failure::Refused)?;
-                let kept: Vec<&Evidence> = evidence
-                    .iter()
-                    .filter(|e| {
-                        signatures::verify(&digest, std::slice::from_ref(*e), &self.keys).is_ok()
-                    })
-                    .collect();
-                self.store_signatures(&digest, &kept, r);
+                // All of them: every read of the cache verifies them again
+                // anyway, against whichever keys that config names.
+                self.store_signatures(&digest, &evidence, r);
                 Some(verified)
             }
         };
@@ -638,8 +634,8 @@ impl Puller {
         serde_json::from_slice(&text).ok()
     }
 
-    /// Keeps the signatures that verified, for offline restarts.
-    fn store_signatures(&self, digest: &str, evidence: &[&Evidence], r: &OciRef) {
+    /// Keeps the module's signatures, for offline restarts.
+    fn store_signatures(&self, digest: &str, evidence: &[Evidence], r: &OciRef) {
         let Some(dir) = self.dir("signatures") else {
             return;
         };
