@@ -83,7 +83,8 @@ static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// Runs `body` on a private control plane in a private network namespace.
 ///
-/// Called from test `name` (its exact name in the test binary): in the test
+/// Called from test `name` (its exact path in the suite binary, as
+/// `cargo test -- --list` prints it: `faults::apiserver_restart`): in the test
 /// process, it starts `tests/netns` running `tests/control-plane/start` and
 /// then this same test binary filtered to `name`; there (the child), it runs
 /// `body`. The child's output is replayed into this test's output, and its

@@ -27,9 +27,11 @@
 mod addresses;
 pub mod consumers;
 mod control_plane;
+#[cfg(feature = "registry")]
 pub mod cosign;
 pub mod faults;
 mod identity;
+mod image_build;
 mod listeners;
 mod namespace;
 mod objects;
@@ -37,12 +39,14 @@ mod observe;
 mod ops;
 pub mod partition;
 mod portwise;
+#[cfg(feature = "registry")]
 pub mod registry;
 mod scenario;
 mod writes;
 
 pub use addresses::{PodIps, next_ips};
 pub use control_plane::{ControlPlane, built_tool};
+pub use image_build::wait_for_image_build;
 pub use identity::{
     PORTWISE_USER, impersonating, kubeconfig_variant, kubectl, kubectl_as, portwise_identity,
     service_account_token, token_kubeconfig, unreachable_kubeconfig, write_kubeconfig,

@@ -2094,7 +2094,7 @@ impl Bench {
                         None,
                     );
                     self.report.section(
-                        "Row 6: WebAssembly decision overhead (crates/wasm/benches/wasm_overhead.rs)",
+                        "Row 6: WebAssembly decision overhead (host/wasm/benches/wasm_overhead.rs)",
                         text,
                     );
                 } else {

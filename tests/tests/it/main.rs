@@ -1,0 +1,37 @@
+//! The integration suite: one test binary (linking wasmtime, kube and the
+//! support crate once, not once per file), one module per subject. Filters
+//! work as before: `./test -- seed` runs `seed::*`, `./test -- ship::helm` the
+//! chart tests.
+
+mod abstain;
+mod alignment;
+mod bad_targets;
+mod caches;
+mod checkers;
+mod chunking;
+mod collisions;
+mod conditions;
+mod config;
+mod consumers;
+mod demo;
+mod dual_stack;
+mod endpoint_fields;
+mod faults;
+mod leader_election;
+mod legacy_endpoints;
+mod migration;
+mod oci;
+mod oracle;
+mod other_writers;
+mod partitions;
+mod probes;
+mod repair;
+mod seed;
+mod shadow;
+mod stable;
+mod support;
+mod target_ports;
+mod trigger_time;
+mod write_guards;
+mod writes;
+mod ship;
