@@ -28,7 +28,7 @@ use kube::{
 use serde_json::json;
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
-    net::{TcpStream, UdpSocket},
+    net::TcpStream,
     task::JoinHandle,
 };
 

@@ -4,7 +4,8 @@
 //! does not query DNS.
 
 use std::{
-    net::{IpAddr, SocketAddr},
+    fs::File,
+    net::{IpAddr, Ipv4Addr, SocketAddr},
     path::PathBuf,
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
@@ -18,7 +19,7 @@ use hickory_proto::{
 };
 use tokio::net::UdpSocket;
 
-use crate::{ControlPlane, Metrics, free_port, http_get, wait_for};
+use crate::{ControlPlane, Metrics, free_port, http_get};
 
 /// The cluster domain CoreDNS serves.
 pub const CLUSTER_DOMAIN: &str = "cluster.local";
