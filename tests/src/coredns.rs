@@ -194,4 +194,3 @@ pub fn srv_name(port: &str, svc: &str, ns: &str) -> String {
 pub fn service_name(svc: &str, ns: &str) -> String {
     format!("{svc}.{ns}.svc.{CLUSTER_DOMAIN}.")
 }
-

@@ -92,10 +92,14 @@ mod tests {
         let ok = build_dir(Some("0\n"), "built");
         wait_blocking(ok.path(), Duration::from_secs(1)).unwrap();
         let failed = build_dir(Some("101\n"), "error[E0425]: cannot find value");
-        let err = wait_blocking(failed.path(), Duration::from_secs(1)).unwrap_err().to_string();
+        let err = wait_blocking(failed.path(), Duration::from_secs(1))
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("exit 101") && err.contains("E0425"), "{err}");
         let killed = build_dir(None, "");
-        let err = wait_blocking(killed.path(), Duration::from_secs(1)).unwrap_err().to_string();
+        let err = wait_blocking(killed.path(), Duration::from_secs(1))
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("without an exit status"), "{err}");
     }
 
@@ -104,7 +108,9 @@ mod tests {
         let dir = build_dir(None, "");
         let holder = File::open(dir.path().join("lock")).unwrap();
         assert_eq!(unsafe { libc::flock(holder.as_raw_fd(), libc::LOCK_EX) }, 0);
-        let err = wait_blocking(dir.path(), Duration::from_millis(600)).unwrap_err().to_string();
+        let err = wait_blocking(dir.path(), Duration::from_millis(600))
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("still runs"), "{err}");
         let path = dir.path().to_path_buf();
         let waiter = std::thread::spawn(move || wait_blocking(&path, Duration::from_secs(10)));

@@ -46,11 +46,11 @@ mod writes;
 
 pub use addresses::{PodIps, next_ips};
 pub use control_plane::{ControlPlane, built_tool};
-pub use image_build::wait_for_image_build;
 pub use identity::{
     PORTWISE_USER, impersonating, kubeconfig_variant, kubectl, kubectl_as, portwise_identity,
     service_account_token, token_kubeconfig, unreachable_kubeconfig, write_kubeconfig,
 };
+pub use image_build::wait_for_image_build;
 pub use listeners::{Concurrency, HttpListener, HttpMode, Request, TcpListener};
 pub use namespace::{TEST_MANAGER, TestNs};
 pub use objects::{HOLD_FINALIZER, PodBuilder, ServiceBuilder, pod, service};

@@ -1,9 +1,10 @@
 //! Prometheus metrics: what an operator needs to tell whether portwise is
 //! publishing the truth, and where it hurts when it is not.
 //!
-//! The set mirrors the Go library's (endpoints published per Service port and
-//! family, slices managed, checks by decision, check latency, native cleanup
-//! deletions, name collisions) and adds what a WebAssembly host and a
+//! The set mirrors that of the Go library portwise replaces
+//! (redpanda-data/common-go `portmapper`): endpoints published per Service
+//! port and family, slices managed, checks by decision, check latency,
+//! native cleanup deletions, name collisions. It adds what a WebAssembly host and a
 //! leader-elected controller need (guest failures, module loads, reconcile
 //! errors and durations, writes, leadership).
 //!

@@ -100,66 +100,70 @@ fn warnings(log: &str) -> usize {
 /// reconnects, and publishes exactly the Ready pods.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn apiserver_restart() -> Result<()> {
-    isolated("faults::apiserver_restart", Isolation::default(), || async {
-        let cp = ControlPlane::shared().await?;
-        let ns = TestNs::new(cp, "restart").await?;
-        web_service(&ns).await?;
-        ns.create_pods((0..40).map(|i| web_pod(i, i % 4 != 0)).collect())
-            .await?;
-        let kc = portwise_identity(cp).await?;
-        let mut pw = start_portwise(&ns, &kc, &cfg(20)).await?;
-        let first = converged(&ns, 20, SETTLE).await?;
-        println!("initial convergence: {first:?}");
+    isolated(
+        "faults::apiserver_restart",
+        Isolation::default(),
+        || async {
+            let cp = ControlPlane::shared().await?;
+            let ns = TestNs::new(cp, "restart").await?;
+            web_service(&ns).await?;
+            ns.create_pods((0..40).map(|i| web_pod(i, i % 4 != 0)).collect())
+                .await?;
+            let kc = portwise_identity(cp).await?;
+            let mut pw = start_portwise(&ns, &kc, &cfg(20)).await?;
+            let first = converged(&ns, 20, SETTLE).await?;
+            println!("initial convergence: {first:?}");
 
-        // Changes portwise may or may not have seen when the apiserver goes.
-        for i in 0..8 {
-            ns.set_ready(&format!("p{i:03}"), i % 2 == 0).await?;
-        }
-        for i in 36..40 {
-            ns.delete_pod(&format!("p{i:03}")).await?;
-        }
-        crash_apiserver(cp).await?;
-        let log_at_stop = pw.current_logs().len();
-        tokio::time::sleep(Duration::from_secs(5)).await;
-        pw.check_running()
-            .context("portwise died while the apiserver was down")?;
-        let down_log = pw.current_logs()[log_at_stop..].to_string();
+            // Changes portwise may or may not have seen when the apiserver goes.
+            for i in 0..8 {
+                ns.set_ready(&format!("p{i:03}"), i % 2 == 0).await?;
+            }
+            for i in 36..40 {
+                ns.delete_pod(&format!("p{i:03}")).await?;
+            }
+            crash_apiserver(cp).await?;
+            let log_at_stop = pw.current_logs().len();
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            pw.check_running()
+                .context("portwise died while the apiserver was down")?;
+            let down_log = pw.current_logs()[log_at_stop..].to_string();
 
-        let starting = Instant::now();
-        start_control_plane(cp).await?;
-        let start_took = starting.elapsed();
-        let up = Instant::now();
+            let starting = Instant::now();
+            start_control_plane(cp).await?;
+            let start_took = starting.elapsed();
+            let up = Instant::now();
 
-        // Changes while portwise reconnects (once the test's own client
-        // gets through again).
-        retrying(SETTLE, || ns.get_service("web")).await?;
-        ns.create_pod(web_pod(40, true)).await?;
-        for i in 8..14 {
-            ns.set_ready(&format!("p{i:03}"), i % 3 == 0).await?;
-        }
-        ns.delete_pod("p020").await?;
-        // Generous: the watches' backoff grew while nothing answered (up to
-        // 30s, docs/reliability.md, open item 2), and the machine is busy.
-        let after = converged(&ns, 20, SETTLE * 2).await?;
-        pw.check_running()?;
+            // Changes while portwise reconnects (once the test's own client
+            // gets through again).
+            retrying(SETTLE, || ns.get_service("web")).await?;
+            ns.create_pod(web_pod(40, true)).await?;
+            for i in 8..14 {
+                ns.set_ready(&format!("p{i:03}"), i % 3 == 0).await?;
+            }
+            ns.delete_pod("p020").await?;
+            // Generous: the watches' backoff grew while nothing answered (up to
+            // 30s, docs/reliability.md, open item 2), and the machine is busy.
+            let after = converged(&ns, 20, SETTLE * 2).await?;
+            pw.check_running()?;
 
-        // Backoff, not a hot loop, while nothing answered: kube-runtime's
-        // watchers back off exponentially from 800ms, each Service's
-        // reconcile from 0.5s (host/controller/src/retry.rs).
-        let errors = warnings(&down_log);
-        println!(
-            "apiserver killed, down 5s, start {start_took:?}; \
+            // Backoff, not a hot loop, while nothing answered: kube-runtime's
+            // watchers back off exponentially from 800ms, each Service's
+            // reconcile from 0.5s (host/controller/src/retry.rs).
+            let errors = warnings(&down_log);
+            println!(
+                "apiserver killed, down 5s, start {start_took:?}; \
              portwise logged {errors} warnings while it was down; \
              converged {after:?} after the apiserver was ready again \
              ({:?} including the post-restart changes)",
-            up.elapsed()
-        );
-        ensure!(
-            errors < 100,
-            "{errors} warnings in 5s without an apiserver: a hot loop?\n{down_log}"
-        );
-        Ok(())
-    })
+                up.elapsed()
+            );
+            ensure!(
+                errors < 100,
+                "{errors} warnings in 5s without an apiserver: a hot loop?\n{down_log}"
+            );
+            Ok(())
+        },
+    )
     .await
 }
 

@@ -50,7 +50,8 @@ fn main() -> Result<()> {
     for (name, contents) in files.iter() {
         let dst = args.out_dir.join(name);
         if let Some(parent) = dst.parent() {
-            std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
+            std::fs::create_dir_all(parent)
+                .with_context(|| format!("creating {}", parent.display()))?;
         }
         std::fs::write(&dst, contents).with_context(|| format!("writing {}", dst.display()))?;
     }

@@ -7,7 +7,6 @@
 //! 10.244.0.0/16 is local and nothing leaves. Run outside it (`cargo test -p
 //! portwise --test it check_replay`), each test runs itself again inside one.
 
-
 use std::{
     io::{Read, Write},
     net::{SocketAddr, TcpListener},
@@ -251,7 +250,9 @@ impl Run {
 
 #[test]
 fn a_recorded_check_replays_to_the_same_table_with_the_listeners_gone() {
-    if !in_test_netns("check_replay::a_recorded_check_replays_to_the_same_table_with_the_listeners_gone") {
+    if !in_test_netns(
+        "check_replay::a_recorded_check_replays_to_the_same_table_with_the_listeners_gone",
+    ) {
         return;
     }
     let mut listeners = Listeners::start();

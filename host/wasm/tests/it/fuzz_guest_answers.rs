@@ -18,7 +18,6 @@
 //! tool `guests/build` installs for the C guest. Raise `PROPTEST_CASES` for
 //! a deeper run (each case compiles one component).
 
-
 use std::{
     net::IpAddr,
     path::{Path, PathBuf},
@@ -244,7 +243,12 @@ fn wasm_tools() -> PathBuf {
     let cache = std::env::var_os("PORTWISE_CACHE")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/portwise"));
-    let tool = cache.join("tools/cargo/bin/wasm-tools");
+    // guests/build-polyglot keeps the pinned version's binary behind this
+    // link (PORTWISE_TOOLS_DIR defaults to the cache's tools/).
+    let tools = std::env::var_os("PORTWISE_TOOLS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| cache.join("tools"));
+    let tool = tools.join("bin/wasm-tools");
     assert!(
         tool.is_file(),
         "{} is missing: run guests/build (the C guest's toolchain installs it)",

@@ -12,7 +12,6 @@
 //! reused instance (a guest that leaks or corrupts its state between calls
 //! would drift or hit the memory limit).
 
-
 use crate::common::{guests_dir, subject_for};
 use std::{
     collections::BTreeMap,

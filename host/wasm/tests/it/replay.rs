@@ -8,7 +8,6 @@
 //! Guests come from `guests/build` (`PORTWISE_GUESTS_DIR`, default
 //! `~/.cache/portwise/guests`); a missing one fails the test with that hint.
 
-
 use std::{
     net::{IpAddr, Ipv4Addr, SocketAddr},
     path::PathBuf,

@@ -7,7 +7,6 @@
 //! `~/.cache/portwise/guests`, or `PORTWISE_GUESTS_DIR`). A missing guest
 //! fails the test with that hint: skipping would hide a broken toolchain.
 
-
 use crate::common::{guests_dir, kv, subject_for};
 use std::{
     fs,

@@ -1,0 +1,123 @@
+//! String rules with no field path attached: Kubernetes names (label
+//! values, qualified keys, DNS-1123 labels and subdomains), `modulesDir`
+//! file names, and HTTP request paths.
+//!
+//! Each returns `Err(message)`; `validate` puts the path in front. Apart
+//! from validation because other crates use the same rules (the probe
+//! checks request paths with [`validate_path`]), and they depend on nothing
+//! else in the module.
+
+// ---- Kubernetes name syntax (apimachinery's validation, restated) ----
+
+fn is_alnum(b: u8) -> bool {
+    b.is_ascii_alphanumeric()
+}
+
+/// `(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?`, at most 63 characters.
+pub fn check_label_value(v: &str) -> Result<(), String> {
+    if v.len() > 63 {
+        return Err(format!("{v:?} is longer than 63 characters"));
+    }
+    if v.is_empty() {
+        return Ok(());
+    }
+    let b = v.as_bytes();
+    let inner_ok = b
+        .iter()
+        .all(|&c| is_alnum(c) || matches!(c, b'-' | b'_' | b'.'));
+    if !inner_ok || !is_alnum(b[0]) || !is_alnum(b[b.len() - 1]) {
+        return Err(format!(
+            "{v:?} is not a valid label value: alphanumerics, '-', '_' or '.', starting and ending with an alphanumeric"
+        ));
+    }
+    Ok(())
+}
+
+/// A label or annotation key: `[prefix/]name`, prefix a DNS-1123 subdomain,
+/// name as a non-empty label value.
+pub fn check_qualified_name(key: &str) -> Result<(), String> {
+    let (prefix, name) = match key.split_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, key),
+    };
+    if name.is_empty() {
+        return Err(format!(
+            "{key:?} is not a valid key: the name part must not be empty"
+        ));
+    }
+    check_label_value(name).map_err(|m| format!("{key:?} is not a valid key: {m}"))?;
+    if let Some(p) = prefix {
+        check_dns_subdomain(p).map_err(|m| format!("{key:?} is not a valid key: prefix {m}"))?;
+    }
+    Ok(())
+}
+
+/// RFC 1123 subdomain: dot-separated labels, lowercase, at most 253 chars.
+pub fn check_dns_subdomain(v: &str) -> Result<(), String> {
+    if v.is_empty() || v.len() > 253 {
+        return Err(format!("{v:?} must be 1 to 253 characters"));
+    }
+    for part in v.split('.') {
+        check_dns_label(part)
+            .map_err(|_| format!("{v:?} is not a lowercase RFC 1123 subdomain"))?;
+    }
+    Ok(())
+}
+
+/// RFC 1123 label: `[a-z0-9]([-a-z0-9]*[a-z0-9])?`, at most 63 chars.
+pub fn check_dns_label(v: &str) -> Result<(), String> {
+    let b = v.as_bytes();
+    let ok = !b.is_empty()
+        && b.len() <= 63
+        && b.iter()
+            .all(|&c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-')
+        && b[0] != b'-'
+        && b[b.len() - 1] != b'-';
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("{v:?} is not a lowercase RFC 1123 label"))
+    }
+}
+
+/// A module is named by a plain file name inside `modulesDir`: no
+/// directories, so a configuration cannot load code from elsewhere.
+pub(super) fn check_module_file_name(name: &str) -> Result<(), String> {
+    if name.is_empty() {
+        return Err("must not be empty".to_owned());
+    }
+    if name == "." || name == ".." || name.contains(['/', '\\', '\0']) {
+        return Err(format!(
+            "{name:?} must be a plain file name inside modulesDir (no '/', no '..')"
+        ));
+    }
+    if name.starts_with("..") {
+        // `..data` and friends are the kubelet's atomic-swap internals.
+        return Err(format!("{name:?} must not start with '..'"));
+    }
+    Ok(())
+}
+
+/// Checks that `path` can be sent as the request target: absolute
+/// (`/...`), optional query, no whitespace or control characters.
+///
+/// Here rather than in `portwise-probe` because configuration is validated
+/// with it too; the probe refuses the same paths at request time (a guest can
+/// ask for any path), so both get the same rule and message.
+pub fn validate_path(path: &str) -> Result<(), String> {
+    if !path.starts_with('/') {
+        return Err(format!("path {path:?} must start with '/'"));
+    }
+    if path.starts_with("//") {
+        // `//host/x` parses as an authority form in some stacks.
+        return Err(format!("path {path:?} must not start with '//'"));
+    }
+    if path.contains('#') {
+        return Err(format!("path {path:?} must not contain a fragment ('#')"));
+    }
+    match path.parse::<http::Uri>() {
+        Ok(uri) if uri.scheme().is_none() && uri.authority().is_none() => Ok(()),
+        Ok(_) => Err(format!("path {path:?} is not an origin-form path")),
+        Err(e) => Err(format!("path {path:?} is not a valid request path: {e}")),
+    }
+}
