@@ -56,7 +56,8 @@ pub use namespace::{TEST_MANAGER, TestNs};
 pub use objects::{HOLD_FINALIZER, PodBuilder, ServiceBuilder, pod, service};
 pub use observe::{
     ByPort, EndpointView, by_port, endpoint_of, endpoint_views, endpoints_by_port, events_for,
-    expect_eq, slice_invariants, slices_for, slices_managed_by, stays_for, wait_for,
+    expect_eq, slice_for_port, slice_invariants, slices_for, slices_managed_by, stays_for,
+    wait_for,
 };
 pub use ops::{Metrics, Sample, http_get};
 pub use portwise::{
@@ -65,7 +66,7 @@ pub use portwise::{
 };
 pub use scenario::{
     SEED_MEMBERSHIP, Scenario, expect_endpoints, expect_seed, seed_is, seed_pod, seed_scenario,
-    seed_slices,
+    seed_scenario_with, seed_slices,
 };
 pub use writes::{Write, WriteCounter};
 

@@ -11,7 +11,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{Result, bail, ensure};
+use anyhow::{Context, Result, bail, ensure};
 use k8s_openapi::api::{core::v1::Event, discovery::v1::EndpointSlice};
 use kube::api::ListParams;
 
@@ -89,6 +89,21 @@ pub fn by_port<'a>(
 /// The live EndpointSlices portwise (managed-by `portwise`) publishes for `svc`.
 pub async fn slices_for(ns: &TestNs, svc: &str) -> Result<Vec<EndpointSlice>> {
     slices_managed_by(ns, svc, Some(MANAGED_BY)).await
+}
+
+/// The first of portwise's slices for `svc` that carries the port named
+/// `port`: the slice a test edits by hand to play another writer.
+pub async fn slice_for_port(ns: &TestNs, svc: &str, port: &str) -> Result<EndpointSlice> {
+    slices_for(ns, svc)
+        .await?
+        .into_iter()
+        .find(|s| {
+            s.ports
+                .iter()
+                .flatten()
+                .any(|p| p.name.as_deref() == Some(port))
+        })
+        .with_context(|| format!("no slice of {svc} carries port {port}"))
 }
 
 /// The live slices labelled for `svc`, by one manager or (None) by anyone.

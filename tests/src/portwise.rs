@@ -284,6 +284,21 @@ impl Portwise {
             .unwrap_or(all)
     }
 
+    /// Waits (up to `within`) for the current run of the binary to log a
+    /// line containing `needle`: the signal a test waits for instead of a
+    /// sleep (e.g. `cold start: every Service reconciled once`).
+    pub async fn wait_for_log(&self, needle: &str, within: Duration) -> Result<()> {
+        crate::wait_for(within, || async {
+            ensure!(
+                self.current_logs().contains(needle),
+                "{} has not logged {needle:?} yet",
+                self.launch.name
+            );
+            Ok(())
+        })
+        .await
+    }
+
     fn start_marker(&self) -> String {
         format!("==== {} start #{} ====", self.launch.name, self.starts)
     }

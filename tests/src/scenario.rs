@@ -139,13 +139,26 @@ pub const SEED_MEMBERSHIP: &str =
 /// pods a–d serving http / http,https / http,https / https, with
 /// [`SEED_MEMBERSHIP`] as portwise's config.
 pub fn seed_scenario(ns: &TestNs) -> Scenario<'_> {
+    seed_scenario_with(
+        ns,
+        service("my-service")
+            .annotation(GROUP_KEY, "my-group")
+            .port("http", 8080)
+            .port("https", 8443),
+        |_, pod| pod.ips(next_ips().v4()),
+    )
+}
+
+/// The seed example's pods and config around another shape of
+/// `my-service` (headless, dual-stack, ...); `dress` finishes each pod
+/// (its addresses at least), given its name.
+pub fn seed_scenario_with(
+    ns: &TestNs,
+    svc: ServiceBuilder,
+    dress: impl Fn(&str, PodBuilder) -> PodBuilder,
+) -> Scenario<'_> {
     Scenario::new(ns)
-        .service(
-            service("my-service")
-                .annotation(GROUP_KEY, "my-group")
-                .port("http", 8080)
-                .port("https", 8443),
-        )
+        .service(svc)
         .pods(
             [
                 ("a", "http"),
@@ -154,9 +167,10 @@ pub fn seed_scenario(ns: &TestNs) -> Scenario<'_> {
                 ("d", "https"),
             ]
             .map(|(name, ports)| {
-                seed_pod(name, ports)
-                    .annotation(GROUP_KEY, "my-group")
-                    .ips(next_ips().v4())
+                dress(
+                    name,
+                    seed_pod(name, ports).annotation(GROUP_KEY, "my-group"),
+                )
             }),
         )
         .config(&config(SEED_MEMBERSHIP))

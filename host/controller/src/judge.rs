@@ -30,31 +30,38 @@ use portwise_core::{
 
 use crate::metrics::Metrics;
 
+/// A subject as the judge remembers it between reconciles: one pod
+/// address under one port.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-struct CheckKey {
+struct SubjectKey {
+    pod_uid: String,
+    port: String,
+    family: Family,
+    address: IpAddr,
+}
+
+/// What a verdict was reached under: it is reused only while all of it
+/// holds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Basis {
     service_rv: String,
-    pod_uid: String,
     pod_rv: String,
-    port: String,
     target: u16,
-    family: Family,
-    address: IpAddr,
 }
 
-/// One Service's verdicts and when each was reached.
-type Verdicts = HashMap<CheckKey, (Verdict, Instant)>;
-
-/// What an abstain run is kept for: the pod address under one port.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-struct AbstainKey {
-    pod_uid: String,
-    port: String,
-    family: Family,
-    address: IpAddr,
+/// What the judge remembers of one subject.
+#[derive(Clone, Debug)]
+struct Remembered {
+    verdict: Verdict,
+    basis: Basis,
+    /// When the verdict was reached.
+    at: Instant,
+    /// Since when the subject has abstained without a break, if it abstains.
+    abstaining_since: Option<Instant>,
 }
 
-/// One Service's unbroken abstain runs, by when each began.
-type Abstains = HashMap<AbstainKey, Instant>;
+/// One Service's subjects, as its last reconcile left them.
+type Memory = HashMap<SubjectKey, Remembered>;
 
 /// Judges subjects with the configured checker.
 pub struct Judge {
@@ -64,12 +71,10 @@ pub struct Judge {
     timeout: Duration,
     freshness: Duration,
     metrics: Metrics,
-    /// Per Service UID: the verdicts of its last reconcile.
-    cache: Mutex<HashMap<String, Verdicts>>,
+    /// Per Service UID: its subjects' verdicts and abstain runs.
+    memory: Mutex<HashMap<String, Memory>>,
     /// `abstainLimit`.
     abstain_limit: Duration,
-    /// Per Service UID: its subjects that have abstained since when.
-    abstains: Mutex<HashMap<String, Abstains>>,
     /// A shadow's judge: its checks are kept out of the live metrics.
     shadow: bool,
 }
@@ -92,9 +97,8 @@ impl Judge {
             // always finds the previous results stale and probes again.
             freshness: resync.mul_f32(0.9),
             metrics,
-            cache: Mutex::default(),
+            memory: Mutex::default(),
             abstain_limit,
-            abstains: Mutex::default(),
             shadow: false,
         }
     }
@@ -110,75 +114,66 @@ impl Judge {
     pub async fn judge(&self, svc: &Service, subjects: Vec<Subject>) -> Vec<Judged> {
         let svc_uid = svc.uid().unwrap_or_default();
         let svc_rv = svc.resource_version().unwrap_or_default();
-        let previous = self
-            .cache
-            .lock()
-            .unwrap()
-            .remove(&svc_uid)
-            .unwrap_or_default();
+        // Take what the last reconcile left, and leave an empty entry: it
+        // marks the judgement in flight. `forget` removes it, and then what
+        // this judgement learns is dropped instead of outliving the Service.
+        let previous = std::mem::take(
+            self.memory
+                .lock()
+                .unwrap()
+                .entry(svc_uid.clone())
+                .or_default(),
+        );
         let now = Instant::now();
 
-        let results: Vec<(CheckKey, Subject, Verdict, Instant)> = stream::iter(subjects)
+        let results: Vec<(SubjectKey, Basis, Subject, Verdict, Instant)> = stream::iter(subjects)
             .map(|subject| {
-                let key = CheckKey {
-                    service_rv: svc_rv.clone(),
+                let key = SubjectKey {
                     pod_uid: subject.pod.uid().unwrap_or_default(),
-                    pod_rv: subject.pod.resource_version().unwrap_or_default(),
                     port: subject.port.name.clone(),
-                    target: subject.port.target,
                     family: subject.family,
                     address: subject.address,
                 };
+                let basis = Basis {
+                    service_rv: svc_rv.clone(),
+                    pod_rv: subject.pod.resource_version().unwrap_or_default(),
+                    target: subject.port.target,
+                };
                 let cached = previous
                     .get(&key)
-                    .filter(|(_, at)| now.duration_since(*at) < self.freshness)
-                    .cloned();
+                    .filter(|r| r.basis == basis && now.duration_since(r.at) < self.freshness)
+                    .map(|r| (r.verdict.clone(), r.at));
                 async move {
                     if let Some((verdict, at)) = cached {
-                        return (key, subject, verdict, at);
+                        return (key, basis, subject, verdict, at);
                     }
                     let verdict = self.check_one(&subject).await;
-                    (key, subject, verdict, Instant::now())
+                    (key, basis, subject, verdict, Instant::now())
                 }
             })
             .buffer_unordered(self.max_in_flight)
             .collect()
             .await;
 
-        let mut fresh = HashMap::with_capacity(results.len());
+        // Subjects gone from the Service are forgotten with it.
+        let mut memory = Memory::with_capacity(results.len());
         let mut judged = Vec::with_capacity(results.len());
-        let before = self
-            .abstains
-            .lock()
-            .unwrap()
-            .remove(&svc_uid)
-            .unwrap_or_default();
-        // Subjects gone from the Service end their runs with it.
-        let mut abstains = Abstains::new();
         let mut longest = Duration::ZERO;
-        for (key, subject, verdict, at) in results {
-            let run = AbstainKey {
-                pod_uid: key.pod_uid.clone(),
-                port: key.port.clone(),
-                family: key.family,
-                address: key.address,
-            };
+        for (key, basis, subject, verdict, at) in results {
             let (decision, since) = bound_abstain(
                 verdict.decision,
-                before.get(&run).copied(),
+                previous.get(&key).and_then(|r| r.abstaining_since),
                 now,
                 self.abstain_limit,
             );
             if let Some(since) = since {
                 longest = longest.max(now.saturating_duration_since(since));
-                abstains.insert(run, since);
             }
             if decision != verdict.decision && !self.shadow {
                 self.metrics.count_abstain_expired();
                 debug!(pod = %subject.pod.name_any(), port = %subject.port.name,
                     limit = ?self.abstain_limit, "abstained for longer than abstainLimit: excluded");
             }
-            fresh.insert(key, (verdict, at));
             judged.push(Judged {
                 port: subject.port,
                 family: subject.family,
@@ -186,25 +181,39 @@ impl Judge {
                 address: subject.address,
                 decision,
             });
+            memory.insert(
+                key,
+                Remembered {
+                    verdict,
+                    basis,
+                    at,
+                    abstaining_since: since,
+                },
+            );
         }
-        let (ns, name) = (svc.namespace().unwrap_or_default(), svc.name_any());
-        if !self.shadow {
-            self.metrics.set_abstain_longest(&ns, &name, longest);
+        // Under the lock `forget` takes: a Service forgotten meanwhile gets
+        // neither its memory nor its metric series back.
+        let mut all = self.memory.lock().unwrap();
+        if let Some(slot) = all.get_mut(&svc_uid) {
+            *slot = memory;
+            if !self.shadow {
+                let (ns, name) = (svc.namespace().unwrap_or_default(), svc.name_any());
+                self.metrics.set_abstain_longest(&ns, &name, longest);
+            }
         }
-        if !abstains.is_empty() {
-            self.abstains
-                .lock()
-                .unwrap()
-                .insert(svc_uid.clone(), abstains);
-        }
-        self.cache.lock().unwrap().insert(svc_uid, fresh);
         judged
     }
 
-    /// Forgets a deleted Service's verdicts and abstain runs.
+    /// Forgets a deleted Service's verdicts and abstain runs, also those of
+    /// a judgement still in flight. Callers drop the Service's metric series
+    /// after this returns.
     pub fn forget(&self, svc_uid: &str) {
-        self.cache.lock().unwrap().remove(svc_uid);
-        self.abstains.lock().unwrap().remove(svc_uid);
+        self.memory.lock().unwrap().remove(svc_uid);
+    }
+
+    /// Services the judge remembers anything of (for tests and the sweep).
+    pub fn remembered(&self) -> usize {
+        self.memory.lock().unwrap().len()
     }
 
     async fn check_one(&self, subject: &Subject) -> Verdict {
@@ -222,7 +231,7 @@ impl Judge {
         debug!(
             pod = %subject.pod.name_any(),
             port = %subject.port.name,
-            family = ?subject.family,
+            family = %subject.family,
             address = %subject.address,
             decision = ?verdict.decision,
             reason = verdict.reason.as_deref().unwrap_or(""),
@@ -232,5 +241,133 @@ impl Judge {
             debug!(pod = %subject.pod.name_any(), "abstained: keeping what was published");
         }
         verdict
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::Ipv4Addr;
+
+    use k8s_openapi::{api::core::v1::Pod, apimachinery::pkg::apis::meta::v1::ObjectMeta};
+    use portwise_checkers::BoxFuture;
+    use portwise_core::membership::ResolvedPort;
+    use tokio::sync::Notify;
+
+    use super::*;
+
+    /// Abstains, but only once released: a judgement held in flight.
+    #[derive(Debug, Default)]
+    struct Held {
+        started: Notify,
+        release: Notify,
+    }
+
+    impl Checker for Held {
+        fn check<'a>(&'a self, _: &'a Subject) -> BoxFuture<'a, Verdict> {
+            Box::pin(async move {
+                self.started.notify_one();
+                self.release.notified().await;
+                Verdict::abstain().because("held")
+            })
+        }
+    }
+
+    fn subject(svc: &Arc<Service>) -> Subject {
+        let meta = |name: &str| ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some("shop".into()),
+            uid: Some(format!("uid-{name}")),
+            resource_version: Some("1".into()),
+            ..Default::default()
+        };
+        Subject {
+            service: svc.clone(),
+            pod: Arc::new(Pod {
+                metadata: meta("a"),
+                ..Default::default()
+            }),
+            port: ResolvedPort {
+                name: "http".into(),
+                port: 80,
+                protocol: "TCP".into(),
+                target: 8080,
+            },
+            family: Family::V4,
+            address: IpAddr::V4(Ipv4Addr::new(10, 244, 0, 1)),
+        }
+    }
+
+    fn service() -> Arc<Service> {
+        Arc::new(Service {
+            metadata: ObjectMeta {
+                name: Some("web".into()),
+                namespace: Some("shop".into()),
+                uid: Some("uid-web".into()),
+                resource_version: Some("1".into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        })
+    }
+
+    fn judge(checker: Arc<dyn Checker>, metrics: Metrics) -> Judge {
+        Judge::new(
+            checker,
+            4,
+            Duration::from_secs(30),
+            Duration::from_secs(30),
+            Duration::from_secs(300),
+            metrics,
+        )
+    }
+
+    /// A judgement of Service `web`'s one subject, started and held.
+    fn judging() -> (
+        Arc<Held>,
+        Metrics,
+        Arc<Judge>,
+        tokio::task::JoinHandle<Vec<Judged>>,
+    ) {
+        let held = Arc::new(Held::default());
+        let metrics = Metrics::new();
+        let judge = Arc::new(judge(held.clone(), metrics.clone()));
+        let svc = service();
+        let running = tokio::spawn({
+            let judge = judge.clone();
+            async move { judge.judge(&svc, vec![subject(&svc)]).await }
+        });
+        (held, metrics, judge, running)
+    }
+
+    /// Issue 24: a Service deleted while its judgement is in flight leaves
+    /// nothing behind, neither verdicts and abstain runs nor the abstain
+    /// gauge, once the judgement ends.
+    #[tokio::test]
+    async fn a_service_forgotten_mid_judgement_leaves_nothing_behind() {
+        let (held, metrics, judge, running) = judging();
+        held.started.notified().await;
+        judge.forget("uid-web");
+        metrics.forget_service("shop", "web");
+        held.release.notify_one();
+        let judged = running.await.unwrap();
+        assert_eq!(judged.len(), 1, "the judgement itself still answers");
+        assert_eq!(judge.remembered(), 0, "the forgotten Service came back");
+        let text = metrics.encode();
+        assert!(
+            !text.contains("service=\"web\""),
+            "a series of the forgotten Service came back:\n{text}"
+        );
+    }
+
+    /// The control: without the deletion, the same judgement is remembered
+    /// (its abstain run and its gauge), so the test above can fail.
+    #[tokio::test]
+    async fn a_judgement_is_remembered_with_its_abstain_gauge() {
+        let (held, metrics, judge, running) = judging();
+        held.started.notified().await;
+        held.release.notify_one();
+        running.await.unwrap();
+        assert_eq!(judge.remembered(), 1);
+        assert!(metrics.encode().contains("service=\"web\""));
     }
 }

@@ -104,6 +104,16 @@ pub struct Migrator {
 
 /// (namespace, Service name) -> the native slices (name, uid) the
 /// start-up LIST found for it; `None`: the Service changed since, LIST.
+/// Drops a start-up LIST once it is older than [`PRIMED_FOR`].
+fn expire<T>(primed: &mut Option<(Instant, T)>) {
+    if primed
+        .as_ref()
+        .is_some_and(|(at, _)| at.elapsed() > PRIMED_FOR)
+    {
+        *primed = None;
+    }
+}
+
 type SlicesAtStart = HashMap<(String, String), Option<Vec<(String, Option<String>)>>>;
 
 /// What the start-up LIST says about a Service's native slices.
@@ -218,12 +228,7 @@ impl Migrator {
     /// What the start-up LIST found of `ns/name`'s native slices, consumed.
     fn primed_slices(&self, ns: &str, name: &str) -> PrimedSlices {
         let mut primed = self.slices_at_start.lock().unwrap();
-        if primed
-            .as_ref()
-            .is_some_and(|(at, _)| at.elapsed() > PRIMED_FOR)
-        {
-            *primed = None;
-        }
+        expire(&mut primed);
         match primed.as_mut() {
             None => PrimedSlices::Unknown,
             Some((_, found)) => match found.remove(&(ns.to_string(), name.to_string())) {
@@ -256,12 +261,7 @@ impl Migrator {
     /// What the start-up LIST found for `ns/name`, consumed.
     fn primed(&self, ns: &str, name: &str) -> Primed {
         let mut primed = self.native_at_start.lock().unwrap();
-        if primed
-            .as_ref()
-            .is_some_and(|(at, _)| at.elapsed() > PRIMED_FOR)
-        {
-            *primed = None;
-        }
+        expire(&mut primed);
         match primed.as_mut() {
             None => Primed::Unknown,
             Some((_, found)) => match found.remove(&(ns.to_string(), name.to_string())) {
@@ -341,13 +341,24 @@ impl Migrator {
         let uid = svc.uid().unwrap_or_default();
         self.endpoints_gone.lock().unwrap().remove(&uid);
         self.slices_gone.lock().unwrap().remove(&uid);
+        // The start-up LISTs are consulted for PRIMED_FOR only; past it
+        // they go, so a deletion never grows them.
         let key = (svc.namespace().unwrap_or_default(), svc.name_any());
-        if let Some((_, found)) = self.native_at_start.lock().unwrap().as_mut() {
+        let mut native = self.native_at_start.lock().unwrap();
+        expire(&mut native);
+        if let Some((_, found)) = native.as_mut() {
             found.insert(key.clone(), AtStart::Ask);
         }
-        if let Some((_, found)) = self.slices_at_start.lock().unwrap().as_mut() {
+        let mut slices = self.slices_at_start.lock().unwrap();
+        expire(&mut slices);
+        if let Some((_, found)) = slices.as_mut() {
             found.insert(key, None);
         }
+    }
+
+    /// Entries kept for Services by uid (tests: nothing outlives a Service).
+    pub fn remembered(&self) -> usize {
+        self.endpoints_gone.lock().unwrap().len() + self.slices_gone.lock().unwrap().len()
     }
 
     /// Publishes `desired` as the Service's Endpoints object, unless an

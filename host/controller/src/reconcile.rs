@@ -28,7 +28,7 @@ use tracing::{debug, info, warn};
 
 use portwise_core::{
     config::Config,
-    plan::{self, TriggerMemory, Triggers, is_ours},
+    plan::{self, TriggerMemory, Triggers},
     reconcile::{self as decision, Decision, Once, Release, Requeue, Serve},
 };
 
@@ -112,9 +112,11 @@ impl Context {
             .overlay(ns, name, self.slices.get(&ObjectRef::new(name).within(ns)))
     }
 
-    /// Live slices this manager owns for `svc`, read through our own recent
-    /// writes so a reconcile that races the watch does not write twice.
-    fn owned_slices(&self, svc: &Service) -> Vec<Arc<EndpointSlice>> {
+    /// Live slices that may be ours for `svc` (indexed under its name, or
+    /// written by us lately), read through our own recent writes so a
+    /// reconcile that races the watch does not write twice. Which of them
+    /// are ours is the core's call (`plan::is_ours`), made there once.
+    fn candidate_slices(&self, svc: &Service) -> Vec<Arc<EndpointSlice>> {
         let ns = svc.namespace().unwrap_or_default();
         let mut names: Vec<String> = self.slice_owners.members(&ns, &svc.name_any());
         names.extend(self.writer.recent_names(&ns));
@@ -123,8 +125,33 @@ impl Context {
         names
             .into_iter()
             .filter_map(|n| self.slice_by_name(&ns, &n))
-            .filter(|s| is_ours(s, svc, &self.config.managed_by))
             .collect()
+    }
+
+    /// Whether the Service cache still holds `svc` (this object, by uid).
+    pub(crate) fn still_cached(&self, svc: &Service) -> bool {
+        self.services
+            .get(&ObjectRef::from_obj(svc))
+            .is_some_and(|s| s.uid() == svc.uid())
+    }
+
+    /// Drops everything kept for a Service that left the cache: verdicts,
+    /// abstain runs, shadow state, migration sets, warning latches, retry
+    /// backoff, trigger memory, and its metric series (last, after the
+    /// judge's: see [`crate::judge::Judge::forget`]). Idempotent.
+    pub(crate) fn forget_service(&self, svc: &Service) {
+        let ns = svc.namespace().unwrap_or_default();
+        let uid = svc.uid().unwrap_or_default();
+        self.judge.forget(&uid);
+        if let Some(shadows) = &self.shadows {
+            shadows.forget(&uid);
+        }
+        self.migration.forget(svc);
+        self.selector_warned.lock().unwrap().remove(&uid);
+        self.external_warned.lock().unwrap().remove(&uid);
+        self.retries.succeeded(&format!("{ns}/{}", svc.name_any()));
+        self.trigger_memory.lock().unwrap().remove(&uid);
+        self.metrics.forget_service(&ns, &svc.name_any());
     }
 
     /// Keeps what `svc`'s written plan saw for its next plan, if the
@@ -208,7 +235,7 @@ pub(crate) async fn reconcile(svc: Arc<Service>, ctx: Arc<Context>) -> Result<Ac
                 .filter(|p| portwise_core::align::on_known_node(&svc, p, &node_known))
                 .collect()
         };
-        let owned = || ctx.owned_slices(&svc);
+        let owned = || ctx.candidate_slices(&svc);
         decision::decide(&decision::Input {
             service: &svc,
             config: &ctx.config,
@@ -295,7 +322,7 @@ async fn serve(ctx: &Context, svc: &Arc<Service>, mut serve: Serve) -> Result<bo
             .get(&svc.uid().unwrap_or_default())
             .cloned()
             .unwrap_or_default();
-        let owned = ctx.owned_slices(svc);
+        let owned = ctx.candidate_slices(svc);
         let zones = |node: &str| ctx.zone_of(node);
         let lookup = |n: &str| ctx.slice_by_name(&ns, n);
         plan::plan(&plan::PlanInput {

@@ -71,6 +71,31 @@ fn slice_service(slice: &EndpointSlice) -> Option<String> {
         .map(|o| o.name.clone())
         .or_else(|| slice.labels().get(SERVICE_NAME_LABEL).cloned())
 }
+/// What the namespaced watches here can hold.
+trait Watched:
+    Resource<Scope = k8s_openapi::NamespaceResourceScope>
+    + Clone
+    + Default
+    + std::fmt::Debug
+    + serde::de::DeserializeOwned
+    + Send
+    + Sync
+    + 'static
+{
+}
+
+impl<K> Watched for K where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + Default
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static
+{
+}
+
 /// Builds watch streams over the chosen namespaces, flattened so that they
 /// can share one store.
 fn watch_all<K>(
@@ -81,14 +106,7 @@ fn watch_all<K>(
     keep: impl Fn(&K) -> bool + Clone + Send + 'static,
 ) -> BoxStream<'static, Result<watcher::Event<K>, watcher::Error>>
 where
-    K: Resource<Scope = k8s_openapi::NamespaceResourceScope>
-        + Clone
-        + Default
-        + std::fmt::Debug
-        + serde::de::DeserializeOwned
-        + Send
-        + Sync
-        + 'static,
+    K: Watched,
     K::DynamicType: Default + Eq + std::hash::Hash + Clone,
 {
     let apis: Vec<Api<K>> = if namespaces.is_empty() {
@@ -115,6 +133,28 @@ where
         .chain(stream::select_all(streams))
         .boxed()
 }
+/// The watch of the Services or Pods that carry `key`, without their
+/// managedFields, ready to reflect into a store.
+fn watch_keyed<K>(
+    client: &Client,
+    namespaces: &[String],
+    list_cfg: &watcher::Config,
+    key: &KeySource,
+    gate: &SyncGate,
+) -> BoxStream<'static, Result<watcher::Event<K>, watcher::Error>>
+where
+    K: Watched,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
+{
+    let keep = {
+        let key = key.clone();
+        move |o: &K| key_value(o.meta(), &key).is_some()
+    };
+    watch_all::<K>(client, namespaces, selecting(list_cfg, key), gate, keep)
+        .modify(cache::strip_managed_fields)
+        .boxed()
+}
+
 /// The watch of objects that carry `key`: the apiserver selects on a label
 /// key's existence, so objects without it are never sent; an annotation
 /// cannot be selected on, so every object is sent and [`flatten_relists`]
@@ -248,26 +288,16 @@ pub(crate) async fn run(
 ) -> Result<(), Error> {
     let started = std::time::Instant::now();
     let config = Arc::new(config);
-    let checker: Arc<dyn Checker> = portwise_checkers::build(
-        &config.membership,
-        &BuildContext {
-            wasm: opts.wasm.as_deref(),
-            stable_ttl: BuildContext::stable_ttl_for(config.resync_period),
-            stable_spacing: BuildContext::stable_spacing_for(config.resync_period),
-        },
-    )
-    .map_err(|e| Error::Build(e.to_string()))?;
-    let shadows = crate::shadow::Shadows::build(
-        &config,
-        &BuildContext {
-            wasm: opts.wasm.as_deref(),
-            stable_ttl: BuildContext::stable_ttl_for(config.resync_period),
-            stable_spacing: BuildContext::stable_spacing_for(config.resync_period),
-        },
-        |checker| {
-            crate::shadow::shadow_judge(checker, &config, opts.check_timeout, opts.metrics.clone())
-        },
-    )?;
+    let build_ctx = BuildContext {
+        wasm: opts.wasm.as_deref(),
+        stable_ttl: BuildContext::stable_ttl_for(config.resync_period),
+        stable_spacing: BuildContext::stable_spacing_for(config.resync_period),
+    };
+    let checker: Arc<dyn Checker> = portwise_checkers::build(&config.membership, &build_ctx)
+        .map_err(|e| Error::Build(e.to_string()))?;
+    let shadows = crate::shadow::Shadows::build(&config, &build_ctx, |checker| {
+        crate::shadow::shadow_judge(checker, &config, opts.check_timeout, opts.metrics.clone())
+    })?;
 
     let gate = SyncGate::default();
     let list_cfg = watcher::Config::default().any_semantic();
@@ -282,43 +312,32 @@ pub(crate) async fn run(
     let services = {
         let svc_groups = svc_groups.clone();
         let key = config.service_key.clone();
-        let keep = {
-            let key = key.clone();
-            move |s: &Service| key_value(&s.metadata, &key).is_some()
-        };
         let release_tx = release_tx.clone();
-        watch_all::<Service>(
-            &client,
-            &opts.namespaces,
-            selecting(&list_cfg, &key),
-            &gate,
-            keep,
-        )
-        .modify(cache::strip_managed_fields)
-        .reflect(svc_writer)
-        .inspect_ok(move |ev| match ev {
-            watcher::Event::Apply(svc) | watcher::Event::InitApply(svc) => {
-                let ns = svc.namespace().unwrap_or_default();
-                svc_groups.set(&ns, &svc.name_any(), key_value(&svc.metadata, &key));
-            }
-            watcher::Event::Delete(svc) => {
-                let ns = svc.namespace().unwrap_or_default();
-                svc_groups.set(&ns, &svc.name_any(), None);
-                let svc = Arc::new(svc.clone());
-                let _ = gone_tx.send(svc.clone());
-                // Deleted, or dropped from the cache for losing its
-                // key: only the latter needs its slices released.
-                let lost = svc.metadata.resource_version.is_some()
-                    && key_value(&svc.metadata, &key).is_none();
-                let _ = release_tx.send(if lost {
-                    Gone::Lost(svc)
-                } else {
-                    Gone::Check(ObjectRef::from_obj(svc.as_ref()))
-                });
-            }
-            _ => {}
-        })
-        .applied_objects()
+        watch_keyed(&client, &opts.namespaces, &list_cfg, &key, &gate)
+            .reflect(svc_writer)
+            .inspect_ok(move |ev| match ev {
+                watcher::Event::Apply(svc) | watcher::Event::InitApply(svc) => {
+                    let ns = svc.namespace().unwrap_or_default();
+                    svc_groups.set(&ns, &svc.name_any(), key_value(&svc.metadata, &key));
+                }
+                watcher::Event::Delete(svc) => {
+                    let ns = svc.namespace().unwrap_or_default();
+                    svc_groups.set(&ns, &svc.name_any(), None);
+                    let svc = Arc::new(svc.clone());
+                    let _ = gone_tx.send(svc.clone());
+                    // Deleted, or dropped from the cache for losing its
+                    // key: only the latter needs its slices released.
+                    let lost = svc.metadata.resource_version.is_some()
+                        && key_value(&svc.metadata, &key).is_none();
+                    let _ = release_tx.send(if lost {
+                        Gone::Lost(svc)
+                    } else {
+                        Gone::Check(ObjectRef::from_obj(svc.as_ref()))
+                    });
+                }
+                _ => {}
+            })
+            .applied_objects()
     };
 
     // Pods, indexed by group; a change triggers the group's Services.
@@ -330,27 +349,16 @@ pub(crate) async fn run(
         let svc_groups = svc_groups.clone();
         let tx = trigger_tx.clone();
         let key = config.pod_key().clone();
-        let keep = {
-            let key = key.clone();
-            move |p: &Pod| key_value(&p.metadata, &key).is_some()
-        };
-        watch_all::<Pod>(
-            &client,
-            &opts.namespaces,
-            selecting(&list_cfg, &key),
-            &gate,
-            keep,
-        )
-        .modify(cache::strip_managed_fields)
-        .reflect(pod_writer)
-        .for_each(move |ev| {
-            if let Ok(ev) = ev {
-                on_pod_event(&ev, &key, &pod_groups, &svc_groups, &tx);
-            } else if let Err(e) = ev {
-                warn!(error = %e, "pod watch");
-            }
-            future::ready(())
-        })
+        watch_keyed(&client, &opts.namespaces, &list_cfg, &key, &gate)
+            .reflect(pod_writer)
+            .for_each(move |ev| {
+                if let Ok(ev) = ev {
+                    on_pod_event(&ev, &key, &pod_groups, &svc_groups, &tx);
+                } else if let Err(e) = ev {
+                    warn!(error = %e, "pod watch");
+                }
+                future::ready(())
+            })
     };
 
     // Our slices only (selected by our managed-by label). Another
@@ -527,18 +535,7 @@ pub(crate) async fn run(
         let ctx = ctx.clone();
         tokio::spawn(async move {
             while let Some(svc) = gone_rx.recv().await {
-                let ns = svc.namespace().unwrap_or_default();
-                let uid = svc.uid().unwrap_or_default();
-                ctx.judge.forget(&uid);
-                if let Some(shadows) = &ctx.shadows {
-                    shadows.forget(&uid);
-                }
-                ctx.migration.forget(&svc);
-                ctx.metrics.forget_service(&ns, &svc.name_any());
-                ctx.selector_warned.lock().unwrap().remove(&uid);
-                ctx.external_warned.lock().unwrap().remove(&uid);
-                ctx.retries.succeeded(&format!("{ns}/{}", svc.name_any()));
-                ctx.trigger_memory.lock().unwrap().remove(&uid);
+                ctx.forget_service(&svc);
             }
         });
     }
@@ -739,6 +736,11 @@ fn on_pod_event(
 /// ([`crate::retry`]).
 fn error_policy(svc: Arc<Service>, err: &Error, ctx: Arc<Context>) -> Action {
     let key = service_key(&svc);
+    if !ctx.still_cached(&svc) {
+        // Deleted while it failed: nothing to retry, nothing to keep.
+        ctx.forget_service(&svc);
+        return Action::await_change();
+    }
     let delay = ctx.retries.failed(&key);
     warn!(service = %key, error = %err, retry_in = ?delay,
         failures = ctx.retries.failures(&key), "will retry");
@@ -763,9 +765,17 @@ async fn reconcile_in_turn(svc: Arc<Service>, ctx: Arc<Context>) -> Result<Actio
         None => None,
     };
     let key = service_key(&svc);
-    let result = reconcile(svc, ctx.clone()).await;
+    let result = reconcile(svc.clone(), ctx.clone()).await;
     if result.is_ok() {
         ctx.retries.succeeded(&key);
+    }
+    // A Service deleted while this reconcile ran was forgotten by the
+    // delete handler, and this reconcile may have put some of its state
+    // back (verdicts, metric series, warnings). The store drops a Service
+    // before the handler runs, so checking it here, after the last insert,
+    // closes the race.
+    if !ctx.still_cached(&svc) {
+        ctx.forget_service(&svc);
     }
     result
 }

@@ -72,10 +72,7 @@ pub fn family_of(ip: IpAddr) -> Family {
 
 /// `discovery.k8s.io` address type of a family.
 pub fn address_type(family: Family) -> &'static str {
-    match family {
-        Family::V4 => "IPv4",
-        Family::V6 => "IPv6",
-    }
+    family.as_str()
 }
 
 /// Parses an IP the way upstream's `ParseIPSloppy` does (IPv4 octets with

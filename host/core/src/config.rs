@@ -30,6 +30,8 @@
 //!   module file names, HTTP request paths), shared by validation and by
 //!   other crates;
 //! - `oci`: `oci://` module references ([`OciRef`]);
+//! - `deadline`: the worst case of a check, per expression
+//!   ([`CheckerExpr::worst_case`], [`Config::worst_cases`]);
 //! - `duration`: humantime durations for serde;
 //! - `error`: [`ConfigError`], what both layers report.
 
@@ -42,6 +44,7 @@ use std::{
 
 use serde::Deserialize;
 
+mod deadline;
 mod duration;
 mod error;
 mod oci;

@@ -81,10 +81,7 @@ impl fmt::Display for Difference {
             "{} {} ({}): live {}, shadow {}",
             self.port,
             self.pod,
-            match self.family {
-                Family::V4 => "IPv4",
-                Family::V6 => "IPv6",
-            },
+            self.family,
             word(self.live),
             word(self.shadow)
         )

@@ -146,6 +146,16 @@ fn repo_root() -> PathBuf {
 
 // ---- the report -------------------------------------------------------------
 
+/// What a row must reach to be "met".
+enum Goal {
+    /// A figure without a goal.
+    None,
+    /// portwise ÷ native at most this.
+    RatioAtMost(f64),
+    /// A goal of its own, as the row states it, and whether it was met.
+    Stated(&'static str, bool),
+}
+
 #[derive(Default)]
 struct Report {
     /// (row, what, portwise, native, ratio, goal, verdict)
@@ -155,7 +165,6 @@ struct Report {
 }
 
 impl Report {
-    #[allow(clippy::too_many_arguments)]
     fn row(
         &mut self,
         row: &str,
@@ -163,9 +172,13 @@ impl Report {
         portwise: String,
         native: String,
         ratio: Option<f64>,
-        goal: &str,
-        met: Option<bool>,
+        goal: Goal,
     ) {
+        let (goal, met) = match goal {
+            Goal::None => (String::new(), None),
+            Goal::RatioAtMost(most) => (format!("≤ {most:.1}×"), ratio.map(|x| x <= most)),
+            Goal::Stated(text, met) => (text.to_string(), Some(met)),
+        };
         let verdict = match met {
             Some(true) => "met".to_string(),
             Some(false) => {
@@ -183,7 +196,7 @@ impl Report {
             portwise,
             native,
             ratio,
-            goal.into(),
+            goal,
             verdict,
         ];
         println!("| {} |", r.join(" | "));
@@ -196,8 +209,7 @@ impl Report {
             format!("not measured: {why}"),
             String::new(),
             None,
-            "",
-            None,
+            Goal::None,
         );
     }
     fn section(&mut self, title: &str, body: String) {
@@ -1273,8 +1285,7 @@ impl Bench {
             secs(pw_time),
             secs(native_time),
             t_ratio,
-            "≤ 1.0×",
-            t_ratio.map(|x| x <= 1.0),
+            Goal::RatioAtMost(1.0),
         );
         let (pw_w, nat_w) = (
             pw_req.slice_writes("portwise"),
@@ -1287,8 +1298,7 @@ impl Bench {
             pw_w.to_string(),
             nat_w.to_string(),
             w_ratio,
-            "≤ 1.0×",
-            w_ratio.map(|x| x <= 1.0),
+            Goal::RatioAtMost(1.0),
         );
         let (pw_all, nat_all) = (pw_req.all("portwise"), native_req.all("native"));
         let all_ratio = ratio(pw_all as f64, nat_all as f64);
@@ -1298,8 +1308,7 @@ impl Bench {
             format!("{pw_all} ({})", pw_req.by_verb("portwise")),
             format!("{nat_all} ({})", native_req.by_verb("native")),
             all_ratio,
-            "≤ 1.0×",
-            all_ratio.map(|x| x <= 1.0),
+            Goal::RatioAtMost(1.0),
         );
         r.row(
             &label,
@@ -1307,8 +1316,7 @@ impl Bench {
             format!("{:.1}", pw_use.cpu),
             format!("{:.1}", native_use.cpu),
             ratio(pw_use.cpu, native_use.cpu),
-            "",
-            None,
+            Goal::None,
         );
         r.row(
             &label,
@@ -1316,8 +1324,7 @@ impl Bench {
             format!("{:.0} MiB", pw_use.hwm_mib),
             format!("{:.0} MiB", native_use.hwm_mib),
             ratio(pw_use.hwm_mib, native_use.hwm_mib),
-            "",
-            None,
+            Goal::None,
         );
         let mut detail = String::from(
             "Requests from start until every slice was right, from the audit log, by User-Agent \
@@ -1367,8 +1374,7 @@ impl Bench {
                 secs(pw.0),
                 secs(nat.0),
                 t_ratio,
-                "",
-                None,
+                Goal::None,
             );
         }
         ratios.sort_by(|a, b| a.total_cmp(b));
@@ -1381,8 +1387,7 @@ impl Bench {
             format!("{:.1} s (median)", median_of(&pw_times)),
             format!("{:.1} s (median)", median_of(&nat_times)),
             median,
-            "≤ 0.8×",
-            median.map(|x| x <= 0.8),
+            Goal::RatioAtMost(0.8),
         );
         let (nat, pw) = results.last().expect("at least one run");
         let w_ratio = ratio(pw.1 as f64, nat.1 as f64);
@@ -1392,8 +1397,7 @@ impl Bench {
             pw.1.to_string(),
             nat.1.to_string(),
             w_ratio,
-            "≤ 1.0×",
-            w_ratio.map(|x| x <= 1.0),
+            Goal::RatioAtMost(1.0),
         );
         r.row(
             &label,
@@ -1401,8 +1405,7 @@ impl Bench {
             format!("{:.1}", pw.2.cpu),
             format!("{:.1}", nat.2.cpu),
             ratio(pw.2.cpu, nat.2.cpu),
-            "",
-            None,
+            Goal::None,
         );
         r.row(
             &label,
@@ -1410,8 +1413,7 @@ impl Bench {
             format!("{:.0} MiB", pw.2.hwm_mib),
             format!("{:.0} MiB", nat.2.hwm_mib),
             ratio(pw.2.hwm_mib, nat.2.hwm_mib),
-            "",
-            None,
+            Goal::None,
         );
         let mut detail = String::from(
             "Where portwise's cold start spends its time, per run: from its exec to its caches synced (every watch's first LIST, and the start-up LISTs of native Endpoints and EndpointSlices), to every Service reconciled once (its own log), to every slice right (the bench's watch); reconcile durations and writes from its metrics.\n\n| run | caches synced | every Service reconciled | every slice right | reconciles | mean reconcile | slice writes | native |\n|---|---|---|---|---|---|---|---|\n",
@@ -1615,8 +1617,7 @@ impl Bench {
                 secs(w.time),
                 secs(a.time),
                 t_ratio,
-                "≤ 1.2×",
-                t_ratio.map(|x| x <= 1.2),
+                Goal::RatioAtMost(1.2),
             );
             let m_ratio = ratio(w.usage.hwm_mib, a.usage.hwm_mib);
             r.row(
@@ -1625,8 +1626,7 @@ impl Bench {
                 format!("{:.0} MiB", w.usage.hwm_mib),
                 format!("{:.0} MiB", a.usage.hwm_mib),
                 m_ratio,
-                "≤ 1.2×",
-                m_ratio.map(|x| x <= 1.2),
+                Goal::RatioAtMost(1.2),
             );
             r.row(
                 &label,
@@ -1634,8 +1634,7 @@ impl Bench {
                 format!("{:.0}", w.cached_pods),
                 format!("{:.0}", a.cached_pods),
                 ratio(w.cached_pods, a.cached_pods),
-                "",
-                None,
+                Goal::None,
             );
             r.row(
                 &label,
@@ -1643,8 +1642,7 @@ impl Bench {
                 format!("{:.1}", w.usage.cpu),
                 format!("{:.1}", a.usage.cpu),
                 ratio(w.usage.cpu, a.usage.cpu),
-                "",
-                None,
+                Goal::None,
             );
         }
         Ok(())
@@ -1725,8 +1723,7 @@ impl Bench {
             pw.to_string(),
             nat.to_string(),
             None,
-            "portwise 0",
-            Some(pw == 0),
+            Goal::Stated("portwise 0", pw == 0),
         );
         self.report.row(
             &label,
@@ -1734,8 +1731,7 @@ impl Bench {
             format!("{} ({})", req.all("portwise"), req.by_verb("portwise")),
             format!("{} ({})", req.all("native"), req.by_verb("native")),
             None,
-            "",
-            None,
+            Goal::None,
         );
         self.report.row(
             &label,
@@ -1743,8 +1739,7 @@ impl Bench {
             format!("{:.2} s / {:.0} MiB", p1.cpu - p0.cpu, p1.rss_mib),
             format!("{:.2} s / {:.0} MiB", n1.cpu - n0.cpu, n1.rss_mib),
             ratio(p1.cpu - p0.cpu, n1.cpu - n0.cpu),
-            "",
-            None,
+            Goal::None,
         );
         Ok(())
     }
@@ -1817,8 +1812,7 @@ impl Bench {
             pw.1.to_string(),
             nat.1.to_string(),
             ratio(pw.1 as f64, nat.1 as f64),
-            "portwise 1",
-            Some(pw.1 == 1),
+            Goal::Stated("portwise 1", pw.1 == 1),
         );
         self.report.row(
             &label,
@@ -1826,8 +1820,7 @@ impl Bench {
             format!("{:.0} ms", pw.0.as_secs_f64() * 1000.0),
             format!("{:.0} ms", nat.0.as_secs_f64() * 1000.0),
             ratio(pw.0.as_secs_f64(), nat.0.as_secs_f64()),
-            "",
-            None,
+            Goal::None,
         );
         self.report.row(
             &label,
@@ -1835,8 +1828,7 @@ impl Bench {
             pw.2.clone(),
             nat.2.clone(),
             None,
-            "",
-            None,
+            Goal::None,
         );
         Ok(())
     }
@@ -2034,8 +2026,7 @@ impl Bench {
                 format!("{rate:.0}/s"),
                 "n/a (no probes)".into(),
                 None,
-                "≥ 5000/s",
-                Some(*rate >= 5000.0),
+                Goal::Stated("≥ 5000/s", *rate >= 5000.0),
             );
         }
         if let Some(w) = worst_flip {
@@ -2046,8 +2037,7 @@ impl Bench {
                     .unwrap_or_else(|| "not within 30 s".into()),
                 "n/a".into(),
                 None,
-                "no delay (< 1 s)",
-                Some(w.is_some_and(|d| d < Duration::from_secs(1))),
+                Goal::Stated("no delay (< 1 s)", w.is_some_and(|d| d < Duration::from_secs(1))),
             );
         }
         self.report.section(
@@ -2090,8 +2080,7 @@ impl Bench {
                         "see the table below".into(),
                         "n/a".into(),
                         None,
-                        "",
-                        None,
+                        Goal::None,
                     );
                     self.report.section(
                         "Row 6: WebAssembly decision overhead (host/wasm/benches/wasm_overhead.rs)",
@@ -2263,8 +2252,10 @@ impl Bench {
             fmt(restart),
             "n/a".into(),
             None,
-            "< 1 s",
-            restart.map(|d| d < Duration::from_secs(1)),
+            match restart {
+                Some(d) => Goal::Stated("< 1 s", d < Duration::from_secs(1)),
+                None => Goal::None,
+            },
         );
         self.report.row(
             "6 WASM",
@@ -2274,8 +2265,7 @@ impl Bench {
             restart
                 .zip(base)
                 .and_then(|(a, b)| ratio(a.as_secs_f64(), b.as_secs_f64())),
-            "",
-            None,
+            Goal::None,
         );
         Ok(())
     }
@@ -2308,8 +2298,7 @@ impl Bench {
             what,
             String::new(),
             None,
-            "",
-            None,
+            Goal::None,
         );
         if !text.is_empty() {
             self.report
@@ -2781,8 +2770,11 @@ impl Bench {
                 ms(a),
                 ms(b),
                 r,
-                if goal { "≤ 1.0×" } else { "" },
-                if goal { r.map(|x| x <= 1.0) } else { None },
+                if goal {
+                    Goal::RatioAtMost(1.0)
+                } else {
+                    Goal::None
+                },
             );
         }
 
@@ -2964,8 +2956,7 @@ async fn run(knobs: Knobs, bcp: BenchCp, work: PathBuf, machine: String) -> Resu
                 format!("{:.0} MiB", u.rss_mib),
                 format!("{:.0} MiB", p.native.usage().rss_mib),
                 ratio(u.rss_mib, p.native.usage().rss_mib),
-                "",
-                None,
+                Goal::None,
             );
         }
         if b.knobs.native_fast

@@ -45,6 +45,42 @@ fn figure(what: &str, took: Duration) {
     eprintln!("figure: {what}: {} ms", took.as_millis());
 }
 
+/// The seed example, published by portwise, every pod serving both ports,
+/// behind a kube-proxy: what the kube-proxy tests start from.
+struct SeedBehindProxy {
+    pw: Portwise,
+    _servers: Vec<NameServer>,
+    proxy: KubeProxy,
+    http: SocketAddr,
+    https: SocketAddr,
+}
+
+async fn seed_behind_proxy(
+    cp: &'static ControlPlane,
+    ns: &TestNs,
+    mode: ProxyMode,
+) -> Result<SeedBehindProxy> {
+    let pw = seed_scenario(ns)
+        .expect(
+            "my-service",
+            seed_slices(&["a", "b", "c"], &["b", "c", "d"]),
+        )
+        .start()
+        .await?;
+    let _servers = serve(ns, &["a", "b", "c", "d"], &[8080, 8443]).await?;
+    let proxy = KubeProxy::start(cp, mode).await?;
+    let http = service_addr(ns, "my-service", 8080, false).await?;
+    let https = service_addr(ns, "my-service", 8443, false).await?;
+    expect_answers(http, &["a", "b", "c"], ROUTED).await?;
+    Ok(SeedBehindProxy {
+        pw,
+        _servers,
+        proxy,
+        http,
+        https,
+    })
+}
+
 // ---- kube-proxy ------------------------------------------------------------
 
 /// The seed example through its ClusterIP: for each port, the pods that
@@ -54,27 +90,16 @@ fn figure(what: &str, took: Duration) {
 async fn routes_each_port_to_its_members(mode: ProxyMode) -> Result<()> {
     let cp = ControlPlane::shared().await?;
     let ns = TestNs::new(cp, &format!("kp-{}", mode.flag())).await?;
-    let _pw = seed_scenario(&ns)
-        .expect(
-            "my-service",
-            seed_slices(&["a", "b", "c"], &["b", "c", "d"]),
-        )
-        .start()
-        .await?;
-    let _servers = serve(&ns, &["a", "b", "c", "d"], &[8080, 8443]).await?;
-    let proxy = KubeProxy::start(cp, mode).await?;
-    let http = service_addr(&ns, "my-service", 8080, false).await?;
-    let https = service_addr(&ns, "my-service", 8443, false).await?;
-    let routed = |addr, pods: &'static [&'static str]| {
-        let proxy = &proxy;
-        async move {
-            expect_answers(addr, pods, ROUTED)
-                .await
-                .with_context(|| format!("kube-proxy log:\n{}", proxy.log_tail()))
-        }
+    let SeedBehindProxy {
+        proxy, http, https, ..
+    } = &seed_behind_proxy(cp, &ns, mode).await?;
+    let (http, https) = (*http, *https);
+    let routed = |addr, pods: &'static [&'static str]| async move {
+        expect_answers(addr, pods, ROUTED)
+            .await
+            .with_context(|| format!("kube-proxy log:\n{}", proxy.log_tail()))
     };
 
-    routed(http, &["a", "b", "c"]).await?;
     routed(https, &["b", "c", "d"]).await?;
 
     // Readiness: b leaves both ports.
@@ -243,17 +268,9 @@ async fn kube_proxy_counts_portwise_changes_in_programming_latency() -> Result<(
     const HISTOGRAM: &str = "kubeproxy_network_programming_duration_seconds_count";
     let cp = ControlPlane::shared().await?;
     let ns = TestNs::new(cp, "kp-latency").await?;
-    let _pw = seed_scenario(&ns)
-        .expect(
-            "my-service",
-            seed_slices(&["a", "b", "c"], &["b", "c", "d"]),
-        )
-        .start()
-        .await?;
-    let _servers = serve(&ns, &["a", "b", "c", "d"], &[8080, 8443]).await?;
-    let proxy = KubeProxy::start(cp, ProxyMode::Nftables).await?;
-    let http = service_addr(&ns, "my-service", 8080, false).await?;
-    expect_answers(http, &["a", "b", "c"], ROUTED).await?;
+    let SeedBehindProxy { proxy, http, .. } =
+        &seed_behind_proxy(cp, &ns, ProxyMode::Nftables).await?;
+    let http = *http;
     let before = proxy.metrics().await?.sum(HISTOGRAM, &[]);
 
     for (i, ready) in [false, true, false, true].into_iter().enumerate() {
@@ -281,24 +298,11 @@ async fn kube_proxy_counts_portwise_changes_in_programming_latency() -> Result<(
 /// A headless seed example whose pods name themselves through
 /// hostname/subdomain, so SRV targets read as pod names.
 fn headless_seed(ns: &TestNs, svc: ServiceBuilder) -> Scenario<'_> {
-    Scenario::new(ns)
-        .service(svc)
-        .pods(
-            [
-                ("a", "http"),
-                ("b", "http,https"),
-                ("c", "http,https"),
-                ("d", "https"),
-            ]
-            .map(|(name, ports)| {
-                seed_pod(name, ports)
-                    .annotation(GROUP_KEY, "my-group")
-                    .hostname(name)
-                    .subdomain("my-service")
-                    .ips(next_ips().dual())
-            }),
-        )
-        .config(&config(SEED_MEMBERSHIP))
+    seed_scenario_with(ns, svc, |name, pod| {
+        pod.hostname(name)
+            .subdomain("my-service")
+            .ips(next_ips().dual())
+    })
 }
 
 /// SRV targets as pod names (`a.my-service.NS.svc.cluster.local.` -> `a`),
@@ -506,30 +510,12 @@ async fn a_non_member_in_a_slice_fails_the_traffic_check() -> Result<()> {
     use k8s_openapi::api::discovery::v1::{Endpoint, EndpointSlice};
     let cp = ControlPlane::shared().await?;
     let ns = TestNs::new(cp, "kp-control").await?;
-    let mut pw = seed_scenario(&ns)
-        .expect(
-            "my-service",
-            seed_slices(&["a", "b", "c"], &["b", "c", "d"]),
-        )
-        .start()
-        .await?;
-    let _servers = serve(&ns, &["a", "b", "c", "d"], &[8080, 8443]).await?;
-    let _proxy = KubeProxy::start(cp, ProxyMode::Nftables).await?;
-    let http = service_addr(&ns, "my-service", 8080, false).await?;
-    expect_answers(http, &["a", "b", "c"], ROUTED).await?;
+    let mut seed = seed_behind_proxy(cp, &ns, ProxyMode::Nftables).await?;
+    let http = seed.http;
 
-    pw.stop().await?;
+    seed.pw.stop().await?;
     let slices: kube::Api<EndpointSlice> = ns.api();
-    let mut slice = slices_for(&ns, "my-service")
-        .await?
-        .into_iter()
-        .find(|s| {
-            s.ports
-                .iter()
-                .flatten()
-                .any(|p| p.name.as_deref() == Some("http"))
-        })
-        .context("no http slice")?;
+    let mut slice = slice_for_port(&ns, "my-service", "http").await?;
     slice.endpoints.get_or_insert_with(Vec::new).push(Endpoint {
         addresses: vec![pod_ips(&ns, "d").await?[0].to_string()],
         ..Default::default()

@@ -525,55 +525,32 @@ fn compare(snap: &Snapshot) -> Vec<Difference> {
                 (Some(n), Some(_)) => n,
             };
             let p = p.expect("both sides publish the address");
-            let fields: [(&str, String, String); 12] = [
-                ("ready", format!("{:?}", n.ready), format!("{:?}", p.ready)),
-                (
-                    "serving",
-                    format!("{:?}", n.serving),
-                    format!("{:?}", p.serving),
-                ),
-                (
-                    "terminating",
-                    format!("{:?}", n.terminating),
-                    format!("{:?}", p.terminating),
-                ),
-                (
-                    "nodeName",
-                    format!("{:?}", n.node_name),
-                    format!("{:?}", p.node_name),
-                ),
-                ("zone", format!("{:?}", n.zone), format!("{:?}", p.zone)),
+            // Fields compared as they print; the hostname through the view
+            // that accounts for the twin's different Service name.
+            fn field(
+                name: &'static str,
+                native: &dyn fmt::Debug,
+                ours: &dyn fmt::Debug,
+            ) -> (&'static str, String, String) {
+                (name, format!("{native:?}"), format!("{ours:?}"))
+            }
+            let fields = [
+                field("ready", &n.ready, &p.ready),
+                field("serving", &n.serving, &p.serving),
+                field("terminating", &n.terminating, &p.terminating),
+                field("nodeName", &n.node_name, &p.node_name),
+                field("zone", &n.zone, &p.zone),
                 (
                     "hostname",
                     hostname_view(&n.hostname, &native_name(k), facts),
                     hostname_view(&p.hostname, &twin_name(k), facts),
                 ),
-                (
-                    "hints.forZones",
-                    format!("{:?}", n.hint_zones),
-                    format!("{:?}", p.hint_zones),
-                ),
-                (
-                    "hints.forNodes",
-                    format!("{:?}", n.hint_nodes),
-                    format!("{:?}", p.hint_nodes),
-                ),
-                (
-                    "targetRef",
-                    format!("{:?}", n.target_ref),
-                    format!("{:?}", p.target_ref),
-                ),
-                ("port", format!("{:?}", n.port), format!("{:?}", p.port)),
-                (
-                    "protocol",
-                    format!("{:?}", n.protocol),
-                    format!("{:?}", p.protocol),
-                ),
-                (
-                    "appProtocol",
-                    format!("{:?}", n.app_protocol),
-                    format!("{:?}", p.app_protocol),
-                ),
+                field("hints.forZones", &n.hint_zones, &p.hint_zones),
+                field("hints.forNodes", &n.hint_nodes, &p.hint_nodes),
+                field("targetRef", &n.target_ref, &p.target_ref),
+                field("port", &n.port, &p.port),
+                field("protocol", &n.protocol, &p.protocol),
+                field("appProtocol", &n.app_protocol, &p.app_protocol),
             ];
             for (field, nv, pv) in fields {
                 if nv != pv {

@@ -211,3 +211,78 @@ async fn max_concurrent_checks_bounds_probes() -> Result<()> {
     ensure!(h.request_count() > 0, "the hanging pod was never probed");
     Ok(())
 }
+
+/// Issue 24: a Service deleted while a slow probe of it is in flight
+/// leaves no metric series behind once the probe ends (the reconcile that
+/// ran it used to put them back), while a Service that stays keeps its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_service_deleted_mid_probe_leaves_no_series() -> Result<()> {
+    const SLOW: &str = "{httpGet: {path: /healthz, timeout: 4s}}";
+    let cp = ControlPlane::shared().await?;
+    let ns = TestNs::new(cp, "probes-gone").await?;
+    let (a, b) = (next_ips(), next_ips());
+    let http_a = HttpListener::start(a.v4, 8080).await?;
+    let _http_b = HttpListener::start(b.v4, 8080).await?;
+    let pw = Scenario::new(&ns)
+        .service(
+            service("gone")
+                .annotation(GROUP_KEY, "g")
+                .port("http", 8080),
+        )
+        .service(
+            service("stays")
+                .annotation(GROUP_KEY, "h")
+                .port("http", 8080),
+        )
+        .pod(pod("a").annotation(GROUP_KEY, "g").ips(a.v4()))
+        .pod(pod("b").annotation(GROUP_KEY, "h").ips(b.v4()))
+        .config(&config(SLOW))
+        .binary()
+        .expect("gone", by_port([(("http", V4), &["a"][..])]))
+        .expect("stays", by_port([(("http", V4), &["b"][..])]))
+        .start()
+        .await?;
+    let series_of = |text: &str, svc: &str| {
+        text.lines()
+            .filter(|l| !l.starts_with('#') && l.contains(&format!("service=\"{svc}\"")))
+            .map(str::to_string)
+            .collect::<Vec<_>>()
+    };
+    ensure!(
+        !series_of(&pw.metrics_text().await?, "gone").is_empty(),
+        "no series for the Service to begin with"
+    );
+
+    // a's probe hangs, and a pod change makes the next reconcile probe it
+    // afresh; the Service goes while that probe waits.
+    http_a.set_mode(HttpMode::Hang);
+    let probed = http_a.request_count();
+    ns.annotate_pod("a", "touched", Some("1")).await?;
+    wait_for(SETTLE, || async {
+        ensure!(http_a.request_count() > probed, "a not probed again yet");
+        Ok(())
+    })
+    .await?;
+    ns.delete_service("gone").await?;
+    wait_for(SETTLE, || async {
+        let left = series_of(&pw.metrics_text().await?, "gone");
+        ensure!(left.is_empty(), "series of a deleted Service: {left:#?}");
+        Ok(())
+    })
+    .await?;
+
+    // The probe times out (4 s) and its reconcile ends; nothing of `gone`
+    // may come back, and `stays` keeps its series.
+    stays_for(Duration::from_secs(8), || async {
+        let text = pw.metrics_text().await?;
+        let left = series_of(&text, "gone");
+        ensure!(left.is_empty(), "series of a deleted Service: {left:#?}");
+        ensure!(
+            !series_of(&text, "stays").is_empty(),
+            "the Service that stays lost its series"
+        );
+        Ok(())
+    })
+    .await?;
+    Ok(())
+}

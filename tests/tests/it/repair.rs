@@ -2,7 +2,7 @@
 //! comes back, and a slice whose managed-by label was stripped is reclaimed
 //! through its owner reference.
 
-use anyhow::{Context, Result, ensure};
+use anyhow::{Result, ensure};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{DeleteParams, Patch, PatchParams};
 use portwise_tests::*;
@@ -36,16 +36,7 @@ fn expected() -> ByPort {
 }
 
 async fn http_slice(ns: &TestNs) -> Result<EndpointSlice> {
-    slices_for(ns, "web")
-        .await?
-        .into_iter()
-        .find(|s| {
-            s.ports
-                .iter()
-                .flatten()
-                .any(|p| p.name.as_deref() == Some("http"))
-        })
-        .context("no http slice")
+    slice_for_port(ns, "web", "http").await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

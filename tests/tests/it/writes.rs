@@ -92,7 +92,8 @@ async fn restart_costs_no_writes() -> Result<()> {
         "{perPort: {ports: {http: podReady}}}",
         "maxEndpointsPerSlice: 7\n",
     );
-    let mut pw = Portwise::start(&ns, &cfg).await?;
+    // The binary: its log says when the restart has reconciled everything.
+    let mut pw = Portwise::spawn_binary(&ns, &cfg).await?;
     let all: Vec<&str> = names.iter().map(String::as_str).collect();
     expect_endpoints(
         &ns,
@@ -104,7 +105,10 @@ async fn restart_costs_no_writes() -> Result<()> {
 
     let counter = WriteCounter::start(&ns).await?;
     pw.restart().await?;
-    tokio::time::sleep(Duration::from_secs(15)).await;
+    pw.wait_for_log("cold start: every Service reconciled once", SETTLE)
+        .await?;
+    // A write the last reconcile issued would have landed by now.
+    tokio::time::sleep(Duration::from_secs(1)).await;
     pw.check_running()?;
     counter.expect(0, "restart").await?;
 

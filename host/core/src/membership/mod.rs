@@ -63,6 +63,23 @@ pub enum Family {
     V6,
 }
 
+impl Family {
+    /// The one spelling users see, in metrics, logs, `check` and Events:
+    /// Kubernetes' own (`spec.ipFamilies`, a slice's `addressType`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Family::V4 => "IPv4",
+            Family::V6 => "IPv6",
+        }
+    }
+}
+
+impl std::fmt::Display for Family {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(self.as_str())
+    }
+}
+
 /// One Service port resolved against one pod.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct ResolvedPort {

@@ -769,7 +769,7 @@ async fn helm_chart_values_render_what_they_promise() -> Result<()> {
         let cr = object(&legacy, "ClusterRole//portwise-legacy-endpoints")?;
         expect_eq(
             &cr["rules"],
-            &json!([{"apiGroups": [""], "resources": ["endpoints"], "verbs": ["create", "update", "patch"]}]),
+            &json!([{"apiGroups": [""], "resources": ["endpoints"], "verbs": ["create", "patch"]}]),
         )?;
         let crb = object(&legacy, "ClusterRoleBinding//portwise-legacy-endpoints")?;
         expect_eq(&crb["subjects"], &sa)?;
@@ -793,6 +793,34 @@ async fn helm_chart_values_render_what_they_promise() -> Result<()> {
         );
         let rules = &object(&defaults, "ClusterRole//portwise")?["rules"];
         expect_eq(&rules[0]["resources"], &json!(["services", "pods", "nodes"]))?;
+
+        // Endpoints are deleted only where the config needs it: native
+        // cleanup (the default) or legacy publishing. No rule updates.
+        let endpoints_verbs = |objs: &BTreeMap<String, Value>| -> Result<Value> {
+            let rules = &object(objs, "ClusterRole//portwise")?["rules"];
+            rules
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|r| r["resources"] == json!(["endpoints"]))
+                .map(|r| r["verbs"].clone())
+                .context("no rule for endpoints")
+        };
+        expect_eq(endpoints_verbs(&defaults)?, json!(["get", "list", "watch", "delete"]))?;
+        let no_cleanup = rendered(&["--set", "config.nativeCleanup=false"])?;
+        expect_eq(endpoints_verbs(&no_cleanup)?, json!(["get", "list", "watch"]))?;
+        expect_eq(endpoints_verbs(&legacy)?, json!(["get", "list", "watch", "delete"]))?;
+        for objs in [&defaults, &no_cleanup, &legacy] {
+            for (key, obj) in objs.iter().filter(|(k, _)| k.starts_with("ClusterRole//")) {
+                let verbs: Vec<&Value> = obj["rules"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .flat_map(|r| r["verbs"].as_array().into_iter().flatten())
+                    .collect();
+                ensure!(!verbs.contains(&&json!("update")), "{key} grants update: {verbs:?}");
+            }
+        }
 
         // A config change rolls the pods.
         let checksum = |objs: &BTreeMap<String, Value>| -> Result<Value> {

@@ -241,6 +241,29 @@ async fn metrics_agree_with_the_live_slices() -> Result<()> {
     })
     .await?;
     expect_eq(pw.scrape().await?.value("portwise_leader", &[])?, Some(1.0))?;
+
+    // Every family the binary serves is in the one metrics table of the
+    // docs (docs/operations.md; deploy/README.md points there).
+    let text = pw.metrics_text().await?;
+    let docs = std::fs::read_to_string(super::support::repo().join("docs/operations.md"))?;
+    let undocumented: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|family| {
+            // OpenMetrics names a counter's family without `_total`.
+            let listed = [
+                format!("`{family}`"),
+                format!("`{family}_total`"),
+                format!("`{family}_seconds`"),
+            ];
+            !listed.iter().any(|name| docs.contains(name.as_str()))
+        })
+        .collect();
+    ensure!(
+        undocumented.is_empty(),
+        "served but not in docs/operations.md's metrics table: {undocumented:?}"
+    );
     pw.check_running()?;
     pw.stop().await?;
     Ok(())

@@ -91,6 +91,8 @@ async fn runs_as_its_service_account_and_can_do_nothing_more() -> Result<()> {
         vec!["list", "secrets", "-n", "portwise-system"],
         vec!["create", "endpoints", "-n", n],
         vec!["update", "endpoints", "-n", n],
+        vec!["update", "endpointslices.discovery.k8s.io", "-n", n],
+        vec!["create", "events", "-n", n],
         vec![
             "update",
             "leases.coordination.k8s.io/other",
