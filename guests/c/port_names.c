@@ -2,7 +2,7 @@
  *
  * Includes a pod for a port when a label or annotation of the pod lists the
  * Service port's name (comma-separated, whitespace trimmed), e.g.
- *   metadata.annotations["portwise.example.com/ports"] = "http, metrics"
+ *   metadata.annotations["app.example.com/ports"] = "http, metrics"
  * With `dialTimeoutMs` set, a listed port must also accept a TCP connection
  * (through the host's `tcp-dial` probe): refused excludes, a timeout
  * abstains. It is deterministic and cheap, which is what C is good for here:

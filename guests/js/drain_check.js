@@ -4,11 +4,11 @@
 // Includes a pod for a port when a TCP connection to the port succeeds and
 // the pod does not carry a drain annotation. The annotation lets an operator
 // take one pod out of one Service's slices (`kubectl annotate pod x
-// portwise.example.com/drain=true`) without touching readiness, which other
+// app.example.com/drain=true`) without touching readiness, which other
 // Services and the kubelet share.
 //
 // Config (JSON):
-//   {"annotation": "portwise.example.com/drain",  // optional, the default
+//   {"annotation": "app.example.com/drain",  // optional, the default
 //    "timeoutMs": 500}                            // optional, 1..60000
 // The annotation drains when present with any value except "false".
 //
@@ -20,7 +20,7 @@
 import * as probes from "portwise:membership/probes@0.2.0";
 import * as log from "portwise:membership/log@0.2.0";
 
-const DEFAULTS = { annotation: "portwise.example.com/drain", timeoutMs: 500 };
+const DEFAULTS = { annotation: "app.example.com/drain", timeoutMs: 500 };
 const MAX_TIMEOUT_MS = 60000;
 
 function parseConfig(raw) {

@@ -10,7 +10,7 @@
 // is probed: a TCP dial (default), an HTTP GET of `path` that must answer
 // 2xx, or nothing.
 //
-//	config: {zones: [eu-1a, eu-1b], serviceAnnotation: portwise.example.com/zones,
+//	config: {zones: [eu-1a, eu-1b], serviceAnnotation: app.example.com/zones,
 //	         probe: http, path: /healthz, timeoutMs: 300}
 //
 // Decisions: exclude when the pod is terminating, has no zone label, or its

@@ -19,7 +19,7 @@ use crate::{
     },
 };
 
-const KEY: &str = "portwise.example.com/group";
+const KEY: &str = "app.example.com/group";
 
 fn config(extra: &str) -> Config {
     Config::from_yaml(&format!("serviceKey: {{label: {KEY}}}\n{extra}")).unwrap()
