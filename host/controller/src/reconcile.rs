@@ -5,198 +5,26 @@
 //! to serve and what follows from it is not decided here.
 
 use std::{
-    collections::{BTreeMap, HashMap, HashSet},
+    collections::{BTreeMap, HashSet},
     sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
 use jiff::Timestamp;
-use k8s_openapi::api::{
-    core::v1::{Endpoints, Node, Pod, Service},
-    discovery::v1::EndpointSlice,
-};
+use k8s_openapi::api::core::v1::Service;
 use kube::{
-    Resource, ResourceExt,
-    core::PartialObjectMeta,
-    runtime::{
-        controller::Action,
-        events::{Event as KubeEvent, EventType, Recorder},
-        reflector::{ObjectRef, Store},
-    },
+    ResourceExt,
+    runtime::{controller::Action, events::EventType, reflector::ObjectRef},
 };
-use tracing::{debug, info, warn};
+use tracing::{debug, info};
 
 use portwise_core::{
-    config::Config,
-    plan::{self, TriggerMemory, Triggers},
+    plan::{self, Triggers},
     reconcile::{self as decision, Decision, Once, Release, Requeue, Serve},
 };
 
-use crate::{
-    Error, Judge,
-    apply::{SliceWriter, Writes},
-    cache::{GroupIndex, SyncGate},
-    metrics::Metrics,
-    migrate,
-};
+use crate::{apply::Writes, context::Context, error::Error, migrate};
 
-/// Everything a reconcile reads: caches, indexes, the checker, writers.
-pub(crate) struct Context {
-    pub(crate) config: Arc<Config>,
-    /// The Service cache (per-Service state is kept only for Services it
-    /// still holds).
-    pub(crate) services: Store<Service>,
-    pub(crate) pods: Store<Pod>,
-    pub(crate) slices: Store<EndpointSlice>,
-    /// The legacy Endpoints objects that carry our managed-by label.
-    pub(crate) our_endpoints: Store<Endpoints>,
-    pub(crate) nodes: Option<Store<PartialObjectMeta<Node>>>,
-    pub(crate) pod_groups: Arc<GroupIndex>,
-    /// slices by the Service they belong to (owner or service-name label)
-    pub(crate) slice_owners: Arc<GroupIndex>,
-    pub(crate) judge: Judge,
-    /// The configuration's shadow expressions, if any (`crate::shadow`).
-    pub(crate) shadows: Option<crate::shadow::Shadows>,
-    pub(crate) writer: SliceWriter,
-    pub(crate) recorder: Recorder,
-    pub(crate) metrics: Metrics,
-    pub(crate) leader: Option<crate::Tenure>,
-    /// Services whose selector warning was emitted (per transition).
-    pub(crate) selector_warned: Mutex<HashSet<String>>,
-    /// Services whose ExternalName event was emitted.
-    pub(crate) external_warned: Mutex<HashSet<String>>,
-    /// Consecutive failed reconciles per Service, for the retry backoff.
-    pub(crate) retries: crate::retry::Retries,
-    /// Per Service UID: the trigger times its last written plan saw, so
-    /// the next plan knows which changed since (the trigger-time
-    /// annotation, `portwise_core::plan::trigger`). Dropped when the Service
-    /// is deleted or no longer served.
-    pub(crate) trigger_memory: Mutex<HashMap<String, TriggerMemory>>,
-    pub(crate) migration: migrate::Migrator,
-    /// Every watch has listed once: the caches are complete.
-    pub(crate) synced: SyncGate,
-    /// Services reconciled at once (`None`: no bound). A FIFO semaphore
-    /// instead of kube-runtime's own concurrency limit, which parks the
-    /// Services it cannot start yet in a hash set and takes the first in
-    /// hash order when a slot frees: under sustained load (probe-heavy
-    /// Services due again every resync) the same Services win every time
-    /// and the rest starve, so a pod change in another Service went
-    /// unpublished for 10–30 s in `./bench` row 5. Here every Service waits
-    /// its turn in arrival order.
-    pub(crate) reconcile_slots: Option<Arc<tokio::sync::Semaphore>>,
-}
-
-impl Context {
-    /// Within this replica's term (by the clock, see [`crate::Tenure`]).
-    pub(crate) fn is_leader(&self) -> bool {
-        self.leader.as_ref().is_none_or(crate::Tenure::leads)
-    }
-
-    fn pods_in_group(&self, ns: &str, group: &str) -> Vec<Arc<Pod>> {
-        self.pod_groups
-            .members(ns, group)
-            .into_iter()
-            .filter_map(|name| self.pods.get(&ObjectRef::new(&name).within(ns)))
-            .collect()
-    }
-
-    /// The Node exists (always, without Node lookups: nothing to go by).
-    fn node_known(&self, node: &str) -> bool {
-        self.nodes
-            .as_ref()
-            .is_none_or(|nodes| nodes.get(&ObjectRef::new(node)).is_some())
-    }
-
-    fn slice_by_name(&self, ns: &str, name: &str) -> Option<Arc<EndpointSlice>> {
-        self.writer
-            .overlay(ns, name, self.slices.get(&ObjectRef::new(name).within(ns)))
-    }
-
-    /// Live slices that may be ours for `svc` (indexed under its name, or
-    /// written by us lately), read through our own recent writes so a
-    /// reconcile that races the watch does not write twice. Which of them
-    /// are ours is the core's call (`plan::is_ours`), made there once.
-    fn candidate_slices(&self, svc: &Service) -> Vec<Arc<EndpointSlice>> {
-        let ns = svc.namespace().unwrap_or_default();
-        let mut names: Vec<String> = self.slice_owners.members(&ns, &svc.name_any());
-        names.extend(self.writer.recent_names(&ns));
-        names.sort();
-        names.dedup();
-        names
-            .into_iter()
-            .filter_map(|n| self.slice_by_name(&ns, &n))
-            .collect()
-    }
-
-    /// Whether the Service cache still holds `svc` (this object, by uid).
-    pub(crate) fn still_cached(&self, svc: &Service) -> bool {
-        self.services
-            .get(&ObjectRef::from_obj(svc))
-            .is_some_and(|s| s.uid() == svc.uid())
-    }
-
-    /// Drops everything kept for a Service that left the cache: verdicts,
-    /// abstain runs, shadow state, migration sets, warning latches, retry
-    /// backoff, trigger memory, and its metric series (last, after the
-    /// judge's: see [`crate::judge::Judge::forget`]). Idempotent.
-    pub(crate) fn forget_service(&self, svc: &Service) {
-        let ns = svc.namespace().unwrap_or_default();
-        let uid = svc.uid().unwrap_or_default();
-        self.judge.forget(&uid);
-        if let Some(shadows) = &self.shadows {
-            shadows.forget(&uid);
-        }
-        self.migration.forget(svc);
-        self.selector_warned.lock().unwrap().remove(&uid);
-        self.external_warned.lock().unwrap().remove(&uid);
-        self.retries.succeeded(&format!("{ns}/{}", svc.name_any()));
-        self.trigger_memory.lock().unwrap().remove(&uid);
-        self.metrics.forget_service(&ns, &svc.name_any());
-    }
-
-    /// Keeps what `svc`'s written plan saw for its next plan, if the
-    /// Service still exists. Checked under the lock that its deletion takes
-    /// to drop the entry, after the cache has dropped the Service: an entry
-    /// kept by a reconcile that raced the deletion would never go.
-    fn remember_triggers(&self, svc: &Service, memory: TriggerMemory) {
-        let uid = svc.uid().unwrap_or_default();
-        let mut all = self.trigger_memory.lock().unwrap();
-        let current = self.services.get(&ObjectRef::from_obj(svc));
-        if current.is_some_and(|s| s.uid().as_deref() == Some(uid.as_str())) {
-            all.insert(uid, memory);
-        }
-    }
-
-    fn zone_of(&self, node: &str) -> Option<String> {
-        let nodes = self.nodes.as_ref()?;
-        let meta = nodes.get(&ObjectRef::new(node))?;
-        meta.labels().get("topology.kubernetes.io/zone").cloned()
-    }
-
-    pub(crate) async fn event(&self, svc: &Service, type_: EventType, reason: &str, note: String) {
-        let ev = KubeEvent {
-            type_,
-            reason: reason.into(),
-            note: Some(truncate(note, 1000)),
-            action: "Reconcile".into(),
-            secondary: None,
-        };
-        if let Err(e) = self.recorder.publish(&ev, &svc.object_ref(&())).await {
-            warn!(service = %svc.name_any(), error = %e, "could not publish Event {reason}");
-        }
-    }
-}
-
-fn truncate(mut s: String, max: usize) -> String {
-    if s.len() > max {
-        let mut cut = max;
-        while !s.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        s.truncate(cut);
-    }
-    s
-}
 /// Marks a once-per-transition warning for `uid` as the decision says;
 /// `true` when the Event is due now (raised and not marked before).
 fn latch(marks: &Mutex<HashSet<String>>, uid: &str, once: Once) -> bool {
@@ -250,13 +78,14 @@ pub(crate) async fn reconcile(svc: Arc<Service>, ctx: Arc<Context>) -> Result<Ac
 
     let warnings = decided.warnings();
     if latch(&ctx.external_warned, &uid, warnings.external_name) {
-        ctx.event(
-            &svc,
-            EventType::Warning,
-            "ExternalNameIgnored",
-            "portwise ignores ExternalName Services: they have no endpoints".into(),
-        )
-        .await;
+        ctx.events
+            .publish(
+                &svc,
+                EventType::Warning,
+                "ExternalNameIgnored",
+                "portwise ignores ExternalName Services: they have no endpoints".into(),
+            )
+            .await;
     }
     if let Decision::Serve(s) = &decided
         && s.forget_migration
@@ -264,7 +93,7 @@ pub(crate) async fn reconcile(svc: Arc<Service>, ctx: Arc<Context>) -> Result<Ac
         ctx.migration.forget(&svc);
     }
     if latch(&ctx.selector_warned, &uid, warnings.selector) {
-        ctx.event(
+        ctx.events.publish(
             &svc,
             EventType::Warning,
             "SelectorIgnored",
@@ -346,7 +175,7 @@ async fn serve(ctx: &Context, svc: &Arc<Service>, mut serve: Serve) -> Result<bo
 
     for c in &plan.collisions {
         ctx.metrics.count_name_collision();
-        ctx.event(
+        ctx.events.publish(
             svc,
             EventType::Warning,
             "EndpointSliceNameCollision",
@@ -393,13 +222,14 @@ async fn serve(ctx: &Context, svc: &Arc<Service>, mut serve: Serve) -> Result<bo
                 source,
             })?;
         if cleaned.deleted_anything() {
-            ctx.event(
-                svc,
-                EventType::Normal,
-                "NativeEndpointsCleanedUp",
-                cleaned.describe(),
-            )
-            .await;
+            ctx.events
+                .publish(
+                    svc,
+                    EventType::Normal,
+                    "NativeEndpointsCleanedUp",
+                    cleaned.describe(),
+                )
+                .await;
         }
     }
 
@@ -411,13 +241,16 @@ async fn serve(ctx: &Context, svc: &Arc<Service>, mut serve: Serve) -> Result<bo
         if let Err(e) = ctx.migration.publish_endpoints(svc, desired).await {
             match e {
                 migrate::Error::NotOurs(holder) => {
-                    ctx.event(
-                        svc,
-                        EventType::Warning,
-                        "EndpointsOwnedByOther",
-                        format!("Endpoints {name} belongs to {holder}; portwise does not adopt it"),
-                    )
-                    .await
+                    ctx.events
+                        .publish(
+                            svc,
+                            EventType::Warning,
+                            "EndpointsOwnedByOther",
+                            format!(
+                                "Endpoints {name} belongs to {holder}; portwise does not adopt it"
+                            ),
+                        )
+                        .await
                 }
                 other => {
                     return Err(Error::Migrate {
@@ -430,7 +263,9 @@ async fn serve(ctx: &Context, svc: &Arc<Service>, mut serve: Serve) -> Result<bo
     }
     // Last, so that the shadow's probes never delay what is published.
     if let Some(shadows) = &ctx.shadows {
-        shadows.observe(ctx, svc, &judged).await;
+        shadows
+            .observe(&ctx.events, &ctx.metrics, svc, &judged)
+            .await;
     }
     Ok(true)
 }

@@ -27,7 +27,7 @@ use portwise_core::{
     shadow::{self, Pick},
 };
 
-use crate::{Error, Judge, metrics::Metrics, reconcile::Context};
+use crate::{error::Error, events::Events, judge::Judge, metrics::Metrics};
 
 /// Shortest gap between two shadow Events of one Service.
 pub(crate) const EVENT_INTERVAL: Duration = Duration::from_secs(60);
@@ -115,7 +115,13 @@ impl Shadows {
     /// Judges `svc`'s subjects with its shadow and reports where it differs
     /// from `live`. Runs after the live writes: a slow shadow never delays
     /// publication.
-    pub(crate) async fn observe(&self, ctx: &Context, svc: &Arc<Service>, live: &[Judged]) {
+    pub(crate) async fn observe(
+        &self,
+        events: &Events,
+        metrics: &Metrics,
+        svc: &Arc<Service>,
+        live: &[Judged],
+    ) {
         let (ns, name, uid) = (
             svc.namespace().unwrap_or_default(),
             svc.name_any(),
@@ -131,7 +137,7 @@ impl Shadows {
                 .is_none_or(|before| before != *wanted);
             if first {
                 let known: Vec<&str> = self.named.keys().map(String::as_str).collect();
-                ctx.event(
+                events.publish(
                     svc,
                     EventType::Warning,
                     "ShadowUnknown",
@@ -145,7 +151,7 @@ impl Shadows {
             }
         }
         let Some(judge) = judge else {
-            ctx.metrics.forget_shadow(&ns, &name);
+            metrics.forget_shadow(&ns, &name);
             self.reported.lock().unwrap().remove(&uid);
             return;
         };
@@ -161,7 +167,7 @@ impl Shadows {
             .collect();
         let shadowed = judge.judge(svc, subjects).await;
         let diffs = shadow::differences(live, &shadowed);
-        ctx.metrics.set_shadow(
+        metrics.set_shadow(
             &ns,
             &name,
             &pick.label(),
@@ -204,13 +210,14 @@ impl Shadows {
             } else {
                 "ShadowDiffers"
             };
-            ctx.event(
-                svc,
-                EventType::Normal,
-                reason,
-                shadow::note(&pick, &diffs, live.len()),
-            )
-            .await;
+            events
+                .publish(
+                    svc,
+                    EventType::Normal,
+                    reason,
+                    shadow::note(&pick, &diffs, live.len()),
+                )
+                .await;
         }
     }
 }

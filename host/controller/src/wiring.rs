@@ -49,11 +49,15 @@ use portwise_core::{
 };
 
 use crate::{
-    Error, Judge, RunOptions,
     apply::SliceWriter,
     cache::{self, GroupIndex, SyncGate, WatchBackoff, flatten_relists},
+    context::Context,
+    error::Error,
+    events::Events,
+    judge::Judge,
     migrate,
-    reconcile::{Context, reconcile},
+    options::RunOptions,
+    reconcile::reconcile,
 };
 
 fn controller_owner(slice: &EndpointSlice) -> Option<&OwnerReference> {
@@ -507,7 +511,7 @@ pub(crate) async fn run(
         ),
         shadows,
         writer: SliceWriter::new(client.clone(), config.managed_by.clone()),
-        recorder: Recorder::new(client.clone(), reporter),
+        events: Events::new(Recorder::new(client.clone(), reporter)),
         migration: migrate::Migrator::new(client.clone(), config.managed_by.clone()),
         synced: gate.clone(),
         reconcile_slots: (opts.reconcile_concurrency > 0).then(|| {

@@ -35,12 +35,7 @@
 //! - `duration`: humantime durations for serde;
 //! - `error`: [`ConfigError`], what both layers report.
 
-use std::{
-    collections::BTreeMap,
-    fmt,
-    path::{Path, PathBuf},
-    time::Duration,
-};
+use std::{collections::BTreeMap, fmt, path::PathBuf, time::Duration};
 
 use serde::Deserialize;
 
@@ -392,24 +387,6 @@ pub struct WasmLimits {
 }
 
 impl Config {
-    /// Parses and validates a configuration from YAML text.
-    pub fn from_yaml(text: &str) -> Result<Config, ConfigError> {
-        let config = parse::parse(text)?;
-        config.validate()?;
-        Ok(config)
-    }
-
-    /// Reads, parses and validates a configuration file. Errors name the file
-    /// and the field.
-    pub fn load(file: impl AsRef<Path>) -> Result<Config, ConfigError> {
-        let file = file.as_ref();
-        let text = std::fs::read_to_string(file).map_err(|source| ConfigError::Read {
-            file: file.to_owned(),
-            source,
-        })?;
-        Config::from_yaml(&text).map_err(|e| e.in_file(file))
-    }
-
     /// A configuration with every default and the given service key (the
     /// minimal valid file is `serviceKey: {...}`).
     pub fn with_service_key(service_key: KeySource) -> Config {

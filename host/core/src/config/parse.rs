@@ -1,6 +1,10 @@
 //! The shape layer: YAML text to [`Config`], with serde_path_to_error
 //! tracking where the parser is so every type error carries its path, and
-//! a nesting budget so a deep file cannot overflow the stack.
+//! a nesting budget so a deep file cannot overflow the stack; and loading,
+//! a file or text through both layers ([`Config::load`],
+//! [`Config::from_yaml`]).
+
+use std::path::Path;
 
 use serde::Deserialize;
 
@@ -9,8 +13,28 @@ use super::{Config, ConfigError};
 /// The deepest YAML nesting a configuration file may have.
 pub const MAX_NESTING: usize = 32;
 
+impl Config {
+    /// Parses and validates a configuration from YAML text.
+    pub fn from_yaml(text: &str) -> Result<Config, ConfigError> {
+        let config = parse(text)?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Reads, parses and validates a configuration file. Errors name the file
+    /// and the field.
+    pub fn load(file: impl AsRef<Path>) -> Result<Config, ConfigError> {
+        let file = file.as_ref();
+        let text = std::fs::read_to_string(file).map_err(|source| ConfigError::Read {
+            file: file.to_owned(),
+            source,
+        })?;
+        Config::from_yaml(&text).map_err(|e| e.in_file(file))
+    }
+}
+
 /// YAML → [`Config`] with path tracking, no semantic checks.
-pub(super) fn parse(text: &str) -> Result<Config, ConfigError> {
+fn parse(text: &str) -> Result<Config, ConfigError> {
     let mut track = serde_path_to_error::Track::new();
     // Real files nest about a dozen levels. The parser's default depth
     // budget (64) is more than a 2 MiB thread stack (a test thread, a

@@ -7,10 +7,14 @@ use std::{
     sync::Arc,
 };
 
-use k8s_openapi::api::{core::v1::Pod, discovery::v1::EndpointSlice};
+use k8s_openapi::api::{
+    core::v1::{Pod, Service},
+    discovery::v1::EndpointSlice,
+};
 use proptest::prelude::*;
 
 use super::{testutil::*, *};
+use crate::{align, membership::Decision};
 
 #[derive(Clone, Debug)]
 struct PodSpec {

@@ -4,13 +4,14 @@ use std::{collections::BTreeMap, sync::Arc};
 
 use k8s_openapi::{
     api::{
-        core::v1::{Container, ContainerPort, Pod},
+        core::v1::{Container, ContainerPort, Pod, Service},
         discovery::v1::EndpointSlice,
     },
     apimachinery::pkg::apis::meta::v1::{OwnerReference, Time},
 };
 
 use super::{testutil::*, *};
+use crate::membership::{Decision, Family};
 
 fn http_svc() -> Service {
     service("web", vec![port("http", 80, named("web"))], &["IPv4"])

@@ -1,0 +1,100 @@
+//! `portwise_guest_failures`: guest failures are counted by the WebAssembly
+//! runtime itself (plain atomics, so that crate needs no metrics library
+//! and this one no wasmtime); this collector reads them at every scrape.
+
+use std::{
+    collections::BTreeMap,
+    sync::{Arc, PoisonError, RwLock},
+};
+
+use prometheus_client::{
+    collector::Collector,
+    encoding::{DescriptorEncoder, EncodeMetric},
+    metrics::{MetricType, counter::ConstCounter},
+};
+
+use super::labels::{GuestFailureLabels, label};
+
+/// Why a WebAssembly guest's answer was replaced by `abstain`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum GuestFailure {
+    /// The module could not be loaded or instantiated.
+    Load,
+    /// The guest trapped.
+    Trap,
+    /// The guest ran past its deadline (fuel or epoch).
+    Deadline,
+    /// The guest exceeded its memory limit.
+    Memory,
+    /// The guest returned something the host cannot use.
+    Invalid,
+    /// The guest asked for something it may not have (another address, ...).
+    Denied,
+}
+
+impl GuestFailure {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GuestFailure::Load => "load",
+            GuestFailure::Trap => "trap",
+            GuestFailure::Deadline => "deadline",
+            GuestFailure::Memory => "memory",
+            GuestFailure::Invalid => "invalid",
+            GuestFailure::Denied => "denied",
+        }
+    }
+}
+
+/// Reads guest failure counts at scrape time: `(module, kind, count)` rows,
+/// each count since the process started. Rows of the same module and kind
+/// are added up (the runtime has more kinds than the metric has labels).
+pub type GuestFailureSource = Box<dyn Fn() -> Vec<(String, GuestFailure, u64)> + Send + Sync>;
+
+const GUEST_FAILURES_HELP: &str = "WebAssembly guest answers replaced by abstain, by module and kind \
+     (load|trap|deadline|memory|invalid|denied)";
+
+/// `portwise_guest_failures`: a counter family whose values live in the
+/// WebAssembly runtime, read from its [`GuestFailureSource`] on every scrape
+/// (no copy to keep in step). Without a source the family is declared and
+/// empty, as a registered family with no series would be.
+#[derive(Clone, Default)]
+pub(super) struct GuestFailures {
+    source: Arc<RwLock<Option<GuestFailureSource>>>,
+}
+
+impl std::fmt::Debug for GuestFailures {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GuestFailures").finish_non_exhaustive()
+    }
+}
+
+impl Collector for GuestFailures {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let rows = match &*self.source.read().unwrap_or_else(PoisonError::into_inner) {
+            Some(source) => source(),
+            None => Vec::new(),
+        };
+        let mut totals = BTreeMap::<(String, &'static str), u64>::new();
+        for (module, kind, count) in rows {
+            *totals.entry((label(&module), kind.as_str())).or_default() += count;
+        }
+        // `Registry::register` appends the full stop to help texts; a
+        // collector writes its own.
+        let help = format!("{GUEST_FAILURES_HELP}.");
+        let mut family =
+            encoder.encode_descriptor("guest_failures", &help, None, MetricType::Counter)?;
+        for ((module, kind), count) in totals {
+            let labels = GuestFailureLabels { module, kind };
+            ConstCounter::new(count).encode(family.encode_family(&labels)?)?;
+        }
+        Ok(())
+    }
+}
+
+impl GuestFailures {
+    /// Reads from `source` at every scrape from now on (replaces any earlier
+    /// source).
+    pub(super) fn read_from(&self, source: GuestFailureSource) {
+        *self.source.write().unwrap_or_else(PoisonError::into_inner) = Some(source);
+    }
+}

@@ -1,0 +1,156 @@
+//! Label values (the enums the controller counts by, spelled as the
+//! series spell them) and the label sets of the series.
+
+use prometheus_client::encoding::EncodeLabelSet;
+
+use portwise_core::membership::{Decision, Family};
+
+/// Which native leftover a migration cleanup deleted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CleanupKind {
+    /// The legacy `v1/Endpoints` object of the Service.
+    Endpoints,
+    /// An EndpointSlice managed by `endpointslice-controller.k8s.io`.
+    EndpointSlice,
+}
+
+impl CleanupKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CleanupKind::Endpoints => "endpoints",
+            CleanupKind::EndpointSlice => "endpointslice",
+        }
+    }
+}
+
+/// How loading a module from the modules directory went.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ModuleLoad {
+    /// Compiled from the `.wasm` file.
+    Compiled,
+    /// Taken from the compiled-code cache (no compilation).
+    Cached,
+    /// Failed; the previous version (if any) stays in service.
+    Failed,
+}
+
+impl ModuleLoad {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ModuleLoad::Compiled => "compiled",
+            ModuleLoad::Cached => "cached",
+            ModuleLoad::Failed => "failed",
+        }
+    }
+}
+
+/// A write portwise issued to the apiserver.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum WriteKind {
+    /// A server-side apply (create or update).
+    Apply,
+    /// A delete.
+    Delete,
+}
+
+impl WriteKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WriteKind::Apply => "apply",
+            WriteKind::Delete => "delete",
+        }
+    }
+}
+
+/// The label value for an address family, spelled as in `spec.ipFamilies`.
+pub fn family_label(family: Family) -> &'static str {
+    match family {
+        Family::V4 => "IPv4",
+        Family::V6 => "IPv6",
+    }
+}
+
+/// The label value for a decision.
+pub fn decision_label(decision: Decision) -> &'static str {
+    match decision {
+        Decision::Include => "include",
+        Decision::Exclude => "exclude",
+        Decision::Abstain => "abstain",
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct ServiceLabels {
+    pub(super) namespace: String,
+    pub(super) service: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct ShadowLabels {
+    pub(super) namespace: String,
+    pub(super) service: String,
+    pub(super) shadow: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct ShadowPortLabels {
+    pub(super) namespace: String,
+    pub(super) service: String,
+    pub(super) shadow: String,
+    pub(super) port: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct PublishedLabels {
+    pub(super) namespace: String,
+    pub(super) service: String,
+    pub(super) port: String,
+    pub(super) family: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct DecisionLabels {
+    pub(super) decision: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct KindLabels {
+    pub(super) kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct ErrorLabels {
+    pub(super) kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct GuestFailureLabels {
+    pub(super) module: String,
+    pub(super) kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct ModuleLoadLabels {
+    pub(super) module: String,
+    pub(super) result: &'static str,
+}
+
+/// A label value escaped for the text exposition. prometheus-client 0.23
+/// writes label values verbatim, and module file names (or a future error
+/// kind) could hold a quote or a newline that would corrupt the whole scrape.
+pub(super) fn label(value: &str) -> String {
+    let mut out = String::with_capacity(value.len());
+    for c in value.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+pub(super) fn gauge_value(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}

@@ -1,0 +1,230 @@
+//! The registry: [`Metrics`], every family registered under `portwise_`,
+//! and the exposition.
+
+use std::{
+    collections::{HashMap, HashSet},
+    sync::{Arc, Mutex, atomic::AtomicU64},
+};
+
+use prometheus_client::{
+    encoding::text::encode,
+    metrics::{
+        counter::Counter,
+        family::Family as MetricFamily,
+        gauge::Gauge,
+        histogram::{Histogram, exponential_buckets},
+    },
+    registry::{Registry, Unit},
+};
+
+use super::{
+    guest::GuestFailures,
+    labels::{
+        DecisionLabels, ErrorLabels, KindLabels, ModuleLoadLabels, PublishedLabels, ServiceLabels,
+        ShadowLabels, ShadowPortLabels,
+    },
+};
+
+/// The `Content-Type` of [`Metrics::encode`]'s output.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+type HistogramFamily<L> = MetricFamily<L, Histogram, fn() -> Histogram>;
+
+/// Check latencies: probes time out around a second, guests in milliseconds;
+/// 0.5 ms .. ~16 s.
+fn check_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.0005, 2.0, 16))
+}
+
+/// Reconcile latencies: dominated by apiserver round trips; 1 ms .. ~33 s.
+fn reconcile_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.001, 2.0, 16))
+}
+
+/// The shadow series of each (namespace, service): its shadow's name and
+/// ports, so they can be replaced or dropped as a whole.
+pub(super) type ShadowIndex = HashMap<(String, String), (String, HashSet<String>)>;
+
+/// (port, family) pairs with a live `endpoints_published` series, per
+/// (namespace, service). Families cannot be filtered by a label subset, so
+/// this index is what lets a whole Service's series be replaced or dropped.
+pub(super) type PublishedIndex = HashMap<(String, String), HashSet<(String, String)>>;
+
+/// All of portwise's metrics. Clone it freely; clones share the series.
+#[derive(Clone)]
+pub struct Metrics {
+    pub(super) registry: Arc<Registry>,
+    pub(super) endpoints_published: MetricFamily<PublishedLabels, Gauge>,
+    pub(super) published_index: Arc<Mutex<PublishedIndex>>,
+    pub(super) slices_managed: MetricFamily<ServiceLabels, Gauge>,
+    pub(super) checks: MetricFamily<DecisionLabels, Counter>,
+    pub(super) check_duration: HistogramFamily<DecisionLabels>,
+    pub(super) native_cleanup_deletions: MetricFamily<KindLabels, Counter>,
+    pub(super) name_collisions: Counter,
+    pub(super) guest_failures: GuestFailures,
+    pub(super) module_loads: MetricFamily<ModuleLoadLabels, Counter>,
+    pub(super) reconcile_errors: MetricFamily<ErrorLabels, Counter>,
+    pub(super) reconcile_duration: Histogram,
+    pub(super) writes: MetricFamily<KindLabels, Counter>,
+    pub(super) leader: Gauge,
+    pub(super) cache_objects: MetricFamily<KindLabels, Gauge>,
+    pub(super) abstain_longest: MetricFamily<ServiceLabels, Gauge<f64, AtomicU64>>,
+    pub(super) abstains_expired: Counter,
+    pub(super) shadow_differences: MetricFamily<ShadowPortLabels, Gauge>,
+    pub(super) shadow_verdicts: MetricFamily<ShadowLabels, Gauge>,
+    pub(super) shadow_index: Arc<Mutex<ShadowIndex>>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// A fresh set of metrics, all registered under the `portwise_` prefix.
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("portwise");
+
+        let endpoints_published = MetricFamily::<PublishedLabels, Gauge>::default();
+        registry.register(
+            "endpoints_published",
+            "Endpoints published per Service port and address family",
+            endpoints_published.clone(),
+        );
+        let slices_managed = MetricFamily::<ServiceLabels, Gauge>::default();
+        registry.register(
+            "slices_managed",
+            "EndpointSlices portwise manages per Service",
+            slices_managed.clone(),
+        );
+        let checks = MetricFamily::<DecisionLabels, Counter>::default();
+        registry.register("checks", "Membership checks by decision", checks.clone());
+        let check_duration: HistogramFamily<DecisionLabels> =
+            MetricFamily::new_with_constructor(check_histogram);
+        registry.register_with_unit(
+            "check_duration",
+            "Duration of top-level membership checks by decision",
+            Unit::Seconds,
+            check_duration.clone(),
+        );
+        let native_cleanup_deletions = MetricFamily::<KindLabels, Counter>::default();
+        registry.register(
+            "native_cleanup_deletions",
+            "Native leftovers deleted by the migration cleanup (endpoints|endpointslice)",
+            native_cleanup_deletions.clone(),
+        );
+        let name_collisions = Counter::default();
+        registry.register(
+            "name_collisions",
+            "EndpointSlice names already taken by another Service or manager",
+            name_collisions.clone(),
+        );
+        let guest_failures = GuestFailures::default();
+        registry.register_collector(Box::new(guest_failures.clone()));
+        let module_loads = MetricFamily::<ModuleLoadLabels, Counter>::default();
+        registry.register(
+            "module_loads",
+            "WebAssembly module loads by module and result (compiled|cached|failed)",
+            module_loads.clone(),
+        );
+        let reconcile_errors = MetricFamily::<ErrorLabels, Counter>::default();
+        registry.register(
+            "reconcile_errors",
+            "Failed Service reconciles by error kind",
+            reconcile_errors.clone(),
+        );
+        let reconcile_duration = reconcile_histogram();
+        registry.register_with_unit(
+            "reconcile_duration",
+            "Duration of Service reconciles",
+            Unit::Seconds,
+            reconcile_duration.clone(),
+        );
+        let writes = MetricFamily::<KindLabels, Counter>::default();
+        registry.register(
+            "writes",
+            "Writes issued to the apiserver by kind (apply|delete)",
+            writes.clone(),
+        );
+        let leader = Gauge::default();
+        registry.register(
+            "leader",
+            "1 while this replica holds the leader Lease (and may write), else 0",
+            leader.clone(),
+        );
+
+        let cache_objects = MetricFamily::<KindLabels, Gauge>::default();
+        registry.register(
+            "cache_objects",
+            "Objects held in the informer caches by kind (services|pods|endpointslices|nodes)",
+            cache_objects.clone(),
+        );
+        let abstain_longest = MetricFamily::<ServiceLabels, Gauge<f64, AtomicU64>>::default();
+        registry.register_with_unit(
+            "abstain_longest",
+            "How long the longest unbroken abstain of a Service's (pod, port, family) has lasted; past abstainLimit it counts as exclude",
+            Unit::Seconds,
+            abstain_longest.clone(),
+        );
+        let abstains_expired = Counter::default();
+        registry.register(
+            "abstains_expired",
+            "Checks whose abstain had lasted longer than abstainLimit and so counted as exclude",
+            abstains_expired.clone(),
+        );
+
+        let shadow_differences = MetricFamily::<ShadowPortLabels, Gauge>::default();
+        registry.register(
+            "shadow_differences",
+            "Pods whose shadow verdict differs from the live one, per Service port (nothing of the shadow is published)",
+            shadow_differences.clone(),
+        );
+        let shadow_verdicts = MetricFamily::<ShadowLabels, Gauge>::default();
+        registry.register(
+            "shadow_verdicts",
+            "Verdicts the shadow was compared on at the Service's last reconcile",
+            shadow_verdicts.clone(),
+        );
+
+        Self {
+            shadow_differences,
+            shadow_verdicts,
+            shadow_index: Arc::default(),
+            abstain_longest,
+            abstains_expired,
+            registry: Arc::new(registry),
+            endpoints_published,
+            published_index: Arc::default(),
+            slices_managed,
+            checks,
+            check_duration,
+            native_cleanup_deletions,
+            name_collisions,
+            guest_failures,
+            module_loads,
+            reconcile_errors,
+            reconcile_duration,
+            writes,
+            leader,
+            cache_objects,
+        }
+    }
+
+    /// The OpenMetrics text exposition of every series (see [`CONTENT_TYPE`]).
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail; an encoder error would be a bug
+        // in a label value, and a partial scrape is still better than none.
+        if let Err(e) = encode(&mut out, &self.registry) {
+            tracing::error!(error = %e, "encoding metrics failed");
+        }
+        out
+    }
+}

@@ -1,0 +1,287 @@
+//! Tests of the metrics: names, series and their lifetimes, escaping.
+
+use std::{collections::BTreeMap, sync::Arc, time::Duration};
+
+use portwise_core::membership::{Decision, Family};
+
+use super::*;
+
+/// The value of the sample line `name{labels} value` (labels exactly as
+/// encoded, in declaration order), or None when the series is absent.
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines().find_map(|line| {
+        let rest = line.strip_prefix(series)?;
+        rest.strip_prefix(' ')?.parse().ok()
+    })
+}
+
+#[test]
+fn every_family_is_declared_with_its_final_name() {
+    let text = Metrics::new().encode();
+    for (name, kind) in [
+        ("portwise_endpoints_published", "gauge"),
+        ("portwise_slices_managed", "gauge"),
+        ("portwise_checks", "counter"),
+        ("portwise_check_duration_seconds", "histogram"),
+        ("portwise_native_cleanup_deletions", "counter"),
+        ("portwise_name_collisions", "counter"),
+        ("portwise_guest_failures", "counter"),
+        ("portwise_module_loads", "counter"),
+        ("portwise_reconcile_errors", "counter"),
+        ("portwise_reconcile_duration_seconds", "histogram"),
+        ("portwise_writes", "counter"),
+        ("portwise_leader", "gauge"),
+    ] {
+        assert!(
+            text.contains(&format!("# TYPE {name} {kind}\n")),
+            "{name} {kind} missing in\n{text}"
+        );
+    }
+    assert!(text.ends_with("# EOF\n"));
+    // Unlabelled series exist from the start, so a scrape can tell 0 from absent.
+    assert_eq!(sample(&text, "portwise_name_collisions_total"), Some(0.0));
+    assert_eq!(sample(&text, "portwise_leader"), Some(0.0));
+    assert_eq!(
+        sample(&text, "portwise_reconcile_duration_seconds_count"),
+        Some(0.0)
+    );
+}
+
+#[test]
+fn published_endpoints_and_slices_are_gauges_per_service_port_family() {
+    let m = Metrics::new();
+    m.set_published("shop", "web", "http", Family::V4, 3);
+    m.set_published("shop", "web", "http", Family::V6, 2);
+    m.set_published("shop", "web", "http", Family::V4, 4);
+    m.set_slices_managed("shop", "web", 2);
+    let text = m.encode();
+    assert_eq!(
+        sample(
+            &text,
+            r#"portwise_endpoints_published{namespace="shop",service="web",port="http",family="IPv4"}"#
+        ),
+        Some(4.0)
+    );
+    assert_eq!(
+        sample(
+            &text,
+            r#"portwise_endpoints_published{namespace="shop",service="web",port="http",family="IPv6"}"#
+        ),
+        Some(2.0)
+    );
+    assert_eq!(
+        sample(
+            &text,
+            r#"portwise_slices_managed{namespace="shop",service="web"}"#
+        ),
+        Some(2.0)
+    );
+}
+
+#[test]
+fn set_service_replaces_ports_and_forget_service_drops_everything() {
+    let m = Metrics::new();
+    let figures = |pairs: &[(&str, &str, usize)]| -> BTreeMap<(String, String), usize> {
+        pairs
+            .iter()
+            .map(|(p, f, n)| ((p.to_string(), f.to_string()), *n))
+            .collect()
+    };
+    m.set_service(
+        "shop",
+        "web",
+        &figures(&[("http", "IPv4", 3), ("admin", "IPv4", 1)]),
+        2,
+    );
+    m.set_service("shop", "api", &figures(&[("grpc", "IPv6", 5)]), 1);
+    m.set_service("shop", "web", &figures(&[("http", "IPv4", 2)]), 1);
+    let text = m.encode();
+    let web_http =
+        r#"portwise_endpoints_published{namespace="shop",service="web",port="http",family="IPv4"}"#;
+    let web_admin = r#"portwise_endpoints_published{namespace="shop",service="web",port="admin",family="IPv4"}"#;
+    let api_grpc =
+        r#"portwise_endpoints_published{namespace="shop",service="api",port="grpc",family="IPv6"}"#;
+    assert_eq!(sample(&text, web_http), Some(2.0));
+    assert_eq!(
+        sample(&text, web_admin),
+        None,
+        "removed port lingers:\n{text}"
+    );
+    assert_eq!(
+        sample(
+            &text,
+            r#"portwise_slices_managed{namespace="shop",service="web"}"#
+        ),
+        Some(1.0)
+    );
+
+    m.forget_service("shop", "web");
+    let text = m.encode();
+    assert_eq!(sample(&text, web_http), None);
+    assert_eq!(
+        sample(
+            &text,
+            r#"portwise_slices_managed{namespace="shop",service="web"}"#
+        ),
+        None
+    );
+    assert_eq!(
+        sample(&text, api_grpc),
+        Some(5.0),
+        "another Service was dropped"
+    );
+    assert_eq!(
+        sample(
+            &text,
+            r#"portwise_slices_managed{namespace="shop",service="api"}"#
+        ),
+        Some(1.0)
+    );
+
+    // Forgetting twice, or an unknown Service, is harmless.
+    m.forget_service("shop", "web");
+    m.forget_service("nowhere", "nothing");
+    // And a forgotten Service comes back cleanly.
+    m.set_published("shop", "web", "http", Family::V4, 1);
+    assert_eq!(sample(&m.encode(), web_http), Some(1.0));
+}
+
+#[test]
+fn checks_are_counted_by_decision_with_latency() {
+    let m = Metrics::new();
+    m.observe_check(Decision::Include, Duration::from_millis(2));
+    m.observe_check(Decision::Include, Duration::from_millis(3));
+    m.observe_check(Decision::Abstain, Duration::from_secs(2));
+    let text = m.encode();
+    assert_eq!(
+        sample(&text, r#"portwise_checks_total{decision="include"}"#),
+        Some(2.0)
+    );
+    assert_eq!(
+        sample(&text, r#"portwise_checks_total{decision="abstain"}"#),
+        Some(1.0)
+    );
+    assert_eq!(
+        sample(&text, r#"portwise_checks_total{decision="exclude"}"#),
+        None
+    );
+    assert_eq!(
+        sample(
+            &text,
+            r#"portwise_check_duration_seconds_count{decision="include"}"#
+        ),
+        Some(2.0)
+    );
+    let sum = sample(
+        &text,
+        r#"portwise_check_duration_seconds_sum{decision="include"}"#,
+    )
+    .unwrap();
+    assert!((sum - 0.005).abs() < 1e-9, "sum {sum}");
+    // 2 s lands above the 1.024 s bucket and within the 2.048 s one.
+    assert_eq!(
+        sample(
+            &text,
+            r#"portwise_check_duration_seconds_bucket{le="1.024",decision="abstain"}"#
+        ),
+        Some(0.0)
+    );
+    assert_eq!(
+        sample(
+            &text,
+            r#"portwise_check_duration_seconds_bucket{le="2.048",decision="abstain"}"#
+        ),
+        Some(1.0)
+    );
+}
+
+#[test]
+fn event_counters_carry_their_labels() {
+    let m = Metrics::new();
+    m.count_native_cleanup_deletion(CleanupKind::Endpoints);
+    m.count_native_cleanup_deletion(CleanupKind::EndpointSlice);
+    m.count_native_cleanup_deletion(CleanupKind::EndpointSlice);
+    m.count_name_collision();
+    m.read_guest_failures(|| {
+        vec![
+            ("admin-check.wasm".into(), GuestFailure::Deadline, 1),
+            ("admin-check.wasm".into(), GuestFailure::Denied, 1),
+        ]
+    });
+    m.count_module_load("admin-check.wasm", ModuleLoad::Cached);
+    m.count_reconcile_error("apply");
+    m.count_write(WriteKind::Apply);
+    m.count_write(WriteKind::Apply);
+    m.count_write(WriteKind::Delete);
+    m.observe_reconcile(Duration::from_millis(20));
+    m.set_leader(true);
+    let text = m.encode();
+    for (series, value) in [
+        (
+            r#"portwise_native_cleanup_deletions_total{kind="endpoints"}"#,
+            1.0,
+        ),
+        (
+            r#"portwise_native_cleanup_deletions_total{kind="endpointslice"}"#,
+            2.0,
+        ),
+        ("portwise_name_collisions_total", 1.0),
+        (
+            r#"portwise_guest_failures_total{module="admin-check.wasm",kind="deadline"}"#,
+            1.0,
+        ),
+        (
+            r#"portwise_guest_failures_total{module="admin-check.wasm",kind="denied"}"#,
+            1.0,
+        ),
+        (
+            r#"portwise_module_loads_total{module="admin-check.wasm",result="cached"}"#,
+            1.0,
+        ),
+        (r#"portwise_reconcile_errors_total{kind="apply"}"#, 1.0),
+        (r#"portwise_writes_total{kind="apply"}"#, 2.0),
+        (r#"portwise_writes_total{kind="delete"}"#, 1.0),
+        ("portwise_reconcile_duration_seconds_count", 1.0),
+        ("portwise_leader", 1.0),
+    ] {
+        assert_eq!(sample(&text, series), Some(value), "{series} in\n{text}");
+    }
+}
+
+#[test]
+fn guest_failures_are_read_at_scrape_time_and_summed_per_label() {
+    let m = Metrics::new();
+    let counted = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let source = counted.clone();
+    m.read_guest_failures(move || {
+        let n = source.load(std::sync::atomic::Ordering::Relaxed);
+        // Two runtime kinds that share the `load` label.
+        vec![
+            ("a\"b.wasm".into(), GuestFailure::Load, n),
+            ("a\"b.wasm".into(), GuestFailure::Load, 1),
+        ]
+    });
+    let series = r#"portwise_guest_failures_total{module="a\"b.wasm",kind="load"}"#;
+    assert_eq!(sample(&m.encode(), series), Some(1.0));
+    counted.store(2, std::sync::atomic::Ordering::Relaxed);
+    let text = m.encode();
+    assert_eq!(sample(&text, series), Some(3.0), "{text}");
+    assert!(
+        text.contains(
+            "# HELP portwise_guest_failures WebAssembly guest answers replaced by abstain, \
+             by module and kind (load|trap|deadline|memory|invalid|denied).\n"
+        ),
+        "{text}"
+    );
+}
+
+#[test]
+fn label_values_are_escaped() {
+    let m = Metrics::new();
+    m.count_reconcile_error("a\"b\\c\nd");
+    let text = m.encode();
+    assert!(
+        text.contains(r#"portwise_reconcile_errors_total{kind="a\"b\\c\nd"} 1"#),
+        "{text}"
+    );
+}

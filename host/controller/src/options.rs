@@ -1,0 +1,46 @@
+//! How to run the controller, beyond the configuration file: what the
+//! binary hands in (metrics, the leader's term, readiness, the WebAssembly
+//! checkers).
+
+use std::{sync::Arc, time::Duration};
+
+use portwise_checkers::WasmCheckers;
+
+use crate::{metrics::Metrics, readiness::Readiness, tenure::Tenure};
+
+/// How to run the controller, beyond the configuration file.
+#[derive(Clone)]
+pub struct RunOptions {
+    /// Namespaces to watch; empty means all.
+    pub namespaces: Vec<String>,
+    /// Bound on one top-level check, on top of the probes' own timeouts.
+    pub check_timeout: Duration,
+    /// Shared metrics registry.
+    pub metrics: Metrics,
+    /// This replica's term as leader; it writes only within it. `None`:
+    /// always (no election).
+    pub leader: Option<Tenure>,
+    /// Set once every cache has listed once.
+    pub ready: Option<Readiness>,
+    /// Name of this replica in Events (`reportingInstance`).
+    pub instance: Option<String>,
+    /// Resolves `wasm` checker expressions; `None` rejects them.
+    pub wasm: Option<Arc<dyn WasmCheckers>>,
+    /// Number of Services reconciled at once.
+    pub reconcile_concurrency: u16,
+}
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        Self {
+            namespaces: Vec::new(),
+            check_timeout: Duration::from_secs(10),
+            metrics: Metrics::default(),
+            leader: None,
+            ready: None,
+            instance: None,
+            wasm: None,
+            reconcile_concurrency: 8,
+        }
+    }
+}

@@ -1,0 +1,258 @@
+//! A (Service port, family) being planned: its slice sets, one per target
+//! port, and its placeholder.
+
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
+    sync::Arc,
+};
+
+use k8s_openapi::{
+    api::{
+        core::v1::{Service, ServicePort},
+        discovery::v1::{Endpoint, EndpointSlice},
+    },
+    apimachinery::pkg::util::intstr::IntOrString,
+};
+
+use super::{
+    diff,
+    live::{EpKey, GroupKey, live_key, slice_target},
+    naming,
+    pack::Chunk,
+};
+use crate::{align, membership::Family};
+
+/// The Service port a port-less headless Service is planned under.
+static PORTLESS: ServicePort = ServicePort {
+    app_protocol: None,
+    name: None,
+    node_port: None,
+    port: 0,
+    protocol: None,
+    target_port: None,
+};
+
+/// A (Service port, family): one or more slice sets, one per target port.
+pub(super) struct Group<'a> {
+    pub(super) sp: &'a ServicePort,
+    pub(super) name: String,
+    pub(super) family: Family,
+    /// Stem of the primary set and of the placeholder.
+    pub(super) base: String,
+    /// The placeholder's port number: a numeric `targetPort` (or `port`).
+    pub(super) placeholder_target: Option<u16>,
+    /// A port-less headless Service's group: its slices carry `ports: []`.
+    pub(super) portless: bool,
+}
+
+impl Group<'_> {
+    pub(super) fn key(&self) -> GroupKey {
+        (self.name.clone(), self.family)
+    }
+}
+
+pub(super) fn placeholder_target(sp: &ServicePort) -> Option<u16> {
+    let n = match &sp.target_port {
+        None | Some(IntOrString::Int(0)) => sp.port,
+        Some(IntOrString::Int(n)) => *n,
+        Some(IntOrString::String(s)) if s.is_empty() => sp.port,
+        Some(IntOrString::String(_)) => return None,
+    };
+    u16::try_from(n).ok().filter(|p| *p != 0)
+}
+
+pub(super) struct SetPlan {
+    pub(super) target: u16,
+    pub(super) desired: BTreeMap<EpKey, Endpoint>,
+    pub(super) chunks: Vec<Chunk>,
+}
+
+pub(super) struct GroupPlan<'a> {
+    pub(super) group: Group<'a>,
+    /// Live owned slices of this group, by name.
+    pub(super) live: Vec<Arc<EndpointSlice>>,
+    pub(super) sets: Vec<SetPlan>,
+    /// Set when the group has no endpoints.
+    pub(super) placeholder: Option<Chunk>,
+    /// The placeholder's port number.
+    pub(super) placeholder_target: Option<u16>,
+}
+
+/// The (port, family) groups `svc` asks for: one per named port and
+/// family (the first port of a name wins), and for a port-less headless
+/// Service one per family.
+pub(super) fn groups(svc: &Service) -> Vec<Group<'_>> {
+    let svc_name = svc.metadata.name.as_deref().unwrap_or_default();
+    let families = align::families(svc);
+    let mut groups: Vec<Group> = Vec::new();
+    let mut seen_ports = HashSet::new();
+    if align::is_portless_headless(svc) {
+        for &family in &families {
+            groups.push(Group {
+                sp: &PORTLESS,
+                name: String::new(),
+                family,
+                base: naming::portless_base_name(svc_name, family),
+                placeholder_target: Some(0),
+                portless: true,
+            });
+        }
+    }
+    for sp in svc
+        .spec
+        .as_ref()
+        .and_then(|s| s.ports.as_deref())
+        .unwrap_or_default()
+    {
+        let name = sp.name.clone().unwrap_or_default();
+        if !seen_ports.insert(name.clone()) {
+            continue;
+        }
+        for &family in &families {
+            groups.push(Group {
+                sp,
+                name: name.clone(),
+                family,
+                base: naming::base_name(svc_name, &name, sp.port, family),
+                placeholder_target: placeholder_target(sp),
+                portless: false,
+            });
+        }
+    }
+    groups
+}
+
+impl GroupPlan<'_> {
+    /// A group left without endpoints keeps one live slice as its
+    /// placeholder, so emptying a group costs one write: the base name if it
+    /// exists, else a chunk of the base, else any slice of the group whose
+    /// target agrees (a `--p<target>` name keeps its target, so names stay
+    /// truthful).
+    pub(super) fn choose_placeholder(&mut self, used: &mut BTreeSet<String>, deleting: bool) {
+        if self
+            .sets
+            .iter()
+            .flat_map(|s| &s.chunks)
+            .any(|c| !c.keys.is_empty())
+        {
+            return;
+        }
+        let base = &self.group.base;
+        let wanted = self.group.placeholder_target;
+        let free = |s: &&Arc<EndpointSlice>| {
+            !used.contains(s.metadata.name.as_deref().unwrap_or_default())
+        };
+        let named = |s: &Arc<EndpointSlice>, f: &dyn Fn(&str) -> bool| {
+            s.metadata.name.as_deref().is_some_and(f)
+        };
+        let canonical = naming::chunk_name(base, 1);
+        let bare = self
+            .live
+            .iter()
+            .filter(free)
+            .find(|s| named(s, &|n| n == canonical))
+            .or_else(|| {
+                self.live
+                    .iter()
+                    .filter(free)
+                    .find(|s| named(s, &|n| naming::is_chunk_of(n, base)))
+            });
+        let (reuse, target) = match bare {
+            Some(s) => (Some(s), wanted),
+            None => match self
+                .live
+                .iter()
+                .filter(free)
+                .find(|s| wanted.is_none() || slice_target(s) == wanted)
+            {
+                Some(s) => (Some(s), wanted.or_else(|| slice_target(s))),
+                None => (None, wanted),
+            },
+        };
+        if let Some(s) = reuse {
+            used.extend(s.metadata.name.clone());
+        }
+        self.placeholder_target = target;
+        if reuse.is_some() || !deleting {
+            self.placeholder = Some(Chunk {
+                live: reuse.cloned(),
+                name: reuse.and_then(|s| s.metadata.name.clone()),
+                keys: Vec::new(),
+                changed: true,
+            });
+        }
+    }
+}
+
+/// The endpoints of a group whose publication changes: shown by its live
+/// slices and no longer wanted, wanted and not shown, or shown otherwise
+/// (another target port, other fields). An endpoint that only moves between
+/// slices of its set is not among them.
+pub(super) fn group_changes(p: &GroupPlan) -> HashSet<EpKey> {
+    let mut shown: HashMap<EpKey, (Option<u16>, &Endpoint)> = HashMap::new();
+    for s in &p.live {
+        let target = slice_target(s);
+        for ep in s.endpoints.iter().flatten() {
+            if let Some(k) = live_key(ep) {
+                shown.entry(k).or_insert((target, ep));
+            }
+        }
+    }
+    let mut changes = HashSet::new();
+    let mut wanted: HashSet<&EpKey> = HashSet::new();
+    for set in &p.sets {
+        for (k, ep) in &set.desired {
+            wanted.insert(k);
+            let same = shown
+                .get(k)
+                .is_some_and(|(t, l)| *t == Some(set.target) && diff::endpoint_equal(ep, l));
+            if !same {
+                changes.insert(k.clone());
+            }
+        }
+    }
+    changes.extend(shown.into_keys().filter(|k| !wanted.contains(k)));
+    changes
+}
+
+/// Whether a slice planned to hold `keys` at port `target` publishes an
+/// endpoint that its live state `live` does not show. Endpoints are compared
+/// as the planner identifies them (address and pod), together with the port:
+/// a new slice gains whatever it holds, a live slice whose port changes
+/// gains all of its endpoints.
+pub(super) fn gains(live: Option<&EndpointSlice>, target: Option<u16>, keys: &[EpKey]) -> bool {
+    let Some(live) = live else {
+        return !keys.is_empty();
+    };
+    if keys.is_empty() {
+        return false;
+    }
+    if slice_target(live) != target {
+        return true;
+    }
+    let shown: HashSet<EpKey> = live
+        .endpoints
+        .iter()
+        .flatten()
+        .filter_map(live_key)
+        .collect();
+    keys.iter().any(|k| !shown.contains(k))
+}
+
+/// The target whose set is named without `--p<target>`: the one a live
+/// chunk of the base stem already carries (so a second target appearing
+/// mid-rollout does not rename the existing set), else the lowest.
+pub(super) fn primary_target(p: &GroupPlan) -> Option<u16> {
+    let wanted: BTreeSet<u16> = p.sets.iter().map(|s| s.target).collect();
+    p.live
+        .iter()
+        .filter(|s| {
+            s.metadata
+                .name
+                .as_deref()
+                .is_some_and(|n| naming::is_chunk_of(n, &p.group.base))
+        })
+        .filter_map(|s| slice_target(s))
+        .find(|t| wanted.contains(t))
+        .or_else(|| wanted.first().copied())
+}

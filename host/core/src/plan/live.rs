@@ -1,0 +1,88 @@
+//! Reading the live slices: whose they are, and the (port, family), target
+//! port and endpoints of one as the planner identifies them.
+
+use std::net::IpAddr;
+
+use k8s_openapi::{
+    api::{
+        core::v1::Service,
+        discovery::v1::{Endpoint, EndpointSlice},
+    },
+    apimachinery::pkg::apis::meta::v1::ObjectMeta,
+};
+
+use super::object::{MANAGED_BY_LABEL, SERVICE_NAME_LABEL};
+use crate::{align, membership::Family};
+
+/// Whether `slice` is ours for `svc`: the Service is its controller owner
+/// and the managed-by label is ours or was stripped (then we reclaim it).
+pub fn is_ours(slice: &EndpointSlice, svc: &Service, managed_by: &str) -> bool {
+    let Some(uid) = svc.metadata.uid.as_deref() else {
+        return false;
+    };
+    let owner = slice.metadata.owner_references.iter().flatten().any(|o| {
+        o.controller == Some(true) && o.kind == "Service" && o.api_version == "v1" && o.uid == uid
+    });
+    owner && label(&slice.metadata, MANAGED_BY_LABEL).is_none_or(|m| m == managed_by)
+}
+
+fn label<'a>(meta: &'a ObjectMeta, key: &str) -> Option<&'a str> {
+    meta.labels.as_ref()?.get(key).map(String::as_str)
+}
+
+/// Who holds a slice that is not ours, in words.
+pub(super) fn holder(slice: &EndpointSlice) -> String {
+    let manager = label(&slice.metadata, MANAGED_BY_LABEL).unwrap_or("an unknown manager");
+    let owner = slice
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.controller == Some(true))
+        .map(|o| format!("{} {}", o.kind, o.name))
+        .or_else(|| label(&slice.metadata, SERVICE_NAME_LABEL).map(|s| format!("Service {s}")));
+    match owner {
+        Some(o) => format!("{manager} for {o}"),
+        None => manager.to_string(),
+    }
+}
+
+pub(super) fn slice_family(slice: &EndpointSlice) -> Option<Family> {
+    match slice.address_type.as_str() {
+        "IPv4" => Some(Family::V4),
+        "IPv6" => Some(Family::V6),
+        _ => None,
+    }
+}
+
+/// (Service port name, family) of a live slice, when it has the one-port
+/// shape portwise writes.
+pub(super) fn slice_group(slice: &EndpointSlice) -> Option<GroupKey> {
+    let family = slice_family(slice)?;
+    match slice.ports.as_deref() {
+        Some([p]) => Some((p.name.clone().unwrap_or_default(), family)),
+        // A port-less Service's slice (the apiserver may drop the empty list).
+        None | Some([]) => Some((String::new(), family)),
+        _ => None,
+    }
+}
+
+/// Target port of a live slice (its only port's number); 0 for a
+/// port-less slice.
+pub(super) fn slice_target(slice: &EndpointSlice) -> Option<u16> {
+    match slice.ports.as_deref() {
+        None | Some([]) => Some(0),
+        Some([p, ..]) => u16::try_from(p.port?).ok().filter(|p| *p != 0),
+    }
+}
+
+/// (Service port name, family).
+pub(super) type GroupKey = (String, Family);
+/// An endpoint's identity within a set: its address and its pod's name.
+pub(super) type EpKey = (IpAddr, String);
+
+pub(super) fn live_key(ep: &Endpoint) -> Option<EpKey> {
+    let ip = align::parse_ip(ep.addresses.first()?)?;
+    let pod = ep.target_ref.as_ref()?.name.clone()?;
+    Some((ip, pod))
+}
