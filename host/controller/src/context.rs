@@ -46,10 +46,12 @@ pub(crate) struct Context {
     pub(crate) slice_owners: Arc<GroupIndex>,
     pub(crate) judge: Judge,
     /// The configuration's shadow expressions, if any (`crate::shadow`).
-    pub(crate) shadows: Option<Shadows>,
+    pub(crate) shadows: Option<Arc<Shadows>>,
+    /// What shadow runs report through (`crate::shadow::Shadows::submit`).
+    pub(crate) shadow_outlets: crate::shadow::Outlets,
     pub(crate) writer: SliceWriter,
     /// Events on the Services served.
-    pub(crate) events: Events,
+    pub(crate) events: Arc<Events>,
     pub(crate) metrics: Metrics,
     pub(crate) leader: Option<Tenure>,
     /// Services whose selector warning was emitted (per transition).

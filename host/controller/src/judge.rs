@@ -103,6 +103,13 @@ impl Judge {
         }
     }
 
+    /// Draws its check slots from `permits` rather than a pool of its own:
+    /// the shadows' judges share one (`crate::shadow`).
+    pub fn sharing_permits(mut self, permits: Arc<Semaphore>) -> Self {
+        self.permits = permits;
+        self
+    }
+
     /// Marks this judge as a shadow's (see `crate::shadow`): the live
     /// metrics (checks, abstain runs) do not count its work.
     pub fn as_shadow(mut self) -> Self {

@@ -261,11 +261,10 @@ async fn serve(ctx: &Context, svc: &Arc<Service>, mut serve: Serve) -> Result<bo
             }
         }
     }
-    // Last, so that the shadow's probes never delay what is published.
+    // Off the reconcile, so that the shadow's probes never delay what is
+    // published, now or at the Service's next change.
     if let Some(shadows) = &ctx.shadows {
-        shadows
-            .observe(&ctx.events, &ctx.metrics, svc, &judged)
-            .await;
+        shadows.submit(&ctx.shadow_outlets, svc.clone(), judged);
     }
     Ok(true)
 }

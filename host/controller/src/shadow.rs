@@ -27,6 +27,9 @@ use portwise_core::{
     shadow::{self, Pick},
 };
 
+use kube::runtime::reflector::{ObjectRef, Store};
+use tokio::sync::Semaphore;
+
 use crate::{error::Error, events::Events, judge::Judge, metrics::Metrics};
 
 /// Shortest gap between two shadow Events of one Service.
@@ -47,6 +50,27 @@ pub(crate) struct Shadows {
     reported: Mutex<HashMap<String, Reported>>,
     /// Services warned about an unknown shadow name (per name).
     unknown_warned: Mutex<HashMap<String, String>>,
+    /// Per Service UID, while a shadow run of it is in flight: the newest
+    /// live verdicts that came in meanwhile, judged when the run ends (the
+    /// newest says all; older ones are dropped). So each Service has at
+    /// most one shadow run, and a slow one never holds up its reconciles.
+    queued: Mutex<HashMap<String, Option<Queued>>>,
+}
+
+/// A shadow run waiting for the one in flight.
+struct Queued {
+    svc: Arc<Service>,
+    live: Vec<Judged>,
+}
+
+/// What a shadow run reports through, off the reconcile.
+#[derive(Clone)]
+pub(crate) struct Outlets {
+    pub(crate) events: Arc<Events>,
+    pub(crate) metrics: Metrics,
+    /// The Service cache: a run that ends after its Service left it takes
+    /// back what it wrote.
+    pub(crate) services: Store<Service>,
 }
 
 impl Shadows {
@@ -86,6 +110,7 @@ impl Shadows {
             named,
             reported: Mutex::default(),
             unknown_warned: Mutex::default(),
+            queued: Mutex::default(),
         }))
     }
 
@@ -112,16 +137,59 @@ impl Shadows {
         }
     }
 
-    /// Judges `svc`'s subjects with its shadow and reports where it differs
-    /// from `live`. Runs after the live writes: a slow shadow never delays
-    /// publication.
-    pub(crate) async fn observe(
-        &self,
-        events: &Events,
-        metrics: &Metrics,
-        svc: &Arc<Service>,
-        live: &[Judged],
+    /// Hands `svc`'s live verdicts to its shadow, off the reconcile: a run
+    /// of its own on the runtime, or, while one runs, the next one's input.
+    /// Returns at once, so a slow shadow never delays publication.
+    pub(crate) fn submit(
+        self: &Arc<Self>,
+        outlets: &Outlets,
+        svc: Arc<Service>,
+        live: Vec<Judged>,
     ) {
+        let uid = svc.uid().unwrap_or_default();
+        {
+            let mut queued = self.queued.lock().unwrap();
+            if let Some(next) = queued.get_mut(&uid) {
+                *next = Some(Queued { svc, live });
+                return;
+            }
+            queued.insert(uid.clone(), None);
+        }
+        let (shadows, outlets) = (self.clone(), outlets.clone());
+        tokio::spawn(async move {
+            let mut run = Queued { svc, live };
+            loop {
+                shadows.observe(&outlets, &run.svc, &run.live).await;
+                // The Service may have left the cache while this run judged:
+                // its deletion forgot it before the run wrote its series,
+                // report and latches, so take them back. The cache drops a
+                // Service before its deletion is handled, so checking after
+                // the writes closes the race.
+                let cached = outlets
+                    .services
+                    .get(&ObjectRef::from_obj(run.svc.as_ref()))
+                    .is_some_and(|s| s.uid() == run.svc.uid());
+                if !cached {
+                    shadows.forget(&uid);
+                    let ns = run.svc.namespace().unwrap_or_default();
+                    outlets.metrics.forget_shadow(&ns, &run.svc.name_any());
+                }
+                let mut queued = shadows.queued.lock().unwrap();
+                match queued.get_mut(&uid).and_then(Option::take) {
+                    Some(next) => run = next,
+                    None => {
+                        queued.remove(&uid);
+                        break;
+                    }
+                }
+            }
+        });
+    }
+
+    /// Judges `svc`'s subjects with its shadow and reports where it differs
+    /// from `live`.
+    async fn observe(&self, outlets: &Outlets, svc: &Arc<Service>, live: &[Judged]) {
+        let (events, metrics) = (outlets.events.as_ref(), &outlets.metrics);
         let (ns, name, uid) = (
             svc.namespace().unwrap_or_default(),
             svc.name_any(),
@@ -229,6 +297,7 @@ pub(crate) fn shadow_judge(
     config: &Config,
     check_timeout: Duration,
     metrics: Metrics,
+    permits: Arc<Semaphore>,
 ) -> Judge {
     Judge::new(
         checker,
@@ -238,5 +307,6 @@ pub(crate) fn shadow_judge(
         config.abstain_limit(),
         metrics,
     )
+    .sharing_permits(permits)
     .as_shadow()
 }

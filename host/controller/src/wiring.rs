@@ -299,9 +299,22 @@ pub(crate) async fn run(
     };
     let checker: Arc<dyn Checker> = portwise_checkers::build(&config.membership, &build_ctx)
         .map_err(|e| Error::Build(e.to_string()))?;
+    // maxConcurrentChecks bounds the live checks; the shadows share a pool
+    // of the same size of their own, so a slow shadow never takes a live
+    // check's place.
+    let shadow_permits = Arc::new(tokio::sync::Semaphore::new(
+        config.max_concurrent_checks.max(1),
+    ));
     let shadows = crate::shadow::Shadows::build(&config, &build_ctx, |checker| {
-        crate::shadow::shadow_judge(checker, &config, opts.check_timeout, opts.metrics.clone())
-    })?;
+        crate::shadow::shadow_judge(
+            checker,
+            &config,
+            opts.check_timeout,
+            opts.metrics.clone(),
+            shadow_permits.clone(),
+        )
+    })?
+    .map(Arc::new);
 
     let gate = SyncGate::default();
     let list_cfg = watcher::Config::default().any_semantic();
@@ -500,6 +513,7 @@ pub(crate) async fn run(
         controller: config.managed_by.clone(),
         instance: opts.instance.clone(),
     };
+    let events = Arc::new(Events::new(Recorder::new(client.clone(), reporter)));
     let ctx = Arc::new(Context {
         judge: Judge::new(
             checker,
@@ -511,7 +525,12 @@ pub(crate) async fn run(
         ),
         shadows,
         writer: SliceWriter::new(client.clone(), config.managed_by.clone()),
-        events: Events::new(Recorder::new(client.clone(), reporter)),
+        events: events.clone(),
+        shadow_outlets: crate::shadow::Outlets {
+            events,
+            metrics: opts.metrics.clone(),
+            services: svc_reader.clone(),
+        },
         migration: migrate::Migrator::new(client.clone(), config.managed_by.clone()),
         synced: gate.clone(),
         reconcile_slots: (opts.reconcile_concurrency > 0).then(|| {
