@@ -1,12 +1,12 @@
 //! The built-in checkers, one file per family:
-//! - [`facts`]: the pod facts (`podReady`, `notTerminating`, `portNames`)
+//! - `facts.rs`: the pod facts (`podReady`, `notTerminating`, `portNames`)
 //!   and the constants (`include`, `exclude`, `abstain`), answered from the
 //!   objects alone;
-//! - [`probe`]: what every port probe shares (the address, the
+//! - `probe.rs`: what every port probe shares (the address, the
 //!   `publishNotReadyAddresses` yield, port-less Services, probe errors),
-//!   and the probes on it, [`tcp`] (`tcpDial`) and [`http`] (`httpGet`);
-//! - [`combinators`]: `all`, `any`, `not`, `perPort`;
-//! - [`stable`]: `stable`, the kubelet-style damper and its store.
+//!   and the probes on it, `tcp.rs` (`tcpDial`) and `http.rs` (`httpGet`);
+//! - `combinators.rs`: `all`, `any`, `not`, `perPort`;
+//! - `stable.rs`: `stable`, the kubelet-style damper and its store.
 //!
 //! The combination rules come from [`portwise_core::membership::algebra`]; these modules add the
 //! async plumbing, short-circuiting (a settled `all`/`any` does not run the
@@ -23,12 +23,12 @@
 //!   `abstain`, so a controller that lost its own network does not
 //!   unpublish every endpoint.
 
-pub mod combinators;
-pub mod facts;
-pub mod http;
-pub mod probe;
-pub mod stable;
-pub mod tcp;
+mod combinators;
+mod facts;
+mod http;
+mod probe;
+mod stable;
+mod tcp;
 
 pub use combinators::{All, Any, Not, PerPort};
 pub use facts::{Constant, NotTerminating, PodReady, PortNames};

@@ -1,6 +1,6 @@
 //! What every port probe (`tcpDial`, `httpGet`) shares: the socket it
 //! targets, the prelude that decides without probing, and how a failed
-//! probe maps to a verdict (see the [module docs](super)).
+//! probe maps to a verdict (see the module docs of `builtin`).
 
 use std::{future::Future, net::SocketAddr};
 

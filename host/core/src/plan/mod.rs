@@ -34,7 +34,7 @@
 //!   it publishes, as the native controller's do; other writes keep the live
 //!   value.
 //!
-//! One file a job: this one runs the passes of [`plan()`]; [`model`] is
+//! One file a job: this one runs the passes of [`plan()`]; `model.rs` is
 //! what goes in and comes out; `live.rs` reads the live slices; `settle.rs`
 //! settles abstentions; `group.rs` is a (port, family) and its sets;
 //! `pack.rs` packs a set into slices; `namer.rs` names new slices (after
@@ -46,7 +46,7 @@ pub mod diff;
 mod group;
 pub mod legacy;
 mod live;
-pub mod model;
+mod model;
 mod namer;
 pub mod naming;
 pub mod object;

@@ -1,0 +1,153 @@
+//! `portwise check --live`: a Service of the cluster judged with the live
+//! and the shadow membership of a configuration file, side by side,
+//! writing nothing.
+
+use std::{
+    path::{Path, PathBuf},
+    process::ExitCode,
+    sync::Arc,
+};
+
+use anyhow::Context as _;
+use k8s_openapi::api::core::v1::{Pod, Service};
+use kube::Api;
+
+use portwise_checkers::{BuildContext, WasmCheckers, build};
+use portwise_core::{align, config::Config};
+use portwise_wasm::{Limits, WasmConfig, WasmRuntime};
+
+use super::{largest_memory_limit, oci_config};
+use crate::ops::client::{ClientOptions, connect};
+
+/// `portwise check --live`: the live and shadow verdicts of every pod of a
+/// Service in the cluster, side by side. Reads only (GET and LIST).
+/// `config` is `--config`, `target` the Service as `NAMESPACE/NAME`,
+/// `cache_dir` the compiled-module cache.
+pub(super) async fn check_live(
+    config: Option<&Path>,
+    target: Option<String>,
+    cache_dir: PathBuf,
+) -> anyhow::Result<ExitCode> {
+    use portwise_core::shadow::{self, Pick};
+    let path = config.context("--live needs --config FILE")?;
+    let cfg =
+        Config::load(path).with_context(|| format!("invalid configuration {}", path.display()))?;
+    let target = target.context("give the Service with --service NAMESPACE/NAME")?;
+    let (ns, name) = target
+        .split_once('/')
+        .with_context(|| format!("--service {target:?}: expected NAMESPACE/NAME"))?;
+    let client = connect(&ClientOptions::standalone())
+        .await
+        .context("no Kubernetes connection (set KUBECONFIG or run in a cluster)")?;
+    let svc: Service = Api::namespaced(client.clone(), ns)
+        .get(name)
+        .await
+        .with_context(|| format!("cannot read Service {ns}/{name}"))?;
+    let group = portwise_core::align::key_value(&svc.metadata, &cfg.service_key)
+        .with_context(|| {
+            format!(
+                "Service {ns}/{name} does not carry the serviceKey: portwise does not manage it"
+            )
+        })?
+        .to_string();
+    let pods: Vec<Arc<Pod>> = Api::<Pod>::namespaced(client, ns)
+        .list(&Default::default())
+        .await
+        .with_context(|| format!("cannot list pods in {ns}"))?
+        .items
+        .into_iter()
+        .filter(|p| {
+            portwise_core::align::key_value(&p.metadata, cfg.pod_key()) == Some(group.as_str())
+        })
+        .map(Arc::new)
+        .collect();
+
+    let all_exprs = cfg.all_wasm_specs();
+    let pulls = all_exprs.iter().any(|s| s.oci().is_some());
+    let runtime = match (&cfg.modules_dir, pulls) {
+        (None, false) => None,
+        (dir, _) => Some(WasmRuntime::new(WasmConfig {
+            oci: oci_config(&cfg),
+            probes: Default::default(),
+            modules_dir: dir.clone(),
+            cache_dir: Some(cache_dir),
+            watch: false,
+            limits: Limits {
+                max_memory_bytes: largest_memory_limit(&all_exprs),
+                ..Limits::default()
+            },
+        })?),
+    };
+    if let Some(rt) = &runtime {
+        for (module, result) in rt.pull(&all_exprs).await {
+            if let Err(e) = result {
+                eprintln!("{module}: {e}");
+            }
+        }
+    }
+    let ctx = BuildContext {
+        wasm: runtime.as_ref().map(|r| r as &dyn WasmCheckers),
+        ..BuildContext::default()
+    };
+    let live = build(&cfg.membership, &ctx).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let pick = shadow::pick(&svc, cfg.shadow.as_ref());
+    let shadow_expr = match (&pick, &cfg.shadow) {
+        (Pick::Default, Some(sh)) => sh.membership.as_ref(),
+        (Pick::Named(n), Some(sh)) => sh.expressions.get(n),
+        _ => None,
+    };
+    let shadow_checker = shadow_expr
+        .map(|e| portwise_checkers::build_at(e, &ctx, &pick.label()))
+        .transpose()
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    match &pick {
+        Pick::Unknown(n) => println!(
+            "Service {ns}/{name} names shadow {n:?}, which {} does not have: live verdicts only",
+            path.display()
+        ),
+        Pick::Off => println!("Service {ns}/{name} has no shadow: live verdicts only"),
+        _ => println!(
+            "Service {ns}/{name}: live membership against {}",
+            pick.label()
+        ),
+    }
+
+    let svc = Arc::new(svc);
+    let subjects = align::subjects(&svc, &pods);
+    println!(
+        "{:<16} {:<6} {:<24} {:<40} {:<8} {:<8} {:<5} REASONS (live | shadow)",
+        "PORT", "FAMILY", "POD", "ADDRESS", "LIVE", "SHADOW", "DIFF"
+    );
+    let word = |d: portwise_core::membership::Decision| format!("{d:?}").to_lowercase();
+    let (mut differ, total) = (0usize, subjects.len());
+    for s in &subjects {
+        let l = live.check(s).await;
+        let sh = match &shadow_checker {
+            Some(c) => Some(c.check(s).await),
+            None => None,
+        };
+        let diff = sh.as_ref().is_some_and(|v| v.decision != l.decision);
+        differ += usize::from(diff);
+        let port = if s.port.name.is_empty() {
+            s.port.port.to_string()
+        } else {
+            s.port.name.clone()
+        };
+        println!(
+            "{:<16} {:<6} {:<24} {:<40} {:<8} {:<8} {:<5} {} | {}",
+            port,
+            format!("{:?}", s.family).to_lowercase(),
+            s.pod.metadata.name.as_deref().unwrap_or_default(),
+            format!("{}:{}", s.address, s.port.target),
+            word(l.decision),
+            sh.as_ref().map_or("-".to_string(), |v| word(v.decision)),
+            if diff { "yes" } else { "" },
+            l.reason.unwrap_or_default(),
+            sh.and_then(|v| v.reason).unwrap_or_default(),
+        );
+    }
+    if shadow_checker.is_some() {
+        println!("{differ} of {total} verdicts differ; nothing was written");
+    }
+    Ok(ExitCode::SUCCESS)
+}

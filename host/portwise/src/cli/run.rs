@@ -1,0 +1,293 @@
+//! `portwise run`: the controller process, from flags and configuration
+//! file to a clean exit.
+
+use std::{net::SocketAddr, path::PathBuf, process::ExitCode, sync::Arc, time::Duration};
+
+use anyhow::Context as _;
+use clap::Args;
+use tokio::sync::watch;
+use tracing::{error, info};
+
+use portwise_checkers::WasmCheckers;
+use portwise_controller::{self as controller, RunOptions};
+use portwise_core::config::{CheckerExpr, Config};
+use portwise_wasm::{Limits, WasmConfig, WasmRuntime, default_cache_dir};
+
+use super::{largest_memory_limit, oci_config, report::report_wasm};
+use crate::ops::{
+    self,
+    client::{ClientOptions, connect},
+};
+
+#[derive(Args, Debug, Clone)]
+pub struct RunArgs {
+    /// The configuration file (see docs/configuration.md).
+    #[arg(long, env = "PORTWISE_CONFIG")]
+    pub config: PathBuf,
+    /// Namespace to watch; repeat for several. Default: all namespaces.
+    #[arg(long = "namespace", env = "PORTWISE_NAMESPACES", value_delimiter = ',')]
+    pub namespaces: Vec<String>,
+    /// Where `/metrics`, `/healthz` and `/readyz` are served.
+    #[arg(long, env = "PORTWISE_METRICS_ADDR", default_value = "0.0.0.0:9090")]
+    pub metrics_addr: SocketAddr,
+    /// Elect a leader on a coordination.k8s.io Lease; only the leader writes.
+    #[arg(long, env = "PORTWISE_LEADER_ELECT", default_value_t = false)]
+    pub leader_elect: bool,
+    /// Namespace of the Lease (default: the pod's namespace, else `default`).
+    #[arg(long, env = "POD_NAMESPACE")]
+    pub lease_namespace: Option<String>,
+    #[arg(long, env = "PORTWISE_LEASE_NAME", default_value = "portwise")]
+    pub lease_name: String,
+    /// This replica's name in the Lease and in Events.
+    #[arg(long, env = "POD_NAME")]
+    pub identity: Option<String>,
+    /// Lease duration; a new leader takes over at most this long after the
+    /// old one vanished.
+    #[arg(long, default_value = "15s", value_parser = humantime::parse_duration)]
+    pub lease_duration: Duration,
+    /// Cache for compiled WebAssembly modules.
+    #[arg(long, env = "PORTWISE_CACHE_DIR")]
+    pub cache_dir: Option<PathBuf>,
+    /// Upper bound on one membership check; past it the check abstains.
+    /// Default: the configured checker's worst case (its probe timeouts in
+    /// sequence, guest call timeouts) plus 5 s, so a hung pod is excluded by
+    /// its probe's own timeout rather than kept by an abstain.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub check_timeout: Option<Duration>,
+    /// Deadline of one call into a WebAssembly guest.
+    #[arg(long, default_value = "100ms", value_parser = humantime::parse_duration)]
+    pub guest_deadline: Duration,
+    /// Memory limit of one WebAssembly guest instance, in MiB.
+    #[arg(long, default_value_t = 64)]
+    pub guest_memory_mib: u64,
+    /// Services reconciled at once.
+    #[arg(long, default_value_t = 8)]
+    pub reconcile_concurrency: u16,
+}
+
+/// The WebAssembly runtime's limits: the flags as every expression's
+/// defaults, and a memory ceiling that fits the largest per-expression
+/// `limits.memoryMiB` (the pooling allocator sizes its slots once, at start).
+fn runtime_limits(config: &Config, args: &RunArgs) -> Limits {
+    let default = (args.guest_memory_mib * 1024 * 1024) as usize;
+    let largest = largest_memory_limit(&config.all_wasm_specs());
+    Limits {
+        deadline: args.guest_deadline,
+        memory_bytes: default,
+        max_memory_bytes: default.max(largest),
+        ..Limits::default()
+    }
+}
+
+/// `portwise run`.
+pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
+    let config = Config::load(&args.config)
+        .with_context(|| format!("invalid configuration {}", args.config.display()))?;
+    // Leader election's timings decide the API connections' TCP timeout
+    // (ops::client explains why).
+    let timings = args.leader_elect.then(|| {
+        let secs = args.lease_duration.as_secs().max(3);
+        ops::leader::Timings {
+            lease_duration: Duration::from_secs(secs),
+            renew_deadline: Duration::from_secs(secs).mul_f64(2.0 / 3.0),
+            retry_period: Duration::from_secs(secs).mul_f64(2.0 / 15.0),
+        }
+    });
+    let client_opts = match &timings {
+        Some(t) => ClientOptions::elected(t),
+        None => ClientOptions::standalone(),
+    };
+    // The elector renews on a client of its own: the controller's is fenced
+    // by the term the elector hands out.
+    let unfenced = connect(&client_opts)
+        .await
+        .context("no Kubernetes connection (set KUBECONFIG or run in a cluster)")?;
+
+    let metrics = portwise_controller::metrics::Metrics::new();
+    let readiness = ops::Readiness::new();
+    let server = ops::http::OpsServer::bind(args.metrics_addr, metrics.clone(), readiness.clone())
+        .await
+        .with_context(|| format!("cannot serve metrics on {}", args.metrics_addr))?;
+    let (server_stop_tx, server_stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(server.serve(async move {
+        let _ = server_stop_rx.await;
+    }));
+
+    let wasm_specs = config.all_wasm_specs();
+    let pulls = wasm_specs.iter().any(|s| s.oci().is_some());
+    let wasm = if config.modules_dir.is_some() || pulls {
+        Some(Arc::new(
+            WasmRuntime::new(WasmConfig {
+                oci: oci_config(&config),
+                probes: Default::default(),
+                modules_dir: config.modules_dir.clone(),
+                cache_dir: Some(args.cache_dir.clone().unwrap_or_else(default_cache_dir)),
+                watch: true,
+                limits: runtime_limits(&config, &args),
+            })
+            .context("cannot start the WebAssembly runtime")?,
+        ))
+    } else {
+        None
+    };
+
+    let mut module_reports = None;
+    if let Some(rt) = &wasm {
+        // Every replica reports its own modules, leading or not.
+        module_reports = Some(report_wasm(
+            rt.clone(),
+            metrics.clone(),
+            unfenced.clone(),
+            config.managed_by.clone(),
+        ));
+        // oci:// modules, before the checker tree that uses them is built;
+        // failures went to the Events and metrics above, and a checker on
+        // a module that did not pull is refused with the reason.
+        for (module, result) in rt.pull(&wasm_specs).await {
+            match result {
+                Ok(info) => info!(%module, sha256 = %info.sha256, "pulled module serving"),
+                Err(e) => error!(%module, "{e}"),
+            }
+        }
+    }
+
+    let identity = ops::leader::identity(args.identity.as_deref());
+    let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    let elector = match timings {
+        Some(timings) => {
+            let ns = args
+                .lease_namespace
+                .clone()
+                .unwrap_or_else(|| "default".into());
+            Some(
+                ops::leader::LeaderElector::start(
+                    unfenced.clone(),
+                    &ns,
+                    &args.lease_name,
+                    &identity,
+                    timings,
+                )
+                .context("cannot start leader election")?,
+            )
+        }
+        None => None,
+    };
+    let tenure = elector
+        .as_ref()
+        .map(|e| portwise_controller::Tenure::new(e.subscribe_term()));
+    let client = match &tenure {
+        Some(t) => connect(&client_opts.clone().fenced(t.clone())).await?,
+        None => unfenced,
+    };
+
+    match &elector {
+        Some(e) => e.track(&metrics),
+        None => metrics.set_leader(true),
+    }
+
+    let check_timeout = args.check_timeout.unwrap_or_else(|| {
+        worst_case(&config.membership, Limits::default().call_timeout) + Duration::from_secs(5)
+    });
+    let opts = RunOptions {
+        namespaces: args.namespaces.clone(),
+        check_timeout,
+        metrics: metrics.clone(),
+        leader: tenure,
+        ready: Some(readiness.clone()),
+        instance: Some(identity),
+        wasm: wasm.clone().map(|w| w as Arc<dyn WasmCheckers>),
+        reconcile_concurrency: args.reconcile_concurrency,
+    };
+
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        info!("shutting down");
+        let _ = shutdown_tx.send(true);
+    });
+    let mut rx = shutdown_rx.clone();
+    let shutdown = async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    let result = controller::run(client, config, opts, shutdown).await;
+    readiness.set_ready(false);
+    if result.is_err()
+        && let Some(reports) = &module_reports
+    {
+        // A module that failed to load is the usual reason to stop here:
+        // its Event is what `kubectl describe pod` shows, so let it out.
+        reports.flush(Duration::from_secs(5)).await;
+    }
+    if let Some(e) = elector
+        && let Err(err) = e.release().await
+    {
+        tracing::warn!(error = %err, "could not release the Lease; a successor waits for it to expire");
+    }
+    let _ = server_stop_tx.send(());
+    let _ = server.await;
+    match result {
+        Ok(()) => Ok(ExitCode::SUCCESS),
+        Err(e) => {
+            error!(error = %e, "controller failed");
+            Err(e.into())
+        }
+    }
+}
+
+/// The longest one evaluation of `expr` can take when every probe runs to
+/// its timeout (`all`/`any` evaluate in sequence).
+pub fn worst_case(expr: &CheckerExpr, guest_call: Duration) -> Duration {
+    match expr {
+        CheckerExpr::TcpDial(t) => t.timeout,
+        CheckerExpr::HttpGet(h) => h.timeout,
+        CheckerExpr::Wasm(_) => guest_call,
+        CheckerExpr::All(xs) | CheckerExpr::Any(xs) => {
+            xs.iter().map(|x| worst_case(x, guest_call)).sum()
+        }
+        CheckerExpr::Not(x) => worst_case(x, guest_call),
+        CheckerExpr::Stable(s) => worst_case(&s.checker, guest_call),
+        CheckerExpr::PerPort(p) => p
+            .ports
+            .values()
+            .chain(p.fallback.as_deref())
+            .map(|x| worst_case(x, guest_call))
+            .max()
+            .unwrap_or_default(),
+        _ => Duration::ZERO,
+    }
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn worst_case_adds_sequences_and_takes_the_longest_port() {
+        let expr: CheckerExpr = serde_saphyr::from_str(
+            "perPort: {ports: {http: {all: [podReady, {httpGet: {path: /, timeout: 2s}}, {tcpDial: {timeout: 3s}}]}}, \
+             fallback: {not: {wasm: {module: x.wasm}}}}",
+        )
+        .unwrap();
+        assert_eq!(
+            worst_case(&expr, Duration::from_secs(1)),
+            Duration::from_secs(5)
+        );
+        assert_eq!(
+            worst_case(&expr, Duration::from_secs(9)),
+            Duration::from_secs(9)
+        );
+        assert_eq!(
+            worst_case(&CheckerExpr::PodReady, Duration::from_secs(9)),
+            Duration::ZERO
+        );
+    }
+}
