@@ -47,6 +47,7 @@ mod parse;
 mod syntax;
 mod validate;
 
+pub use deadline::CHECK_TIMEOUT_MARGIN;
 use duration::{duration_opt, duration_str, optional_duration_str};
 pub use error::ConfigError;
 pub use oci::{OCI_SCHEME, OciRef};

@@ -286,3 +286,54 @@ async fn a_service_deleted_mid_probe_leaves_no_series() -> Result<()> {
     .await?;
     Ok(())
 }
+
+/// Issue 24: the per-check deadline follows each expression's own limits.
+/// A guest whose call takes 12 s (eight GETs answered after 1.5 s each),
+/// with `limits.callTimeout: 30s`, is included: the default deadline used
+/// to count 5 s per `wasm` expression whatever its limit (10 s here), so
+/// the check abstained, and after `abstainLimit` the pod was excluded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_guest_within_its_call_timeout_is_included() -> Result<()> {
+    let cp = ControlPlane::shared().await?;
+    let ns = TestNs::new(cp, "probes-slow-guest").await?;
+    let modules = tempfile::Builder::new().prefix("slow-guest-").tempdir()?;
+    std::fs::copy(
+        guests_dir().join("hostile/slow-probes.wasm"),
+        modules.path().join("slow-probes.wasm"),
+    )?;
+    let a = next_ips();
+    let http = HttpListener::start(a.v4, 8080).await?;
+    http.set_delay(Duration::from_millis(1500));
+    let cfg = config_with(
+        "{wasm: {module: slow-probes.wasm, config: {probes: 8, path: /slow}, \
+         limits: {callTimeout: 30s}}}",
+        &format!(
+            "modulesDir: {}\nabstainLimit: 2s\n",
+            modules.path().display()
+        ),
+    );
+    let started = std::time::Instant::now();
+    let _pw = Scenario::new(&ns)
+        .service(service("web").annotation(GROUP_KEY, "g").port("http", 8080))
+        .pod(pod("a").annotation(GROUP_KEY, "g").ips(a.v4()))
+        .config(&cfg)
+        .binary()
+        .expect("web", by_port([(("http", V4), &["a"][..])]))
+        .start()
+        .await?;
+    println!(
+        "figure: a 12 s guest call included {:.1} s after start",
+        started.elapsed().as_secs_f64()
+    );
+    ensure!(
+        http.request_count() >= 8,
+        "the guest made {} probes, not 8",
+        http.request_count()
+    );
+    // It stays included through further checks (resync every 2 s).
+    stays_for(Duration::from_secs(15), || async {
+        expect_eq(members(&ns, "web", "http", V4).await?, set(&["a"]))
+    })
+    .await?;
+    Ok(())
+}

@@ -37,7 +37,45 @@ impl CheckerExpr {
     }
 }
 
+/// What the default check deadline adds to the worst case: room for the
+/// check's own work (queueing for a slot, building the answer) so that a
+/// slow probe ends by its own timeout (`exclude`) rather than by the
+/// deadline (`abstain`).
+pub const CHECK_TIMEOUT_MARGIN: Duration = Duration::from_secs(5);
+
 impl Config {
+    /// The judge's per-check deadline: `requested` (`--check-timeout`) if it
+    /// covers every expression's worst case, else an error that names the
+    /// expressions it would cut short; without a request, the largest worst
+    /// case plus [`CHECK_TIMEOUT_MARGIN`]. Refused rather than warned about:
+    /// a deadline shorter than a check makes every such check abstain, and
+    /// after `abstainLimit` exclude, which no one asks for on purpose.
+    pub fn check_timeout(
+        &self,
+        requested: Option<Duration>,
+        default_call_timeout: Duration,
+    ) -> Result<Duration, String> {
+        let cases = self.worst_cases(default_call_timeout);
+        let longest = cases.iter().map(|(_, d)| *d).max().unwrap_or_default();
+        let Some(requested) = requested else {
+            return Ok(longest + CHECK_TIMEOUT_MARGIN);
+        };
+        let cut: Vec<String> = cases
+            .iter()
+            .filter(|(_, d)| *d > requested)
+            .map(|(name, d)| format!("{name} ({})", humantime::format_duration(*d)))
+            .collect();
+        if cut.is_empty() {
+            Ok(requested)
+        } else {
+            Err(format!(
+                "--check-timeout {} is shorter than the worst case of {}: those checks would abstain                  (and after abstainLimit exclude) whenever every probe runs to its timeout; raise                  --check-timeout, or lower the probes' timeouts or the guests' limits.callTimeout",
+                humantime::format_duration(requested),
+                cut.join(", ")
+            ))
+        }
+    }
+
     /// Every expression a check can run, live and shadow, by the name
     /// metrics and `check` use (`membership`, `shadow.membership`,
     /// `shadow.expressions.NAME`), with its worst case.
@@ -101,6 +139,35 @@ mod tests {
             x.worst_case(Duration::from_secs(5)),
             Duration::from_secs(25)
         );
+    }
+
+    /// Issue 24: the deadline comes from every expression's own limits, and
+    /// a requested one that would cut a check short is refused by name.
+    #[test]
+    fn the_check_deadline_covers_every_expression_or_is_refused() {
+        let c = Config::from_yaml(
+            "serviceKey: {label: g}\nmodulesDir: /m\n\
+             membership: {wasm: {module: slow.wasm, limits: {callTimeout: 30s}}}\n\
+             shadow:\n  expressions:\n    hang: {httpGet: {path: /, timeout: 40s}}\n",
+        )
+        .unwrap();
+        let five = Duration::from_secs(5);
+        assert_eq!(c.check_timeout(None, five), Ok(Duration::from_secs(45)));
+        assert_eq!(
+            c.check_timeout(Some(Duration::from_secs(50)), five),
+            Ok(Duration::from_secs(50))
+        );
+        let err = c
+            .check_timeout(Some(Duration::from_secs(35)), five)
+            .unwrap_err();
+        assert!(
+            err.contains("shadow.expressions.hang (40s)") && !err.contains("membership (30s)"),
+            "{err}"
+        );
+        let err = c
+            .check_timeout(Some(Duration::from_secs(10)), five)
+            .unwrap_err();
+        assert!(err.contains("membership (30s)"), "{err}");
     }
 
     /// Issue 24: shadow expressions are judged under the same deadline, so

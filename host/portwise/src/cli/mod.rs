@@ -22,7 +22,7 @@ mod report;
 mod run;
 
 pub use check::{CheckArgs, EXIT_REPLAY_MISSED, check};
-pub use run::{RunArgs, run, worst_case};
+pub use run::{RunArgs, run};
 
 use portwise_core::config::{Config, WasmSpec};
 

@@ -10,7 +10,7 @@ use tracing::{error, info};
 
 use portwise_checkers::WasmCheckers;
 use portwise_controller::{self as controller, RunOptions};
-use portwise_core::config::{CheckerExpr, Config};
+use portwise_core::config::Config;
 use portwise_wasm::{Limits, WasmConfig, WasmRuntime, default_cache_dir};
 
 use super::{largest_memory_limit, oci_config, report::report_wasm};
@@ -41,28 +41,49 @@ pub struct RunArgs {
     /// This replica's name in the Lease and in Events.
     #[arg(long, env = "POD_NAME")]
     pub identity: Option<String>,
-    /// Lease duration; a new leader takes over at most this long after the
-    /// old one vanished.
-    #[arg(long, default_value = "15s", value_parser = humantime::parse_duration)]
+    /// Lease duration, at least 3 s; a new leader takes over at most this
+    /// long after the old one vanished.
+    #[arg(long, default_value = "15s", value_parser = lease_duration)]
     pub lease_duration: Duration,
     /// Cache for compiled WebAssembly modules.
     #[arg(long, env = "PORTWISE_CACHE_DIR")]
     pub cache_dir: Option<PathBuf>,
     /// Upper bound on one membership check; past it the check abstains.
-    /// Default: the configured checker's worst case (its probe timeouts in
-    /// sequence, guest call timeouts) plus 5 s, so a hung pod is excluded by
-    /// its probe's own timeout rather than kept by an abstain.
+    /// Default: the longest worst case of `membership` and every shadow
+    /// expression (probe timeouts in sequence, each guest's own
+    /// `limits.callTimeout`) plus 5 s, so a hung pod is excluded by its
+    /// probe's own timeout rather than kept by an abstain. A value below
+    /// that worst case is refused at start, naming the expression.
     #[arg(long, value_parser = humantime::parse_duration)]
     pub check_timeout: Option<Duration>,
     /// Deadline of one call into a WebAssembly guest.
     #[arg(long, default_value = "100ms", value_parser = humantime::parse_duration)]
     pub guest_deadline: Duration,
-    /// Memory limit of one WebAssembly guest instance, in MiB.
-    #[arg(long, default_value_t = 64)]
+    /// Memory limit of one WebAssembly guest instance, in MiB (1 to 4096: a
+    /// 32-bit linear memory holds at most 4 GiB).
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=4096))]
     pub guest_memory_mib: u64,
     /// Services reconciled at once.
     #[arg(long, default_value_t = 8)]
     pub reconcile_concurrency: u16,
+}
+
+/// The shortest Lease: the renew deadline (2/3 of it) and retry period
+/// (2/15) must stay whole-second-ish and apart.
+const MIN_LEASE_DURATION: Duration = Duration::from_secs(3);
+
+/// `--lease-duration`: a humantime duration of at least
+/// [`MIN_LEASE_DURATION`], refused below it rather than raised in silence.
+fn lease_duration(s: &str) -> Result<Duration, String> {
+    let d = humantime::parse_duration(s).map_err(|e| e.to_string())?;
+    if d < MIN_LEASE_DURATION {
+        return Err(format!(
+            "{} is below the shortest lease, {}",
+            humantime::format_duration(d),
+            humantime::format_duration(MIN_LEASE_DURATION)
+        ));
+    }
+    Ok(d)
 }
 
 /// The WebAssembly runtime's limits: the flags as every expression's
@@ -86,7 +107,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     // Leader election's timings decide the API connections' TCP timeout
     // (ops::client explains why).
     let timings = args.leader_elect.then(|| {
-        let secs = args.lease_duration.as_secs().max(3);
+        let secs = args.lease_duration.as_secs();
         ops::leader::Timings {
             lease_duration: Duration::from_secs(secs),
             renew_deadline: Duration::from_secs(secs).mul_f64(2.0 / 3.0),
@@ -185,9 +206,9 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         None => metrics.set_leader(true),
     }
 
-    let check_timeout = args.check_timeout.unwrap_or_else(|| {
-        worst_case(&config.membership, Limits::default().call_timeout) + Duration::from_secs(5)
-    });
+    let check_timeout = config
+        .check_timeout(args.check_timeout, Limits::default().call_timeout)
+        .map_err(anyhow::Error::msg)?;
     let opts = RunOptions {
         namespaces: args.namespaces.clone(),
         check_timeout,
@@ -233,29 +254,6 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     }
 }
 
-/// The longest one evaluation of `expr` can take when every probe runs to
-/// its timeout (`all`/`any` evaluate in sequence).
-pub fn worst_case(expr: &CheckerExpr, guest_call: Duration) -> Duration {
-    match expr {
-        CheckerExpr::TcpDial(t) => t.timeout,
-        CheckerExpr::HttpGet(h) => h.timeout,
-        CheckerExpr::Wasm(_) => guest_call,
-        CheckerExpr::All(xs) | CheckerExpr::Any(xs) => {
-            xs.iter().map(|x| worst_case(x, guest_call)).sum()
-        }
-        CheckerExpr::Not(x) => worst_case(x, guest_call),
-        CheckerExpr::Stable(s) => worst_case(&s.checker, guest_call),
-        CheckerExpr::PerPort(p) => p
-            .ports
-            .values()
-            .chain(p.fallback.as_deref())
-            .map(|x| worst_case(x, guest_call))
-            .max()
-            .unwrap_or_default(),
-        _ => Duration::ZERO,
-    }
-}
-
 async fn wait_for_signal() {
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
@@ -270,24 +268,12 @@ async fn wait_for_signal() {
 mod tests {
     use super::*;
 
+    /// Issue 24: a lease below the floor is refused, not clamped.
     #[test]
-    fn worst_case_adds_sequences_and_takes_the_longest_port() {
-        let expr: CheckerExpr = serde_saphyr::from_str(
-            "perPort: {ports: {http: {all: [podReady, {httpGet: {path: /, timeout: 2s}}, {tcpDial: {timeout: 3s}}]}}, \
-             fallback: {not: {wasm: {module: x.wasm}}}}",
-        )
-        .unwrap();
-        assert_eq!(
-            worst_case(&expr, Duration::from_secs(1)),
-            Duration::from_secs(5)
-        );
-        assert_eq!(
-            worst_case(&expr, Duration::from_secs(9)),
-            Duration::from_secs(9)
-        );
-        assert_eq!(
-            worst_case(&CheckerExpr::PodReady, Duration::from_secs(9)),
-            Duration::ZERO
-        );
+    fn a_lease_below_three_seconds_is_refused() {
+        assert_eq!(lease_duration("3s"), Ok(Duration::from_secs(3)));
+        let err = lease_duration("2s").unwrap_err();
+        assert!(err.contains("below the shortest lease, 3s"), "{err}");
+        assert!(lease_duration("x").is_err());
     }
 }
