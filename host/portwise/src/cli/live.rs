@@ -136,7 +136,7 @@ pub(super) async fn check_live(
         println!(
             "{:<16} {:<6} {:<24} {:<40} {:<8} {:<8} {:<5} {} | {}",
             port,
-            format!("{:?}", s.family).to_lowercase(),
+            s.family.to_string(),
             s.pod.metadata.name.as_deref().unwrap_or_default(),
             format!("{}:{}", s.address, s.port.target),
             word(l.decision),

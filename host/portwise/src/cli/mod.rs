@@ -61,7 +61,7 @@ pub(super) fn row(s: &portwise_core::membership::Subject) -> (String, String, St
     };
     (
         port,
-        format!("{:?}", s.family).to_lowercase(),
+        s.family.to_string(),
         format!("{}:{}", s.address, s.port.target),
     )
 }
