@@ -33,12 +33,7 @@
 //! - `duration`: humantime durations for serde;
 //! - `error`: [`ConfigError`], what both layers report.
 
-use std::{
-    collections::BTreeMap,
-    fmt,
-    path::PathBuf,
-    time::Duration,
-};
+use std::{collections::BTreeMap, fmt, path::PathBuf, time::Duration};
 
 use serde::Deserialize;
 
