@@ -407,7 +407,7 @@ async fn overload_backs_off() -> Result<()> {
             rate < 10.0,
             "{rate:.1} requests/s from portwise under 429s: it does not back off"
         );
-        // Retries are bounded to seconds (cli.rs `api_retry_policy`, cache.rs
+        // Retries are bounded to seconds (ops/client.rs `api_retry_policy`, cache.rs
         // `WatchBackoff`), so recovery does not grow with the episode: a few
         // seconds measured (docs/reliability.md 1.3), 71s for 20s of 429s
         // with kube's default retry.

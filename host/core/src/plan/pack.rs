@@ -87,43 +87,14 @@ pub(super) fn pack(
 
     // 2. slices we write anyway take new endpoints first, fullest first.
     if remaining.peek().is_some() {
-        let mut order: Vec<usize> = (0..chunks.len()).filter(|&i| chunks[i].changed).collect();
-        order.sort_by(|&a, &b| {
-            chunks[b]
-                .keys
-                .len()
-                .cmp(&chunks[a].keys.len())
-                .then_with(|| chunks[a].sort_name().cmp(chunks[b].sort_name()))
-        });
-        for i in order {
-            while chunks[i].keys.len() < max {
-                let Some(k) = remaining.next() else { break };
-                chunks[i].keys.push(k);
-            }
-        }
+        fill_fullest_first(&mut chunks, |c| c.changed, max, &mut remaining);
     }
 
     // While the Service is being deleted no slice may be created, so every
     // bit of room in the live ones is used first; otherwise a later pass
     // would find room the previous one left and never settle.
     if fill_any_room && remaining.peek().is_some() {
-        let mut order: Vec<usize> = (0..chunks.len())
-            .filter(|&i| chunks[i].keys.len() < max)
-            .collect();
-        order.sort_by(|&a, &b| {
-            chunks[b]
-                .keys
-                .len()
-                .cmp(&chunks[a].keys.len())
-                .then_with(|| chunks[a].sort_name().cmp(chunks[b].sort_name()))
-        });
-        for i in order {
-            while chunks[i].keys.len() < max {
-                let Some(k) = remaining.next() else { break };
-                chunks[i].keys.push(k);
-                chunks[i].changed = true;
-            }
-        }
+        fill_fullest_first(&mut chunks, |c| c.keys.len() < max, max, &mut remaining);
     }
 
     // 3. the rest: into one untouched slice it fits in whole, else new ones.
@@ -162,4 +133,30 @@ pub(super) fn pack(
         c.keys.sort();
     }
     chunks
+}
+
+/// Tops up the chunks `pick` selects (chosen before any is filled) with
+/// endpoints from `remaining`, fullest first, then by name, up to `max`
+/// each; a chunk that takes one is written.
+fn fill_fullest_first(
+    chunks: &mut [Chunk],
+    pick: impl Fn(&Chunk) -> bool,
+    max: usize,
+    remaining: &mut impl Iterator<Item = EpKey>,
+) {
+    let mut order: Vec<usize> = (0..chunks.len()).filter(|&i| pick(&chunks[i])).collect();
+    order.sort_by(|&a, &b| {
+        chunks[b]
+            .keys
+            .len()
+            .cmp(&chunks[a].keys.len())
+            .then_with(|| chunks[a].sort_name().cmp(chunks[b].sort_name()))
+    });
+    for i in order {
+        while chunks[i].keys.len() < max {
+            let Some(k) = remaining.next() else { break };
+            chunks[i].keys.push(k);
+            chunks[i].changed = true;
+        }
+    }
 }
