@@ -44,7 +44,6 @@
 
 pub mod diff;
 mod group;
-pub mod legacy;
 mod live;
 mod model;
 mod namer;
@@ -53,6 +52,7 @@ pub mod object;
 mod pack;
 mod settle;
 pub mod trigger;
+pub mod v1_endpoints;
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap, HashSet},
@@ -64,16 +64,16 @@ use k8s_openapi::{
     apimachinery::pkg::apis::meta::v1::ObjectMeta,
 };
 
-pub use legacy::{
-    ENDPOINTS_MANAGED_BY_LABEL, MAX_LEGACY_ADDRESSES, OVER_CAPACITY_ANNOTATION, SKIP_MIRROR_LABEL,
-    endpoints_differ, plan_endpoints,
-};
 pub use live::is_ours;
 pub use model::{
     Collision, Judged, MAX_ENDPOINTS_PER_SLICE, Member, Plan, PlanInput, Summary, ZoneLookup,
 };
 pub use object::{HEADLESS_LABEL, MANAGED_BY_LABEL, SERVICE_NAME_LABEL};
 pub use trigger::{TRIGGER_TIME_ANNOTATION, TriggerMemory, Triggers};
+pub use v1_endpoints::{
+    ENDPOINTS_MANAGED_BY_LABEL, MAX_LEGACY_ADDRESSES, OVER_CAPACITY_ANNOTATION, SKIP_MIRROR_LABEL,
+    endpoints_differ, plan_endpoints,
+};
 
 use crate::align::{address_type, protocol};
 use group::{Group, GroupPlan, SetPlan, gains, group_changes, primary_target};

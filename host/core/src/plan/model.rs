@@ -46,7 +46,8 @@ pub struct PlanInput<'a> {
     pub judged: &'a [Judged],
     /// Zone of a node; `None` when node lookups are disabled.
     pub zones: Option<ZoneLookup<'a>>,
-    /// Live slices this manager owns for this Service. Others are ignored.
+    /// Live slices that may be ours (the shell passes candidates); the
+    /// planner keeps only those [`super::is_ours`] accepts, and ignores the rest.
     pub owned: &'a [Arc<EndpointSlice>],
     /// Any live slice in the Service's namespace, by name.
     pub lookup: &'a dyn Fn(&str) -> Option<Arc<EndpointSlice>>,

@@ -1402,7 +1402,7 @@ mod trigger_time {
     }
 }
 
-mod legacy {
+mod v1_endpoints {
     use k8s_openapi::api::core::v1::{EndpointAddress, Endpoints};
 
     use super::*;
