@@ -53,7 +53,7 @@ fn plan(module: &str) -> (Value, &'static str) {
         "python-tier-check.wasm" => (json!({"tiers": ["frontend"]}), "label (no tier)"),
         "js-drain-check.wasm" => (Value::Null, "drain annotation"),
         "c-port-names.wasm" => (
-            json!({"annotation": "portwise.example.com/ports"}),
+            json!({"annotation": "app.example.com/ports"}),
             "port not listed",
         ),
         "go-zone-check.wasm" => (
@@ -69,8 +69,8 @@ fn subject(port: u16, realistic: bool) -> Subject {
     let mut labels = kv("label", n);
     labels.insert("port-mapper.example.com/admin".into(), "yes".into());
     let mut annotations = kv("annotation", n);
-    annotations.insert("portwise.example.com/drain".into(), "true".into());
-    annotations.insert("portwise.example.com/ports".into(), "metrics,admin".into());
+    annotations.insert("app.example.com/drain".into(), "true".into());
+    annotations.insert("app.example.com/ports".into(), "metrics,admin".into());
     let pod = Pod {
         metadata: ObjectMeta {
             name: Some("web-0".into()),

@@ -284,14 +284,14 @@ async fn js_drain_check_verdicts() {
     assert_verdict(&v, Decision::Include, "connected");
     let v = c.check(&subject(&[], &[], "http", closed)).await;
     assert_verdict(&v, Decision::Exclude, "refused");
-    let drained = [("portwise.example.com/drain", "true")];
+    let drained = [("app.example.com/drain", "true")];
     let v = c.check(&subject(&[], &drained, "http", open.port())).await;
     assert_verdict(&v, Decision::Exclude, "drained");
     // "false" is an explicit "not drained".
     let v = c
         .check(&subject(
             &[],
-            &[("portwise.example.com/drain", "false")],
+            &[("app.example.com/drain", "false")],
             "http",
             open.port(),
         ))
@@ -301,7 +301,7 @@ async fn js_drain_check_verdicts() {
     // `null` config means the defaults.
     let c = checker(&rt, JS, Value::Null).await;
     let v = c.check(&subject(&[], &drained, "http", open.port())).await;
-    assert_verdict(&v, Decision::Exclude, "portwise.example.com/drain=true");
+    assert_verdict(&v, Decision::Exclude, "app.example.com/drain=true");
     let c = checker(&rt, JS, json!({"annotation": "example.com/out"})).await;
     let v = c.check(&subject(&[], &drained, "http", open.port())).await;
     assert_verdict(&v, Decision::Include, "connected");
@@ -335,7 +335,7 @@ async fn js_drain_check_gzipped_judges_the_same() {
 
     let open = tcp_listener().await;
     let closed = closed_port().await;
-    let drained = [("portwise.example.com/drain", "true")];
+    let drained = [("app.example.com/drain", "true")];
     let a = checker(&plain, JS, json!({"timeoutMs": 500})).await;
     let b = checker(&gzipped, &format!("{JS}.gz"), json!({"timeoutMs": 500})).await;
     for s in [
@@ -367,7 +367,7 @@ async fn js_drain_check_rejects_bad_config() {
 // --- C: port names listed in an annotation/label ---------------------------
 
 const C: &str = "c-port-names.wasm";
-const PORTS: &str = "portwise.example.com/ports";
+const PORTS: &str = "app.example.com/ports";
 
 #[tokio::test]
 async fn c_port_names_verdicts() {
@@ -435,7 +435,7 @@ async fn c_port_names_rejects_bad_config() {
 
 const GO: &str = "go-zone-check.wasm";
 const ZONE: &str = "topology.kubernetes.io/zone";
-const ZONES: &str = "portwise.example.com/zones";
+const ZONES: &str = "app.example.com/zones";
 
 /// `s` with its Service annotated.
 fn with_service_annotations(mut s: Subject, annotations: &[(&str, &str)]) -> Subject {
@@ -517,7 +517,7 @@ async fn go_zone_check_verdicts() {
     assert_verdict(
         &v,
         Decision::Exclude,
-        "zone eu-1a not in [us-1 us-2] (Service annotation portwise.example.com/zones)",
+        "zone eu-1a not in [us-1 us-2] (Service annotation app.example.com/zones)",
     );
     let v = c.check(&subject(&us2, &[], "http", closed)).await;
     assert_verdict(&v, Decision::Exclude, "zone us-2 not in [eu-1a] (config)");
