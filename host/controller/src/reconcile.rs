@@ -150,7 +150,7 @@ impl Context {
         let ev = KubeEvent {
             type_,
             reason: reason.into(),
-            note: Some(truncate(note, 1000)),
+            note: Some(portwise_core::text::cut(note, 1000)),
             action: "Reconcile".into(),
             secondary: None,
         };
@@ -160,16 +160,6 @@ impl Context {
     }
 }
 
-fn truncate(mut s: String, max: usize) -> String {
-    if s.len() > max {
-        let mut cut = max;
-        while !s.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        s.truncate(cut);
-    }
-    s
-}
 /// Marks a once-per-transition warning for `uid` as the decision says;
 /// `true` when the Event is due now (raised and not marked before).
 fn latch(marks: &Mutex<HashSet<String>>, uid: &str, once: Once) -> bool {
