@@ -48,9 +48,11 @@ mod failures;
 mod host;
 mod modules;
 pub mod oci;
+mod probe_failure;
 pub mod replay;
 mod resources;
 pub mod signatures;
+mod views;
 
 use std::{
     path::{Path, PathBuf},
@@ -344,21 +346,6 @@ fn module_key(name: &str) -> Result<String, WasmError> {
     } else {
         format!("{name}.wasm")
     })
-}
-
-/// Cuts `s` to at most `max` bytes (on a char boundary), saying so.
-pub(crate) fn truncate(mut s: String, max: usize) -> String {
-    if s.len() <= max {
-        return s;
-    }
-    let total = s.len();
-    let mut cut = max;
-    while !s.is_char_boundary(cut) {
-        cut -= 1;
-    }
-    s.truncate(cut);
-    s.push_str(&format!("… ({} bytes truncated)", total - cut));
-    s
 }
 
 impl WasmRuntime {
@@ -735,15 +722,5 @@ mod tests {
         for bad in ["", "../x.wasm", "a/b.wasm", ".hidden.wasm", "..data"] {
             assert!(module_key(bad).is_err(), "{bad}");
         }
-    }
-
-    #[test]
-    fn truncate_keeps_short_strings_and_marks_cut_ones() {
-        assert_eq!(truncate("short".into(), 10), "short");
-        let cut = truncate("x".repeat(5000), 1024);
-        assert!(cut.starts_with(&"x".repeat(1024)));
-        assert!(cut.ends_with("(3976 bytes truncated)"), "{cut}");
-        // Never splits a multi-byte character.
-        assert_eq!(truncate("ééé".into(), 3), "é… (4 bytes truncated)");
     }
 }

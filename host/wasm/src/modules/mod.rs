@@ -15,12 +15,13 @@
 //! - [`decode`]: what a module file holds (gunzip, header checks, hash);
 //! - [`pool`]: instances of a version and the slots they occupy;
 //! - [`reload`]: the directory rescan and the install of new content;
-//! - [`call`]: dispatching `check` and `validate-config` into a guest and
-//!   sorting what went wrong.
+//! - [`call`]: dispatching `check` and `validate-config` into a guest;
+//! - [`failure`]: sorting what went wrong in a call.
 
 mod bench;
 mod call;
 mod decode;
+mod failure;
 mod pool;
 mod reload;
 
@@ -37,7 +38,7 @@ use crate::{
     Limits, ModuleEvent, ModuleInfo,
     bindings::{v01, v02},
     cache::{CodeCache, CompileSource},
-    failures::{Counters, FailureKind, ModuleCounters},
+    failures::{Counters, ModuleCounters},
     host::HostState,
     replay::ProbeMode,
 };
@@ -67,28 +68,6 @@ fn serving_runtime() -> Option<tokio::runtime::Id> {
 }
 pub(crate) use pool::ModuleVersion;
 use reload::ScanState;
-
-/// Why a call produced no verdict of the guest's own making.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct Failure {
-    pub kind: FailureKind,
-    pub message: String,
-}
-
-impl Failure {
-    fn new(kind: FailureKind, message: impl Into<String>) -> Self {
-        Failure {
-            kind,
-            message: message.into(),
-        }
-    }
-}
-
-impl std::fmt::Display for Failure {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}: {}", self.kind, self.message)
-    }
-}
 
 /// What a checker built on a module needs: the module, its configuration
 /// and an optional content pin. Registered (weakly) with the runtime so a

@@ -23,8 +23,8 @@ use crate::{
     cache::{CompileSource, Loaded},
     failures::FailureKind,
     host::HostState,
-    truncate,
 };
+use portwise_core::text::truncate;
 
 /// A file's identity as far as rescans care: where its content lives (the
 /// kubelet swaps `..data` to a new directory), its size and mtime.
