@@ -30,9 +30,9 @@ use portwise_core::{
     align,
     config::{CheckerExpr, Config, WasmSpec},
 };
+use portwise_supply::{OciConfig, Supplier, default_cache_dir};
 use portwise_wasm::{
     CompileSource, Limits, ProbeMode, Recorder, Recording, Replayer, WasmConfig, WasmRuntime,
-    default_cache_dir,
 };
 
 use crate::ops::{
@@ -208,6 +208,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let wasm = if config.modules_dir.is_some() || pulls {
         Some(Arc::new(
             WasmRuntime::new(WasmConfig {
+                supply: Arc::new(Supplier),
                 oci: oci_config(&config),
                 probes: Default::default(),
                 modules_dir: config.modules_dir.clone(),
@@ -324,8 +325,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// How `oci://` modules are pulled, from the configuration file.
-fn oci_config(config: &Config) -> portwise_wasm::OciConfig {
-    portwise_wasm::OciConfig {
+fn oci_config(config: &Config) -> OciConfig {
+    OciConfig {
         auth_file: config.registry_auth.clone(),
         ca_file: config.registry_ca.clone(),
         max_module_bytes: config.max_module_bytes,
@@ -582,6 +583,7 @@ async fn check_live(args: &CheckArgs) -> anyhow::Result<ExitCode> {
     let runtime = match (&cfg.modules_dir, pulls) {
         (None, false) => None,
         (dir, _) => Some(WasmRuntime::new(WasmConfig {
+            supply: Arc::new(Supplier),
             oci: oci_config(&cfg),
             probes: Default::default(),
             modules_dir: dir.clone(),
@@ -701,7 +703,7 @@ pub async fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
         _ => bail!("give the Service with --service FILE or --service-name NAME"),
     };
 
-    let mut oci = portwise_wasm::OciConfig::default();
+    let mut oci = OciConfig::default();
     let (expr, modules_dir): (CheckerExpr, Option<PathBuf>) = if let Some(path) = &args.config {
         let cfg = Config::load(path)
             .with_context(|| format!("invalid configuration {}", path.display()))?;
@@ -764,6 +766,7 @@ pub async fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
     let runtime = match (modules_dir, pulls) {
         (None, false) => None,
         (dir, _) => Some(WasmRuntime::new(WasmConfig {
+            supply: Arc::new(Supplier),
             oci,
             modules_dir: dir,
             cache_dir: Some(cache_dir.clone()),
@@ -1000,6 +1003,7 @@ async fn bench_modules(
 ) -> anyhow::Result<()> {
     let fresh = |cache_dir: Option<PathBuf>| {
         WasmRuntime::new(WasmConfig {
+            supply: Arc::new(Supplier),
             oci: Default::default(),
             modules_dir: None,
             cache_dir,
@@ -1070,6 +1074,7 @@ mod tests {
         std::fs::write(&bad, b"not a component").unwrap();
         let rt = Arc::new(
             WasmRuntime::new(WasmConfig {
+                supply: Arc::new(Supplier),
                 oci: Default::default(),
                 probes: Default::default(),
                 modules_dir: None,

@@ -12,15 +12,14 @@
 //! unreadable answer, cancelled call) drops the instance: its state is
 //! unknown, and a trapped component instance cannot be entered again anyway.
 //!
-//! - [`decode`]: what a module file holds (gunzip, header checks, hash);
 //! - [`pool`]: instances of a version and the slots they occupy;
-//! - [`reload`]: the directory rescan and the install of new content;
+//! - [`reload`]: what the supply hands over (a rescan's changed files, a
+//!   pulled module) compiled and installed, or refused;
 //! - [`call`]: dispatching `check` and `validate-config` into a guest;
 //! - [`failure`]: sorting what went wrong in a call.
 
 mod bench;
 mod call;
-mod decode;
 mod failure;
 mod pool;
 mod reload;
@@ -31,19 +30,18 @@ use std::{
     sync::{Arc, Mutex, RwLock, Weak, atomic::AtomicUsize},
 };
 
+use portwise_supply::Supply;
 use tokio::sync::{Semaphore, broadcast};
 use wasmtime::{Engine, component::Linker};
 
 use crate::{
     Limits, ModuleEvent, ModuleInfo,
     bindings::{v01, v02},
-    cache::{CodeCache, CompileSource},
+    compile::{CodeCache, CompileSource},
     failures::{Counters, ModuleCounters},
     host::HostState,
     replay::ProbeMode,
 };
-
-pub(crate) use decode::{is_module_file, sha256_hex};
 
 tokio::task_local! {
     /// Set while a future runs on one of this crate's own runtimes.
@@ -85,6 +83,8 @@ pub(crate) struct CheckerSpec {
 /// The shared core of a [`crate::WasmRuntime`].
 pub(crate) struct Runtime {
     pub engine: Engine,
+    /// Gunzip, the directory watch and pulls ([`crate::WasmConfig::supply`]).
+    pub supply: Arc<dyn Supply>,
     pub linker: Linker<HostState>,
     pub cache: Option<CodeCache>,
     pub limits: Arc<Limits>,
@@ -108,6 +108,7 @@ pub(crate) struct Runtime {
 impl Runtime {
     pub(crate) fn new(
         engine: Engine,
+        supply: Arc<dyn Supply>,
         cache: Option<CodeCache>,
         limits: Limits,
         dir: Option<PathBuf>,
@@ -126,8 +127,10 @@ impl Runtime {
             |s| s,
         )?;
         let slots = Arc::new(Semaphore::new(limits.max_instances.max(1) as usize));
+        let scan = ScanState::new(dir.clone());
         Ok(Runtime {
             engine,
+            supply,
             linker,
             cache,
             limits: Arc::new(limits),
@@ -136,7 +139,7 @@ impl Runtime {
             probes,
             events: broadcast::channel(64).0,
             modules: RwLock::new(HashMap::new()),
-            scan: tokio::sync::Mutex::new(ScanState::default()),
+            scan: tokio::sync::Mutex::new(scan),
             users: Mutex::new(Vec::new()),
             slots,
             waiting: AtomicUsize::new(0),

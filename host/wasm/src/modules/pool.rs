@@ -66,7 +66,7 @@ use super::{
 use crate::{
     CallLimits, ModuleInfo,
     bindings::{v01, v02},
-    cache::CompileSource,
+    compile::CompileSource,
     engine::ticks,
     failures::{FailureKind, ModuleCounters},
     host::{CallLabels, HostState},
