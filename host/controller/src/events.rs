@@ -29,7 +29,7 @@ impl Events {
         let ev = KubeEvent {
             type_,
             reason: reason.into(),
-            note: Some(truncate(note, 1000)),
+            note: Some(portwise_core::text::cut(note, 1000)),
             action: "Reconcile".into(),
             secondary: None,
         };
@@ -37,15 +37,4 @@ impl Events {
             warn!(service = %svc.name_any(), error = %e, "could not publish Event {reason}");
         }
     }
-}
-
-fn truncate(mut s: String, max: usize) -> String {
-    if s.len() > max {
-        let mut cut = max;
-        while !s.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        s.truncate(cut);
-    }
-    s
 }

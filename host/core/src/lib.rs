@@ -3,8 +3,8 @@
 //! Everything here is a function of its inputs: the configuration model and
 //! its validation ([`config`]), which pods back which Service port
 //! ([`align`]), the verdict algebra and the pod-object facts
-//! ([`membership`]), the slice planner ([`plan`]), and the decision of one
-//! reconcile ([`reconcile`]).
+//! ([`membership`]), the slice planner ([`plan`]), the decision of one
+//! reconcile ([`reconcile`]), and text cut to a byte budget ([`text`]).
 //!
 //! Why a crate of its own: the data flow is watch → align → check → plan →
 //! apply, and the middle is where the rules users rely on live. Keeping it
@@ -20,3 +20,4 @@ pub mod membership;
 pub mod plan;
 pub mod reconcile;
 pub mod shadow;
+pub mod text;

@@ -10,6 +10,8 @@
 //! - `portwise-probe`: HTTP GET and TCP dial;
 //! - `portwise-checkers`: the runnable checker tree built from configuration;
 //! - `portwise-wasm`: WebAssembly checkers (wasmtime);
+//! - `portwise-supply`: where modules come from (the modules directory,
+//!   `oci://` pulls, signatures, the compiled-code cache);
 //! - `portwise-controller`: watches, reconcile, apply, migration.
 //!
 //! Kept as a library next to the binary so the integration tests drive the

@@ -27,6 +27,7 @@ use std::{
     collections::BTreeMap,
     net::{IpAddr, Ipv4Addr, SocketAddr},
     path::{Path, PathBuf},
+    sync::Arc,
     time::{Duration, Instant},
 };
 
@@ -36,9 +37,8 @@ use k8s_openapi::{
 };
 use portwise_checkers::Checker;
 use portwise_core::membership::Subject;
-use portwise_wasm::{
-    CompileSource, Limits, ModuleInfo, WasmConfig, WasmRuntime, default_cache_dir,
-};
+use portwise_supply::{Supplier, default_cache_dir};
+use portwise_wasm::{CompileSource, Limits, ModuleInfo, WasmConfig, WasmRuntime};
 use serde_json::{Value, json};
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
@@ -211,6 +211,7 @@ fn cache_dir() -> PathBuf {
 
 fn runtime(dir: &std::path::Path, idle_instances: usize) -> WasmRuntime {
     WasmRuntime::new(WasmConfig {
+        supply: Arc::new(Supplier),
         oci: Default::default(),
         probes: Default::default(),
         modules_dir: Some(dir.to_path_buf()),

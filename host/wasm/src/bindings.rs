@@ -51,8 +51,8 @@ pub(crate) mod v02 {
         exports: { default: async },
         ownership: Borrowing { duplicate_if_necessary: false },
         with: {
-            "portwise:membership/types.pod": crate::resources::PodView,
-            "portwise:membership/types.service": crate::resources::ServiceView,
+            "portwise:membership/types.pod": crate::views::PodView,
+            "portwise:membership/types.service": crate::views::ServiceView,
         },
     });
 }

@@ -34,8 +34,10 @@ use crate::bindings::{
     v01::portwise::membership::{log, probes, types},
 };
 use crate::{
-    CallLimits, Limits, failures::FailureKind, failures::ModuleCounters, replay::ProbeMode,
+    CallLimits, Limits, failures::FailureKind, failures::ModuleCounters,
+    probe_failure::ProbeFailure, replay::ProbeMode,
 };
+use portwise_core::text::truncate;
 use portwise_probe as probe;
 
 /// Longest log line a guest can emit through `log` (bytes).
@@ -218,7 +220,7 @@ impl HostState {
                 );
             }
             if !tail.is_empty() {
-                last_stderr = Some(crate::truncate(tail.join(" | "), 300));
+                last_stderr = Some(truncate(tail.join(" | "), 300));
             }
         }
         last_stderr
@@ -294,28 +296,6 @@ impl HostState {
     /// The guest waited for the host: that time is not the guest's compute.
     fn credit(&mut self, waited: Duration) {
         self.call.compute_deadline += waited;
-    }
-}
-
-/// Why a probe failed, in the terms every WIT version shares.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum ProbeFailure {
-    Timeout,
-    Refused,
-    Denied(String),
-    Io(String),
-}
-
-impl From<probe::ProbeError> for ProbeFailure {
-    fn from(e: probe::ProbeError) -> Self {
-        match e {
-            probe::ProbeError::Timeout => ProbeFailure::Timeout,
-            probe::ProbeError::Refused => ProbeFailure::Refused,
-            // The WIT has no "unreachable" case: the prefix lets a guest tell
-            // a failure on the prober's side from one on the pod's.
-            probe::ProbeError::Unreachable(why) => ProbeFailure::Io(format!("unreachable: {why}")),
-            probe::ProbeError::Io(why) => ProbeFailure::Io(why),
-        }
     }
 }
 
@@ -395,7 +375,7 @@ impl HostState {
         if self.call.log_lines > MAX_LOG_LINES_PER_CALL {
             return;
         }
-        let message = crate::truncate(message, MAX_LOG_LINE);
+        let message = truncate(message, MAX_LOG_LINE);
         let l = &self.call.labels;
         macro_rules! emit {
             ($lvl:ident) => {

@@ -3,10 +3,25 @@
 //!
 //! A guest is a component built against `wit/membership.wit`, mounted as a
 //! `.wasm` file in `modulesDir`, or gzip-compressed as `.wasm.gz` (gunzipped
-//! in memory, at most [`Limits::max_gunzipped_bytes`]). [`WasmRuntime`]
-//! loads every module of the directory, keeps watching it (including the
-//! kubelet's atomic `..data` swap of a mounted ConfigMap) and hands out
-//! [`WasmChecker`]s that always call the current version of their module.
+//! in memory, at most [`Limits::max_gunzipped_bytes`]), or pulled from a
+//! registry (`oci://`). [`WasmRuntime`] loads every module of the directory,
+//! keeps watching it (including the kubelet's atomic `..data` swap of a
+//! mounted ConfigMap) and hands out [`WasmChecker`]s that always call the
+//! current version of their module.
+//!
+//! Where modules come from is [`portwise_supply`]'s job: it names the
+//! files of the directory that changed and hands over their bytes and
+//! sha256 ([`portwise_supply::ModulesDir`]); what needs more than the local
+//! disk (gunzipping a `.wasm.gz`, watching the directory, pulling and
+//! verifying `oci://` modules) this crate asks of the
+//! [`portwise_supply::Supply`] it is built with ([`WasmConfig::supply`]);
+//! compiled code is kept in the supply's sealed store. This crate compiles
+//! what it is handed (or deserialises what the sealed store verified),
+//! links it, checks pins and the configurations in use, and swaps the new
+//! version in (`modules/reload.rs`: the reload is about what is serving and
+//! which configurations use it, so it stays with the runtime). Who can
+//! write modules, the cache and the registry, and what is verified when:
+//! the threat model in `portwise_supply`'s crate docs.
 //!
 //! Containment, in the order a call meets it:
 //! - a module that fails to compile, link or validate a configuration in use
@@ -22,10 +37,10 @@
 //!   ([`WasmRuntime::failures`]); the instance is discarded and the next
 //!   call gets a fresh one.
 //!
-//! Compiled code is cached on disk ([`cache`]) so a restart does not pay
-//! the compile again; an entry runs only if it carries a valid seal (an
-//! HMAC under a key private to the cache directory), anything else is
-//! recompiled.
+//! Compiled code is cached on disk (`compile.rs`, on the supply's sealed
+//! store) so a restart does not pay the compile again; an entry runs only
+//! if it carries a valid seal (an HMAC under a key private to the cache
+//! directory), anything else is recompiled.
 //!
 //! Guest instances are created asynchronously on the tokio runtime of the
 //! call that needs them and reused only by calls on that runtime (the
@@ -35,22 +50,26 @@
 //! running untrusted code is the riskiest job portwise has, so it is kept in
 //! one place that everything else reaches through
 //! [`portwise_checkers::WasmCheckers`]; the checker tree and the controller
-//! build and test without it. This crate may not depend on a Kubernetes
-//! client (`kube`), on `portwise-controller` or on a metrics library: it
-//! reports through [`WasmRuntime::subscribe`] and plain counters
+//! build and test without it. The runtime crate runs components and nothing
+//! else. It may not depend on a Kubernetes client (`kube`), on
+//! `portwise-controller` or on a metrics library: it reports through
+//! [`WasmRuntime::subscribe`] and plain counters
 //! ([`WasmRuntime::failures`]), and the binary turns those into Events and
 //! metrics. `k8s-openapi` types are fine (guests see the Pod and Service).
+//! Nor may it depend on what fetching needs (the registry client, file
+//! watching, gzip, the signature verifier): those are `portwise-supply`'s,
+//! and `tests/crates-keep-their-jobs` checks both with `cargo tree`.
 
 mod bindings;
-pub mod cache;
+mod compile;
 mod engine;
 mod failures;
 mod host;
 mod modules;
-pub mod oci;
+mod probe_failure;
 pub mod replay;
 mod resources;
-pub mod signatures;
+mod views;
 
 use std::{
     path::{Path, PathBuf},
@@ -59,12 +78,10 @@ use std::{
     time::Duration,
 };
 
-use notify_debouncer_mini::{DebounceEventResult, Debouncer};
 use tokio::sync::broadcast;
 
-pub use cache::{CodeCacheStats, CompileSource, default_cache_dir};
+pub use compile::CompileSource;
 pub use failures::{FailureCount, FailureKind};
-pub use oci::OciConfig;
 pub use replay::{ProbeMode, Recorder, Recording, ReplayMiss, Replayer};
 
 use modules::{CheckerSpec, Runtime};
@@ -73,6 +90,7 @@ use portwise_core::{
     config::{OCI_SCHEME, OciRef, WasmLimits, WasmSpec},
     membership::{Subject, Verdict},
 };
+use portwise_supply::{CodeCacheStats, OciConfig, Supply, pull_cache_dir};
 
 /// Resource limits for guests. The defaults suit small checkers written in
 /// compiled languages and still leave room for Python and JavaScript ones.
@@ -184,8 +202,11 @@ pub struct CallLimits {
 }
 
 /// How to build a [`WasmRuntime`].
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct WasmConfig {
+    /// What the runtime cannot do on its own: gunzip a `.wasm.gz`, watch
+    /// `modules_dir`, pull `oci://` modules (`portwise_supply::Supplier`).
+    pub supply: Arc<dyn Supply>,
     /// Load every `*.wasm` and `*.wasm.gz` here (and reload on change, see
     /// `watch`).
     pub modules_dir: Option<PathBuf>,
@@ -204,16 +225,16 @@ pub struct WasmConfig {
     pub probes: ProbeMode,
 }
 
-impl Default for WasmConfig {
-    fn default() -> Self {
-        WasmConfig {
-            modules_dir: None,
-            cache_dir: Some(default_cache_dir()),
-            watch: true,
-            limits: Limits::default(),
-            oci: OciConfig::default(),
-            probes: ProbeMode::Live,
-        }
+impl std::fmt::Debug for WasmConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WasmConfig")
+            .field("modules_dir", &self.modules_dir)
+            .field("cache_dir", &self.cache_dir)
+            .field("watch", &self.watch)
+            .field("limits", &self.limits)
+            .field("oci", &self.oci)
+            .field("probes", &self.probes)
+            .finish_non_exhaustive()
     }
 }
 
@@ -283,11 +304,9 @@ pub struct WasmRuntime {
     oci: OciConfig,
     oci_cache: Option<PathBuf>,
     _ticker: engine::Ticker,
-    _watcher: Option<Watcher>,
+    /// The directory watch; dropping it stops the watch and its thread.
+    _watcher: Option<Box<dyn Send + Sync>>,
 }
-
-/// The directory watch; dropping it stops the watch and its thread.
-type Watcher = Debouncer<notify::RecommendedWatcher>;
 
 impl std::fmt::Debug for WasmRuntime {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -296,12 +315,6 @@ impl std::fmt::Debug for WasmRuntime {
             .finish_non_exhaustive()
     }
 }
-
-/// Quiet time after a directory event before rescanning: the kubelet's swap
-/// is several renames and unlinks.
-const DEBOUNCE: Duration = Duration::from_millis(200);
-/// A rescan also runs this often without events, in case one was missed.
-const RESCAN_INTERVAL: Duration = Duration::from_secs(60);
 
 /// Runs a future to completion on a private current-thread runtime on a
 /// scoped thread: usable from synchronous code, including code that is
@@ -339,26 +352,11 @@ fn module_key(name: &str) -> Result<String, WasmError> {
     if name.is_empty() || name.starts_with('.') || name.contains(['/', '\\', '\0']) {
         return Err(WasmError::ModuleName(name.to_string()));
     }
-    Ok(if modules::is_module_file(name) {
+    Ok(if portwise_supply::decode::is_module_file(name) {
         name.to_string()
     } else {
         format!("{name}.wasm")
     })
-}
-
-/// Cuts `s` to at most `max` bytes (on a char boundary), saying so.
-pub(crate) fn truncate(mut s: String, max: usize) -> String {
-    if s.len() <= max {
-        return s;
-    }
-    let total = s.len();
-    let mut cut = max;
-    while !s.is_char_boundary(cut) {
-        cut -= 1;
-    }
-    s.truncate(cut);
-    s.push_str(&format!("… ({} bytes truncated)", total - cut));
-    s
 }
 
 impl WasmRuntime {
@@ -369,17 +367,18 @@ impl WasmRuntime {
     /// (see [`WasmRuntime::load_errors`]) and checkers asking for them are
     /// refused.
     pub fn new(config: WasmConfig) -> Result<Self, WasmError> {
-        let oci_cache = config.cache_dir.as_ref().map(|d| d.join("oci"));
+        let oci_cache = config.cache_dir.as_deref().map(pull_cache_dir);
         let engine =
             engine::build(&config.limits).map_err(|e| WasmError::Engine(format!("{e:#}")))?;
         let cache = config
             .cache_dir
-            .map(|dir| cache::CodeCache::new(dir, engine::fingerprint(&engine)));
+            .map(|dir| compile::CodeCache::new(dir, engine::fingerprint(&engine)));
         let ticker =
             engine::Ticker::start(engine.clone()).map_err(|e| WasmError::Engine(e.to_string()))?;
         let rt = Arc::new(
             Runtime::new(
                 engine,
+                config.supply,
                 cache,
                 config.limits,
                 config.modules_dir.clone(),
@@ -465,7 +464,7 @@ impl WasmRuntime {
         if refs.is_empty() {
             return Vec::new();
         }
-        let puller = oci::Puller::new(&self.oci, self.oci_cache.clone());
+        let puller = self.rt.supply.puller(&self.oci, self.oci_cache.clone());
         let mut out = Vec::new();
         for r in refs {
             let key = r.to_string();
@@ -610,35 +609,16 @@ impl WasmRuntime {
     }
 }
 
-/// Watches `dir` (the directory itself, not its files: the kubelet replaces
-/// the `..data` symlink, not the files) and rescans after a quiet period.
-///
-/// The debouncing is `notify-debouncer-mini`'s: it reports a path once no
-/// event came for it for [`DEBOUNCE`], and a path that keeps changing again
-/// every [`DEBOUNCE`], so a burst cannot postpone a rescan for ever. This thread
-/// only turns its batches into rescans, one per batch however many queued
-/// while the last rescan ran, and rescans every [`RESCAN_INTERVAL`] without
-/// events in case one was missed.
-fn watch(rt: Arc<Runtime>, dir: &Path) -> Result<Watcher, WasmError> {
-    use std::sync::mpsc::{RecvTimeoutError, channel};
-    let watch_error = |e: notify::Error| WasmError::Watch {
+/// Watches `dir` through the supply (debounced, and a rescan every so often
+/// without events in case one was missed) and rescans on a thread of its
+/// own, on a current-thread runtime of its own.
+fn watch(rt: Arc<Runtime>, dir: &Path) -> Result<Box<dyn Send + Sync>, WasmError> {
+    let watch_error = |message: String| WasmError::Watch {
         dir: dir.to_path_buf(),
-        message: e.to_string(),
+        message,
     };
-    let (tx, rx) = channel::<()>();
-    let mut debouncer =
-        notify_debouncer_mini::new_debouncer(DEBOUNCE, move |events: DebounceEventResult| {
-            if let Err(e) = &events {
-                tracing::warn!("module watcher: {e}");
-            }
-            // An error may mean missed events: rescan then too.
-            let _ = tx.send(());
-        })
-        .map_err(watch_error)?;
-    debouncer
-        .watcher()
-        .watch(dir, notify::RecursiveMode::NonRecursive)
-        .map_err(watch_error)?;
+    let watching = rt.supply.watch(dir).map_err(watch_error)?;
+    let rescans = watching.rescans;
     thread::Builder::new()
         .name("portwise-wasm-watch".into())
         .spawn(move || {
@@ -652,22 +632,13 @@ fn watch(rt: Arc<Runtime>, dir: &Path) -> Result<Watcher, WasmError> {
                     return;
                 }
             };
-            loop {
-                match rx.recv_timeout(RESCAN_INTERVAL) {
-                    // Batches that queued up meanwhile are covered by this rescan.
-                    Ok(()) => while rx.try_recv().is_ok() {},
-                    Err(RecvTimeoutError::Timeout) => {}
-                    // The debouncer (owned by the WasmRuntime) is gone.
-                    Err(RecvTimeoutError::Disconnected) => return,
-                }
+            // Ends when the watch (owned by the WasmRuntime) is dropped.
+            for () in rescans {
                 runtime.block_on(modules::own_runtime(rt.rescan()));
             }
         })
-        .map_err(|e| WasmError::Watch {
-            dir: dir.to_path_buf(),
-            message: e.to_string(),
-        })?;
-    Ok(debouncer)
+        .map_err(|e| watch_error(e.to_string()))?;
+    Ok(watching.guard)
 }
 
 /// A membership checker backed by a WebAssembly module. Always calls the
@@ -735,15 +706,5 @@ mod tests {
         for bad in ["", "../x.wasm", "a/b.wasm", ".hidden.wasm", "..data"] {
             assert!(module_key(bad).is_err(), "{bad}");
         }
-    }
-
-    #[test]
-    fn truncate_keeps_short_strings_and_marks_cut_ones() {
-        assert_eq!(truncate("short".into(), 10), "short");
-        let cut = truncate("x".repeat(5000), 1024);
-        assert!(cut.starts_with(&"x".repeat(1024)));
-        assert!(cut.ends_with("(3976 bytes truncated)"), "{cut}");
-        // Never splits a multi-byte character.
-        assert_eq!(truncate("ééé".into(), 3), "é… (4 bytes truncated)");
     }
 }

@@ -27,7 +27,7 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
-use crate::host::ProbeFailure;
+use crate::probe_failure::ProbeFailure;
 use portwise_probe::HttpResponse;
 
 /// The `format` of every recording.

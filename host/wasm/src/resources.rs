@@ -17,19 +17,11 @@ use crate::{
         container_ports, pod_ips, pod_status, protocol, service_ports, target_port_text,
         v02::portwise::membership::{log, probes, types},
     },
-    host::{HostState, ProbeFailure},
+    host::HostState,
+    probe_failure::ProbeFailure,
+    views::{PodView, ServiceView},
 };
 use portwise_probe as probe;
-
-/// The pod under judgement, as a 0.2 guest sees it.
-pub struct PodView {
-    pub(crate) pod: Arc<Pod>,
-}
-
-/// The Service the slices are published for, as a 0.2 guest sees it.
-pub struct ServiceView {
-    pub(crate) service: Arc<Service>,
-}
 
 fn text(s: Option<&String>) -> String {
     s.cloned().unwrap_or_default()

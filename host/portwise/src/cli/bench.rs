@@ -92,6 +92,7 @@ pub(super) async fn bench_modules(
 ) -> anyhow::Result<()> {
     let fresh = |cache_dir: Option<PathBuf>| {
         WasmRuntime::new(WasmConfig {
+            supply: std::sync::Arc::new(portwise_supply::Supplier),
             oci: Default::default(),
             modules_dir: None,
             cache_dir,

@@ -19,9 +19,7 @@ use portwise_core::{
     align,
     config::{CheckerExpr, Config, WasmSpec},
 };
-use portwise_wasm::{
-    Limits, ProbeMode, Recorder, Recording, Replayer, WasmConfig, WasmRuntime, default_cache_dir,
-};
+use portwise_wasm::{Limits, ProbeMode, Recorder, Recording, Replayer, WasmConfig, WasmRuntime};
 
 use super::{
     bench::{bench, bench_modules},
@@ -102,7 +100,10 @@ pub async fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
                     .as_ref()
                     .map(|n| format!("{}/{n}", args.namespace))
             });
-        let cache_dir = args.cache_dir.clone().unwrap_or_else(default_cache_dir);
+        let cache_dir = args
+            .cache_dir
+            .clone()
+            .unwrap_or_else(portwise_supply::default_cache_dir);
         return check_live(args.config.as_deref(), target, cache_dir).await;
     }
     let needs_cluster = args.pod_name.is_some() || args.service_name.is_some();
@@ -134,7 +135,7 @@ pub async fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
         _ => bail!("give the Service with --service FILE or --service-name NAME"),
     };
 
-    let mut oci = portwise_wasm::OciConfig::default();
+    let mut oci = portwise_supply::OciConfig::default();
     let (expr, modules_dir): (CheckerExpr, Option<PathBuf>) = if let Some(path) = &args.config {
         let cfg = Config::load(path)
             .with_context(|| format!("invalid configuration {}", path.display()))?;
@@ -192,11 +193,15 @@ pub async fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
              the built-in tcpDial and httpGet checkers in this expression probe the network"
         );
     }
-    let cache_dir = args.cache_dir.clone().unwrap_or_else(default_cache_dir);
+    let cache_dir = args
+        .cache_dir
+        .clone()
+        .unwrap_or_else(portwise_supply::default_cache_dir);
     let pulls = expr.wasm_specs().iter().any(|s| s.oci().is_some());
     let runtime = match (modules_dir, pulls) {
         (None, false) => None,
         (dir, _) => Some(WasmRuntime::new(WasmConfig {
+            supply: Arc::new(portwise_supply::Supplier),
             oci,
             modules_dir: dir,
             cache_dir: Some(cache_dir.clone()),

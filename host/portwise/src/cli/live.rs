@@ -67,6 +67,7 @@ pub(super) async fn check_live(
     let runtime = match (&cfg.modules_dir, pulls) {
         (None, false) => None,
         (dir, _) => Some(WasmRuntime::new(WasmConfig {
+            supply: Arc::new(portwise_supply::Supplier),
             oci: oci_config(&cfg),
             probes: Default::default(),
             modules_dir: dir.clone(),

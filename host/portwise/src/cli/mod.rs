@@ -38,8 +38,8 @@ pub(super) fn largest_memory_limit(specs: &[&WasmSpec]) -> usize {
 }
 
 /// How `oci://` modules are pulled, from the configuration file.
-pub(super) fn oci_config(config: &Config) -> portwise_wasm::OciConfig {
-    portwise_wasm::OciConfig {
+pub(super) fn oci_config(config: &Config) -> portwise_supply::OciConfig {
+    portwise_supply::OciConfig {
         auth_file: config.registry_auth.clone(),
         ca_file: config.registry_ca.clone(),
         max_module_bytes: config.max_module_bytes,

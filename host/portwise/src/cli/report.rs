@@ -175,6 +175,7 @@ mod tests {
         std::fs::write(&bad, b"not a component").unwrap();
         let rt = Arc::new(
             WasmRuntime::new(WasmConfig {
+                supply: Arc::new(portwise_supply::Supplier),
                 oci: Default::default(),
                 probes: Default::default(),
                 modules_dir: None,

@@ -11,7 +11,8 @@ use tracing::{error, info};
 use portwise_checkers::WasmCheckers;
 use portwise_controller::{self as controller, RunOptions};
 use portwise_core::config::Config;
-use portwise_wasm::{Limits, WasmConfig, WasmRuntime, default_cache_dir};
+use portwise_supply::default_cache_dir;
+use portwise_wasm::{Limits, WasmConfig, WasmRuntime};
 
 use super::{largest_memory_limit, oci_config, report::report_wasm};
 use crate::ops::{
@@ -139,6 +140,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let wasm = if config.modules_dir.is_some() || pulls {
         Some(Arc::new(
             WasmRuntime::new(WasmConfig {
+                supply: Arc::new(portwise_supply::Supplier),
                 oci: oci_config(&config),
                 probes: Default::default(),
                 modules_dir: config.modules_dir.clone(),

@@ -3,20 +3,21 @@
 //! its deadlines, and sorting whatever went wrong into a [`FailureKind`].
 //! A call never fails: a failure is an `abstain` with a reason, counted.
 
-use wasmtime::Trap;
-
 use super::{
-    CheckerSpec, Failure, ModuleVersion, Runtime,
+    CheckerSpec, ModuleVersion, Runtime,
+    failure::{Failure, classify},
     pool::{Guest, Ready},
 };
 use crate::{
     CallLimits,
     bindings::{self, WitDecision, WitVerdict, v02::portwise::membership::types as v02types},
     failures::FailureKind,
-    host::{CallLabels, HostState},
-    truncate,
+    host::CallLabels,
 };
-use portwise_core::membership::{Decision, Subject, Verdict};
+use portwise_core::{
+    membership::{Decision, Subject, Verdict},
+    text::truncate,
+};
 
 impl ModuleVersion {
     /// Runs `validate-config` once per configuration for this version.
@@ -182,40 +183,6 @@ impl ModuleVersion {
                 format!("call did not finish within {:?}", limits.call_timeout),
             )),
         }
-    }
-}
-
-/// Sorts a wasmtime error from a call into a failure kind.
-pub(super) fn classify(e: &wasmtime::Error, state: &HostState, limits: &CallLimits) -> Failure {
-    let memory = state.limiter.denied.map(|(current, desired)| {
-        format!(
-            "memory limit: growth from {} to {} KiB refused (limit {} KiB)",
-            current / 1024,
-            desired / 1024,
-            limits.memory_bytes / 1024
-        )
-    });
-    // Trap's Display starts with "wasm trap: "; the kind already says so.
-    let what = |trap: &Trap| {
-        trap.to_string()
-            .trim_start_matches("wasm trap: ")
-            .to_string()
-    };
-    match e.downcast_ref::<Trap>() {
-        Some(Trap::Interrupt) => Failure::new(
-            FailureKind::Deadline,
-            format!("ran past its compute deadline of {:?}", limits.deadline),
-        ),
-        Some(trap) => match memory {
-            Some(m) => Failure::new(FailureKind::Memory, format!("{m}, then: {}", what(trap))),
-            None => Failure::new(FailureKind::Trap, what(trap)),
-        },
-        None => match memory {
-            Some(m) => Failure::new(FailureKind::Memory, format!("{m}: {e:#}")),
-            // No trap: the guest returned, but its answer could not be lifted
-            // (invalid UTF-8, out-of-bounds pointers, bad discriminants).
-            None => Failure::new(FailureKind::InvalidAnswer, truncate(format!("{e:#}"), 512)),
-        },
     }
 }
 

@@ -12,15 +12,15 @@
 //! unreadable answer, cancelled call) drops the instance: its state is
 //! unknown, and a trapped component instance cannot be entered again anyway.
 //!
-//! - [`decode`]: what a module file holds (gunzip, header checks, hash);
 //! - [`pool`]: instances of a version and the slots they occupy;
-//! - [`reload`]: the directory rescan and the install of new content;
-//! - [`call`]: dispatching `check` and `validate-config` into a guest and
-//!   sorting what went wrong.
+//! - [`reload`]: what the supply hands over (a rescan's changed files, a
+//!   pulled module) compiled and installed, or refused;
+//! - [`call`]: dispatching `check` and `validate-config` into a guest;
+//! - [`failure`]: sorting what went wrong in a call.
 
 mod bench;
 mod call;
-mod decode;
+mod failure;
 mod pool;
 mod reload;
 
@@ -30,19 +30,18 @@ use std::{
     sync::{Arc, Mutex, RwLock, Weak, atomic::AtomicUsize},
 };
 
+use portwise_supply::Supply;
 use tokio::sync::{Semaphore, broadcast};
 use wasmtime::{Engine, component::Linker};
 
 use crate::{
     Limits, ModuleEvent, ModuleInfo,
     bindings::{v01, v02},
-    cache::{CodeCache, CompileSource},
-    failures::{Counters, FailureKind, ModuleCounters},
+    compile::{CodeCache, CompileSource},
+    failures::{Counters, ModuleCounters},
     host::HostState,
     replay::ProbeMode,
 };
-
-pub(crate) use decode::{is_module_file, sha256_hex};
 
 tokio::task_local! {
     /// Set while a future runs on one of this crate's own runtimes.
@@ -68,28 +67,6 @@ fn serving_runtime() -> Option<tokio::runtime::Id> {
 pub(crate) use pool::ModuleVersion;
 use reload::ScanState;
 
-/// Why a call produced no verdict of the guest's own making.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct Failure {
-    pub kind: FailureKind,
-    pub message: String,
-}
-
-impl Failure {
-    fn new(kind: FailureKind, message: impl Into<String>) -> Self {
-        Failure {
-            kind,
-            message: message.into(),
-        }
-    }
-}
-
-impl std::fmt::Display for Failure {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}: {}", self.kind, self.message)
-    }
-}
-
 /// What a checker built on a module needs: the module, its configuration
 /// and an optional content pin. Registered (weakly) with the runtime so a
 /// reload can validate the configurations in use before swapping.
@@ -106,6 +83,8 @@ pub(crate) struct CheckerSpec {
 /// The shared core of a [`crate::WasmRuntime`].
 pub(crate) struct Runtime {
     pub engine: Engine,
+    /// Gunzip, the directory watch and pulls ([`crate::WasmConfig::supply`]).
+    pub supply: Arc<dyn Supply>,
     pub linker: Linker<HostState>,
     pub cache: Option<CodeCache>,
     pub limits: Arc<Limits>,
@@ -129,6 +108,7 @@ pub(crate) struct Runtime {
 impl Runtime {
     pub(crate) fn new(
         engine: Engine,
+        supply: Arc<dyn Supply>,
         cache: Option<CodeCache>,
         limits: Limits,
         dir: Option<PathBuf>,
@@ -147,8 +127,10 @@ impl Runtime {
             |s| s,
         )?;
         let slots = Arc::new(Semaphore::new(limits.max_instances.max(1) as usize));
+        let scan = ScanState::new(dir.clone());
         Ok(Runtime {
             engine,
+            supply,
             linker,
             cache,
             limits: Arc::new(limits),
@@ -157,7 +139,7 @@ impl Runtime {
             probes,
             events: broadcast::channel(64).0,
             modules: RwLock::new(HashMap::new()),
-            scan: tokio::sync::Mutex::new(ScanState::default()),
+            scan: tokio::sync::Mutex::new(scan),
             users: Mutex::new(Vec::new()),
             slots,
             waiting: AtomicUsize::new(0),

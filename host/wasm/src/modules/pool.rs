@@ -58,11 +58,15 @@ use std::{
 use tokio::{runtime, sync::OwnedSemaphorePermit};
 use wasmtime::{Store, UpdateDeadline};
 
-use super::{Failure, Runtime, call::classify, serving_runtime};
+use super::{
+    Runtime,
+    failure::{Failure, classify},
+    serving_runtime,
+};
 use crate::{
     CallLimits, ModuleInfo,
     bindings::{v01, v02},
-    cache::CompileSource,
+    compile::CompileSource,
     engine::ticks,
     failures::{FailureKind, ModuleCounters},
     host::{CallLabels, HostState},

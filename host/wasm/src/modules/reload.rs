@@ -1,52 +1,53 @@
-//! Bringing the loaded modules in line with the modules directory: the
-//! rescan (which files changed, which went away) and the install of new
-//! content (gunzip, compile or load from the cache, link, check pins and the
-//! configurations in use), which either makes the new version current or
-//! leaves the serving one alone and says why.
+//! Bringing the loaded modules in line with what the supply hands over:
+//! the changed files of a modules directory rescan (and the modules that
+//! went away), a pulled module, a single file. Installing new content
+//! (gunzip, compile or load from the cache, link, check pins and the
+//! configurations in use) either makes the new version current or leaves
+//! the serving one alone and says why. Reading, watching and pulling are
+//! `portwise_supply`'s; compiling and swapping are this file's.
 
 use std::{
     collections::{HashMap, HashSet},
-    fs,
     path::{Path, PathBuf},
     sync::{Arc, Mutex},
-    time::{Instant, SystemTime},
+    time::Instant,
 };
 
-use super::{
-    ModuleVersion, Runtime,
-    decode::{check_header, gunzip, is_gzipped, is_module_file, sha256_hex},
-    pool::GuestPre,
-};
+use portwise_supply::{Content, ModuleFile, ModulesDir, Pulled};
+
+use super::{ModuleVersion, Runtime, pool::GuestPre};
 use crate::{
     ModuleInfo,
     bindings::{v01, v02},
-    cache::{CompileSource, Loaded},
+    compile::{CompileSource, Loaded},
     failures::FailureKind,
     host::HostState,
-    truncate,
 };
+use portwise_core::text::truncate;
 
-/// A file's identity as far as rescans care: where its content lives (the
-/// kubelet swaps `..data` to a new directory), its size and mtime.
-#[derive(Clone, Debug, PartialEq, Eq)]
-struct Stamp {
-    target: Option<PathBuf>,
-    len: u64,
-    modified: Option<SystemTime>,
-}
-
-#[derive(Default)]
+/// Loads are serialised by this state's lock (the runtime's `scan`).
 pub(super) struct ScanState {
-    stamps: HashMap<String, Stamp>,
+    /// The modules directory, as the last rescan saw it.
+    dir: Option<ModulesDir>,
     /// Modules present at some point and gone from the directory now.
     removed: HashSet<String>,
     /// The last load failure per module, while it is the latest news.
     pub(super) errors: HashMap<String, String>,
 }
 
+impl ScanState {
+    pub(super) fn new(dir: Option<PathBuf>) -> Self {
+        ScanState {
+            dir: dir.map(ModulesDir::new),
+            removed: HashSet::new(),
+            errors: HashMap::new(),
+        }
+    }
+}
+
 impl Runtime {
     /// Gunzips (a `.wasm.gz`), compiles (or loads from cache) and links a
-    /// module's content. `stored` and `sha256` are the file as stored.
+    /// module's content (the file as stored).
     ///
     /// CPU-heavy (seconds for a large guest): [`Runtime::install`] runs it
     /// on tokio's blocking pool. Also returns why a cached entry present was
@@ -54,29 +55,25 @@ impl Runtime {
     fn compile(
         &self,
         name: &str,
-        source: &Path,
-        stored: &[u8],
-        sha256: &str,
+        content: &Content,
     ) -> Result<(ModuleVersion, Option<String>), String> {
         let started = Instant::now();
         // The cache is keyed by the component's own hash, so `x.wasm` and
         // any `x.wasm.gz` of it share one entry.
-        let gunzipped;
-        let (bytes, code_sha256) = if is_gzipped(name) {
-            gunzipped = gunzip(stored, self.limits.max_gunzipped_bytes)?;
-            let code_sha256 = sha256_hex(&gunzipped);
-            (&gunzipped[..], code_sha256)
-        } else {
-            (stored, sha256.to_string())
-        };
-        check_header(bytes)?;
+        let code = self.supply.component(
+            name,
+            &content.bytes,
+            &content.sha256,
+            self.limits.max_gunzipped_bytes,
+        )?;
+        let bytes = &code.bytes[..];
         let Loaded {
             component,
             source: compiled,
             rejected,
         } =
             match &self.cache {
-                Some(cache) => cache.load(&self.engine, &code_sha256, bytes),
+                Some(cache) => cache.load(&self.engine, &code.sha256, bytes),
                 None => wasmtime::component::Component::from_binary(&self.engine, bytes).map(
                     |component| Loaded {
                         component,
@@ -100,8 +97,8 @@ impl Runtime {
         let version = ModuleVersion {
             name: name.to_string(),
             label: name.into(),
-            sha256: sha256.to_string(),
-            source: source.to_path_buf(),
+            sha256: content.sha256.clone(),
+            source: content.source.clone(),
             size: bytes.len(),
             compiled,
             load_time,
@@ -118,14 +115,13 @@ impl Runtime {
     /// use: then the current version (if any) keeps serving.
     async fn install(
         self: &Arc<Self>,
-        scan: &mut ScanState,
+        errors: &mut HashMap<String, String>,
         name: &str,
-        source: &Path,
-        bytes: Vec<u8>,
+        content: Content,
     ) -> Result<ModuleInfo, String> {
-        let sha256 = sha256_hex(&bytes);
+        let sha256 = content.sha256.clone();
         let counters = self.counters.module(name);
-        let fail = |scan: &mut ScanState, message: String| {
+        let fail = |errors: &mut HashMap<String, String>, message: String| {
             counters.fail(FailureKind::Load);
             let serving = match self.current(name) {
                 Some(v) => format!("; still serving sha256 {}", &v.sha256[..12]),
@@ -135,7 +131,7 @@ impl Runtime {
                 "module {name} (sha256 {}): {message}{serving}",
                 &sha256[..12]
             );
-            scan.errors.insert(name.to_string(), message.clone());
+            errors.insert(name.to_string(), message.clone());
             self.report(name, false, Some(&sha256), None, message.clone());
             Err(message)
         };
@@ -143,18 +139,13 @@ impl Runtime {
         // thread of whatever runtime is rescanning (a current-thread one
         // would stall for the whole compile).
         let compiled = {
-            let (rt, name, source, sha256) = (
-                self.clone(),
-                name.to_string(),
-                source.to_path_buf(),
-                sha256.clone(),
-            );
-            tokio::task::spawn_blocking(move || rt.compile(&name, &source, &bytes, &sha256)).await
+            let (rt, name) = (self.clone(), name.to_string());
+            tokio::task::spawn_blocking(move || rt.compile(&name, &content)).await
         };
         let (version, rejected) = match compiled {
             Ok(Ok(compiled)) => compiled,
-            Ok(Err(message)) => return fail(scan, message),
-            Err(e) => return fail(scan, format!("compiling failed: {e}")),
+            Ok(Err(message)) => return fail(errors, message),
+            Err(e) => return fail(errors, format!("compiling failed: {e}")),
         };
         let users = self.users_of(name);
         if let Some(pin) = users
@@ -163,7 +154,7 @@ impl Runtime {
             .find(|pin| *pin != sha256)
         {
             return fail(
-                scan,
+                errors,
                 format!("content does not match the sha256 {pin} pinned in the configuration"),
             );
         }
@@ -177,7 +168,7 @@ impl Runtime {
         for (config, limits) in configs {
             if let Err(message) = version.validate(self, config, &limits).await {
                 return fail(
-                    scan,
+                    errors,
                     format!(
                         "rejects configuration {}: {message}",
                         truncate(config.to_string(), 200)
@@ -204,7 +195,7 @@ impl Runtime {
             .write()
             .unwrap_or_else(|e| e.into_inner())
             .insert(name.to_string(), Arc::new(version));
-        scan.errors.remove(name);
+        errors.remove(name);
         self.report(name, true, Some(&sha256), Some(compiled), message);
         Ok(info)
     }
@@ -216,7 +207,7 @@ impl Runtime {
     pub(crate) async fn install_pulled(
         self: &Arc<Self>,
         name: &str,
-        pulled: Result<crate::oci::Pulled, String>,
+        pulled: Result<Pulled, String>,
     ) -> Result<ModuleInfo, String> {
         let mut scan = self.scan.lock().await;
         let counters = self.counters.module(name);
@@ -250,88 +241,47 @@ impl Runtime {
             from_cache = pulled.cached,
             signed_by = pulled.signed_by.as_ref().map(|v| format!("{} ({})", v.key, v.signature)),
             "{} bytes {}",
-            pulled.bytes.len(),
+            pulled.content.bytes.len(),
             if pulled.cached { "read from the pull cache" } else { "pulled" }
         );
-        let source = pulled.source.clone();
-        self.install(&mut scan, name, &source, pulled.bytes).await
+        self.install(&mut scan.errors, name, pulled.content).await
     }
 
     /// Loads one file under its file name.
     pub(crate) async fn load_file(self: &Arc<Self>, path: &Path) -> Result<ModuleInfo, String> {
-        let name = path
-            .file_name()
-            .and_then(|n| n.to_str())
-            .ok_or_else(|| format!("{}: not a file name", path.display()))?
-            .to_string();
-        let bytes = fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let file = ModuleFile::read(path)?;
         let mut scan = self.scan.lock().await;
-        if let Some(current) = self.current(&name)
-            && current.sha256 == sha256_hex(&bytes)
+        if let Some(current) = self.current(&file.name)
+            && current.sha256 == file.content.sha256
         {
             return Ok(current.info());
         }
-        self.install(&mut scan, &name, path, bytes).await
+        self.install(&mut scan.errors, &file.name, file.content)
+            .await
     }
 
     /// Brings the loaded modules in line with the directory. Unchanged files
     /// (same resolved path, size and mtime) are not even read; changed files
     /// with unchanged content are read and hashed but not reloaded.
     pub(crate) async fn rescan(self: &Arc<Self>) {
-        let Some(dir) = &self.dir else { return };
         let mut scan = self.scan.lock().await;
-        let entries = match fs::read_dir(dir) {
-            Ok(entries) => entries,
-            Err(e) => {
-                tracing::warn!(dir = %dir.display(), "cannot read modulesDir: {e}");
-                return;
-            }
-        };
-        let mut present = HashSet::new();
-        for entry in entries.flatten() {
-            let Some(name) = entry.file_name().to_str().map(str::to_string) else {
-                continue;
-            };
-            // Skip the kubelet's `..data` and `..2026_...` entries and any
-            // hidden temporary file.
-            if name.starts_with('.') || !is_module_file(&name) {
-                continue;
-            }
-            let path = dir.join(&name);
-            // Follows symlinks: a dangling link in the middle of a swap is
-            // skipped now and picked up by the event that completes the swap.
-            let Ok(meta) = fs::metadata(&path) else {
-                continue;
-            };
-            if !meta.is_file() {
-                continue;
-            }
-            present.insert(name.clone());
-            let stamp = Stamp {
-                target: fs::canonicalize(&path).ok(),
-                len: meta.len(),
-                modified: meta.modified().ok(),
-            };
-            if scan.stamps.get(&name) == Some(&stamp) {
-                continue;
-            }
-            let bytes = match fs::read(&path) {
-                Ok(bytes) => bytes,
-                Err(e) => {
-                    tracing::warn!(module = %name, "cannot read {}: {e}", path.display());
-                    continue;
-                }
-            };
-            scan.stamps.insert(name.clone(), stamp);
+        let ScanState {
+            dir,
+            removed,
+            errors,
+        } = &mut *scan;
+        let Some(dir) = dir else { return };
+        let Some(mut files) = dir.scan() else { return };
+        for file in files.by_ref() {
             if self
-                .current(&name)
-                .is_some_and(|v| v.sha256 == sha256_hex(&bytes))
+                .current(&file.name)
+                .is_some_and(|v| v.sha256 == file.content.sha256)
             {
                 continue;
             }
-            let _ = self.install(&mut scan, &name, &path, bytes).await;
+            let _ = self.install(errors, &file.name, file.content).await;
         }
-        scan.stamps.retain(|name, _| present.contains(name));
+        let present = files.finish();
         let loaded: Vec<String> = self
             .modules
             .read()
@@ -345,8 +295,8 @@ impl Runtime {
                 continue;
             }
             if present.contains(&name) {
-                scan.removed.remove(&name);
-            } else if scan.removed.insert(name.clone()) {
+                removed.remove(&name);
+            } else if removed.insert(name.clone()) {
                 self.report(
                     &name,
                     false,
@@ -354,7 +304,7 @@ impl Runtime {
                     None,
                     format!(
                         "module {name} is gone from {}; still serving the last loaded version",
-                        dir.display()
+                        dir.path().display()
                     ),
                 );
             }

@@ -23,7 +23,7 @@ use std::{
     path::{Path, PathBuf},
     process::Command,
     sync::{
-        LazyLock,
+        Arc, LazyLock,
         atomic::{AtomicU64, Ordering},
     },
 };
@@ -34,6 +34,7 @@ use k8s_openapi::{
 };
 use portwise_checkers::Checker;
 use portwise_core::membership::{Decision, Subject};
+use portwise_supply::Supplier;
 use portwise_wasm::{FailureKind, Limits, WasmConfig, WasmRuntime};
 use proptest::prelude::*;
 use serde_json::json;
@@ -330,6 +331,7 @@ fn check_case(pool: &[u8], answers: &[Answer]) -> Result<u64, TestCaseError> {
     let path = component(&dir, "answers.wasm", &core_wat(pool, answers));
     let result = RT.block_on(async {
         let rt = WasmRuntime::new(WasmConfig {
+            supply: Arc::new(Supplier),
             oci: Default::default(),
             probes: Default::default(),
             modules_dir: None,

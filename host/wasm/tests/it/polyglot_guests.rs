@@ -26,9 +26,8 @@ use k8s_openapi::{
 };
 use portwise_checkers::Checker;
 use portwise_core::membership::{Decision, Subject, Verdict};
-use portwise_wasm::{
-    CompileSource, WasmChecker, WasmConfig, WasmError, WasmRuntime, default_cache_dir,
-};
+use portwise_supply::{Supplier, default_cache_dir};
+use portwise_wasm::{CompileSource, WasmChecker, WasmConfig, WasmError, WasmRuntime};
 use serde_json::{Value, json};
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
@@ -58,6 +57,7 @@ async fn runtime_loading(path: &Path) -> WasmRuntime {
     static LOADING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
     let _one_at_a_time = LOADING.lock().await;
     let rt = WasmRuntime::new(WasmConfig {
+        supply: Arc::new(Supplier),
         oci: Default::default(),
         probes: Default::default(),
         modules_dir: None,

@@ -22,6 +22,7 @@ use k8s_openapi::{
 };
 use portwise_checkers::Checker;
 use portwise_core::membership::{Decision, Subject, Verdict};
+use portwise_supply::Supplier;
 use portwise_wasm::{
     FailureKind, Limits, ProbeMode, Recorder, Recording, ReplayMiss, Replayer, WasmConfig,
     WasmRuntime,
@@ -56,6 +57,7 @@ impl Harness {
     fn new(probes: ProbeMode) -> Self {
         let cache = tempfile::tempdir().unwrap();
         let rt = WasmRuntime::new(WasmConfig {
+            supply: Arc::new(Supplier),
             oci: Default::default(),
             modules_dir: None,
             cache_dir: Some(cache.path().to_path_buf()),

@@ -29,6 +29,7 @@ use portwise_core::{
     config::{WasmLimits, WasmSpec},
     membership::{Decision, Subject, Verdict},
 };
+use portwise_supply::Supplier;
 use portwise_wasm::{
     CompileSource, FailureKind, Limits, ModuleEvent, WasmConfig, WasmError, WasmRuntime,
 };
@@ -103,6 +104,7 @@ impl Harness {
     fn new(limits: Limits) -> Self {
         let cache = TempDir::new("cache");
         let rt = WasmRuntime::new(WasmConfig {
+            supply: Arc::new(Supplier),
             oci: Default::default(),
             probes: Default::default(),
             modules_dir: None,
@@ -748,6 +750,7 @@ async fn compiled_code_is_cached_on_disk_and_corrupt_entries_are_rebuilt() {
     let cache = TempDir::new("codecache");
     let runtime = || {
         WasmRuntime::new(WasmConfig {
+            supply: Arc::new(Supplier),
             oci: Default::default(),
             probes: Default::default(),
             modules_dir: None,
@@ -823,8 +826,9 @@ async fn load_and_judge(
     config: Value,
     s: &Subject,
     expected: (Decision, &str),
-) -> (CompileSource, portwise_wasm::CodeCacheStats, String) {
+) -> (CompileSource, portwise_supply::CodeCacheStats, String) {
     let rt = WasmRuntime::new(WasmConfig {
+        supply: Arc::new(Supplier),
         oci: Default::default(),
         probes: Default::default(),
         modules_dir: None,
@@ -843,7 +847,7 @@ async fn load_and_judge(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cache_entries_that_fail_verification_never_run_and_are_recompiled() {
-    use portwise_wasm::CodeCacheStats;
+    use portwise_supply::CodeCacheStats;
     let cache = TempDir::new("sealed");
     let server = http_server().await;
     let s = subject(LOCAL, server.port(), &[]);
@@ -974,6 +978,7 @@ impl ConfigMapDir {
 
 fn dir_runtime(dir: &Path, cache: &TempDir) -> WasmRuntime {
     WasmRuntime::new(WasmConfig {
+        supply: Arc::new(Supplier),
         oci: Default::default(),
         probes: Default::default(),
         modules_dir: Some(dir.to_path_buf()),

@@ -3,7 +3,7 @@
 //!
 //! This module is the pure part: keys, the two forms a cosign signature
 //! takes in a registry, and the decision whether one of them signs a given
-//! manifest digest. Fetching the signatures is `oci.rs`'s job.
+//! manifest digest. Fetching the signatures is [`crate::oci`]'s job (`oci/signed.rs`).
 //!
 //! The two forms, both made by `cosign sign --key`:
 //! - **Sigstore bundle** (cosign 3's default): an OCI referrer of the
@@ -29,6 +29,8 @@ use base64::{Engine as _, engine::general_purpose::STANDARD as BASE64};
 use rustls::pki_types::{SignatureVerificationAlgorithm, SubjectPublicKeyInfoDer, pem::PemObject};
 use serde::{Deserialize, Serialize};
 use webpki::{Error as WebpkiError, RawPublicKeyEntity, ring as algs};
+
+pub use crate::handoff::Verified;
 
 /// The artifact type (and layer media type) of a sigstore bundle referrer.
 pub const BUNDLE_MEDIA_TYPE: &str = "application/vnd.dev.sigstore.bundle.v0.3+json";
@@ -183,15 +185,6 @@ pub fn verify(
         names.join(" or "),
         reasons.join("; ")
     ))
-}
-
-/// What verified a module.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Verified {
-    /// The key's name (its file).
-    pub key: String,
-    /// Which signature.
-    pub signature: String,
 }
 
 fn verify_one<'k>(

@@ -1,23 +1,25 @@
-//! What a module file holds, before wasmtime sees it: a `.wasm.gz` is
-//! gunzipped (bounded), anything that is certainly not a component is
-//! refused with a message saying what it is instead, and content is named by
-//! its sha256. Pure functions of bytes and names, so they are tested
-//! without an engine.
+//! What a module file holds, before the runtime compiles it: a `.wasm.gz`
+//! is gunzipped (bounded), and anything that is certainly not a component
+//! is refused with a message saying what it is instead. Pure functions of
+//! bytes and names, so they are tested without an engine. Gunzipping needs
+//! the feature `fetch` (the runtime asks for it through
+//! [`crate::Supply::component`]).
 
-use sha2::{Digest, Sha256};
+use std::borrow::Cow;
 
 /// Whether a directory entry is a module: `*.wasm` or `*.wasm.gz`.
-pub(crate) fn is_module_file(name: &str) -> bool {
+pub fn is_module_file(name: &str) -> bool {
     name.ends_with(".wasm") || is_gzipped(name)
 }
 
 /// Whether a module is stored gzip-compressed: by its name only, so what a
 /// file is never depends on guessing from its bytes.
-pub(super) fn is_gzipped(name: &str) -> bool {
+pub fn is_gzipped(name: &str) -> bool {
     name.ends_with(".wasm.gz")
 }
 
 /// `n` bytes for a message: whole MiB when it is a whole number of them.
+#[cfg(feature = "fetch")]
 fn bytes_text(n: usize) -> String {
     if n >= 1 << 20 && n.is_multiple_of(1 << 20) {
         format!("{} MiB", n >> 20)
@@ -31,7 +33,8 @@ fn bytes_text(n: usize) -> String {
 /// One pass that stops reading at `max + 1` bytes: a gzip bomb costs at
 /// most the time and memory of inflating `max` bytes, then is refused.
 /// Concatenated gzip members are read as one stream, as `gunzip` does.
-pub(crate) fn gunzip(gz: &[u8], max: usize) -> Result<Vec<u8>, String> {
+#[cfg(feature = "fetch")]
+pub fn gunzip(gz: &[u8], max: usize) -> Result<Vec<u8>, String> {
     use flate2::read::MultiGzDecoder;
     use std::io::Read;
     let limit = u64::try_from(max).unwrap_or(u64::MAX).saturating_add(1);
@@ -51,7 +54,7 @@ pub(crate) fn gunzip(gz: &[u8], max: usize) -> Result<Vec<u8>, String> {
 
 /// Refuses what is certainly not a component, with a message that says what
 /// it is instead.
-pub(super) fn check_header(bytes: &[u8]) -> Result<(), String> {
+pub fn check_header(bytes: &[u8]) -> Result<(), String> {
     if bytes.starts_with(&[0x1f, 0x8b]) {
         return Err(
             "gzip-compressed, not WebAssembly: only a file named *.wasm.gz is gunzipped (once)"
@@ -71,13 +74,45 @@ pub(super) fn check_header(bytes: &[u8]) -> Result<(), String> {
     Ok(())
 }
 
-pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
-    hex::encode(Sha256::digest(bytes))
+/// A component to compile, and its own sha256 (the compiled-code cache's
+/// key: `x.wasm` and any `x.wasm.gz` of it share one entry).
+#[derive(Debug)]
+pub struct Component<'a> {
+    pub bytes: Cow<'a, [u8]>,
+    pub sha256: String,
+}
+
+/// The component module `name` holds: `stored` (whose sha256 is
+/// `stored_sha256`) gunzipped when the name says `.wasm.gz` (to at most
+/// `max_gunzipped` bytes), then checked to look like a component.
+#[cfg(feature = "fetch")]
+pub fn component<'a>(
+    name: &str,
+    stored: &'a [u8],
+    stored_sha256: &str,
+    max_gunzipped: usize,
+) -> Result<Component<'a>, String> {
+    let component = if is_gzipped(name) {
+        let gunzipped = gunzip(stored, max_gunzipped)?;
+        let sha256 = crate::content::sha256_hex(&gunzipped);
+        Component {
+            bytes: Cow::Owned(gunzipped),
+            sha256,
+        }
+    } else {
+        Component {
+            bytes: Cow::Borrowed(stored),
+            sha256: stored_sha256.to_string(),
+        }
+    };
+    check_header(&component.bytes)?;
+    Ok(component)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[cfg(feature = "fetch")]
     use std::time::Instant;
 
     #[test]
@@ -95,6 +130,7 @@ mod tests {
         assert!(check_header(b"\0asm\x0d\0\x01\0rest").is_ok());
     }
 
+    #[cfg(feature = "fetch")]
     fn gzip(parts: &[&[u8]]) -> Vec<u8> {
         use std::io::Write;
         let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
@@ -121,6 +157,7 @@ mod tests {
         assert!(is_gzipped("a.wasm.gz") && !is_gzipped("a.wasm"));
     }
 
+    #[cfg(feature = "fetch")]
     #[test]
     fn gunzip_returns_the_content_up_to_and_including_the_cap() {
         let wasm = b"\0asm\x0d\0\x01\0component bytes".repeat(1000);
@@ -133,6 +170,7 @@ mod tests {
         assert_eq!(gunzip(&two, 1 << 20).unwrap(), wasm);
     }
 
+    #[cfg(feature = "fetch")]
     #[test]
     fn gunzip_refuses_content_past_the_cap_naming_it() {
         let wasm = vec![7u8; 4096];
@@ -153,6 +191,7 @@ mod tests {
         );
     }
 
+    #[cfg(feature = "fetch")]
     #[test]
     fn corrupt_gzip_is_a_clear_error() {
         let good = gzip(&[b"\0asm\x0d\0\x01\0rest of the component"]);
@@ -172,6 +211,7 @@ mod tests {
         }
     }
 
+    #[cfg(feature = "fetch")]
     #[test]
     fn a_gzipped_file_not_named_gz_is_explained() {
         let e = check_header(&gzip(&[b"\0asm\x0d\0\x01\0"])).unwrap_err();

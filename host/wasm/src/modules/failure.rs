@@ -1,0 +1,63 @@
+//! Why a call produced no verdict of the guest's own making: a
+//! [`Failure`], and the sorting of a wasmtime error into one.
+
+use wasmtime::Trap;
+
+use crate::{CallLimits, failures::FailureKind, host::HostState};
+use portwise_core::text::truncate;
+
+/// Why a call produced no verdict of the guest's own making.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Failure {
+    pub kind: FailureKind,
+    pub message: String,
+}
+
+impl Failure {
+    pub(super) fn new(kind: FailureKind, message: impl Into<String>) -> Self {
+        Failure {
+            kind,
+            message: message.into(),
+        }
+    }
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.kind, self.message)
+    }
+}
+
+/// Sorts a wasmtime error from a call into a failure kind.
+pub(super) fn classify(e: &wasmtime::Error, state: &HostState, limits: &CallLimits) -> Failure {
+    let memory = state.limiter.denied.map(|(current, desired)| {
+        format!(
+            "memory limit: growth from {} to {} KiB refused (limit {} KiB)",
+            current / 1024,
+            desired / 1024,
+            limits.memory_bytes / 1024
+        )
+    });
+    // Trap's Display starts with "wasm trap: "; the kind already says so.
+    let what = |trap: &Trap| {
+        trap.to_string()
+            .trim_start_matches("wasm trap: ")
+            .to_string()
+    };
+    match e.downcast_ref::<Trap>() {
+        Some(Trap::Interrupt) => Failure::new(
+            FailureKind::Deadline,
+            format!("ran past its compute deadline of {:?}", limits.deadline),
+        ),
+        Some(trap) => match memory {
+            Some(m) => Failure::new(FailureKind::Memory, format!("{m}, then: {}", what(trap))),
+            None => Failure::new(FailureKind::Trap, what(trap)),
+        },
+        None => match memory {
+            Some(m) => Failure::new(FailureKind::Memory, format!("{m}: {e:#}")),
+            // No trap: the guest returned, but its answer could not be lifted
+            // (invalid UTF-8, out-of-bounds pointers, bad discriminants).
+            None => Failure::new(FailureKind::InvalidAnswer, truncate(format!("{e:#}"), 512)),
+        },
+    }
+}
