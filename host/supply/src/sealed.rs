@@ -189,6 +189,20 @@ impl SealedStore {
         let _ = fs::remove_file(&path);
     }
 
+    /// Removes the entry for module `sha256`, if there is one (a module no
+    /// longer loaded: its entry would only take space).
+    pub fn remove(&self, sha256: &str) {
+        let path = self.path(sha256);
+        match fs::remove_file(&path) {
+            Ok(()) => tracing::debug!(path = %path.display(), "compiled-code cache entry removed"),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => tracing::warn!(
+                path = %path.display(),
+                "cannot remove compiled-code cache entry: {e}"
+            ),
+        }
+    }
+
     /// Seals `artifact` for module `sha256` and writes it, atomically. A
     /// failure is logged: it only costs the next start a compile.
     pub fn write(&self, sha256: &str, artifact: &[u8]) {

@@ -9,8 +9,15 @@
 //! `.wasm`, the entry rewritten (atomically), a warning with the file name
 //! logged, and the rejection counted ([`CodeCacheStats::rejected`]; the load
 //! itself counts as `compiled`).
+//!
+//! Bounded: every reload of a module with new content adds an entry (a new
+//! sha256), so after each load the runtime drops the entries it loaded or
+//! wrote that no loaded module uses any more ([`CodeCache::retain`]). Entries
+//! it has not touched (other engines' fingerprints, modules of the previous
+//! start not loaded yet, such as `oci://` modules pulled later) and the key
+//! are left alone.
 
-use std::path::PathBuf;
+use std::{collections::HashSet, path::PathBuf, sync::Mutex};
 
 use portwise_supply::sealed::{CodeCacheStats, Lookup, SealedStore};
 use wasmtime::{Engine, component::Component};
@@ -28,6 +35,9 @@ pub enum CompileSource {
 #[derive(Debug)]
 pub(crate) struct CodeCache {
     store: SealedStore,
+    /// The modules (sha256) whose entries this runtime read or wrote and
+    /// has not removed since.
+    touched: Mutex<HashSet<String>>,
 }
 
 /// A component and how it was obtained.
@@ -42,7 +52,22 @@ impl CodeCache {
     pub(crate) fn new(dir: PathBuf, fingerprint: String) -> Self {
         CodeCache {
             store: SealedStore::new(dir, fingerprint),
+            touched: Mutex::new(HashSet::new()),
         }
+    }
+
+    /// Removes the entries this runtime touched whose module is not in
+    /// `loaded` (the sha256s of the components serving): a module replaced
+    /// by new content, or new content that failed to load.
+    pub(crate) fn retain(&self, loaded: &HashSet<&str>) {
+        let mut touched = self.touched.lock().unwrap_or_else(|e| e.into_inner());
+        touched.retain(|sha256| {
+            let keep = loaded.contains(sha256.as_str());
+            if !keep {
+                self.store.remove(sha256);
+            }
+            keep
+        });
     }
 
     #[cfg(test)]
@@ -61,6 +86,10 @@ impl CodeCache {
         sha256: &str,
         wasm: &[u8],
     ) -> wasmtime::Result<Loaded> {
+        self.touched
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(sha256.to_string());
         let rejected = match self.store.read(sha256) {
             Lookup::Off => {
                 return Ok(Loaded {

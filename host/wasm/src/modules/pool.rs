@@ -121,6 +121,8 @@ pub(crate) struct ModuleVersion {
     pub source: PathBuf,
     /// Of the component (gunzipped).
     pub size: usize,
+    /// The component's sha256 (gunzipped): its compiled-code cache key.
+    pub code_sha256: String,
     pub compiled: CompileSource,
     pub load_time: Duration,
     pub(super) pre: GuestPre,

@@ -100,6 +100,7 @@ impl Runtime {
             sha256: content.sha256.clone(),
             source: content.source.clone(),
             size: bytes.len(),
+            code_sha256: code.sha256.clone(),
             compiled,
             load_time,
             pre,
@@ -112,8 +113,24 @@ impl Runtime {
 
     /// Loads new content for `name` and makes it current, unless it fails to
     /// compile, does not match a pin in use, or rejects a configuration in
-    /// use: then the current version (if any) keeps serving.
+    /// use: then the current version (if any) keeps serving. Either way,
+    /// the compiled-code cache then keeps only the entries of modules
+    /// loaded (see [`crate::compile::CodeCache::retain`]).
     async fn install(
+        self: &Arc<Self>,
+        errors: &mut HashMap<String, String>,
+        name: &str,
+        content: Content,
+    ) -> Result<ModuleInfo, String> {
+        let installed = self.swap_in(errors, name, content).await;
+        if let Some(cache) = &self.cache {
+            let modules = self.modules.read().unwrap_or_else(|e| e.into_inner());
+            cache.retain(&modules.values().map(|m| &m.code_sha256[..]).collect());
+        }
+        installed
+    }
+
+    async fn swap_in(
         self: &Arc<Self>,
         errors: &mut HashMap<String, String>,
         name: &str,

@@ -1734,3 +1734,84 @@ async fn a_0_1_guest_serves_next_to_0_2_guests_in_one_modules_dir() {
         rt.failures()
     );
 }
+
+/// `bytes` (a component) with a custom section carrying `payload`
+/// appended: the same component, with a different sha256.
+fn with_custom_section(bytes: &[u8], payload: &str) -> Vec<u8> {
+    let name = b"portwise-test";
+    let len = 1 + name.len() + payload.len();
+    assert!(len < 128, "one LEB128 byte");
+    let mut out = bytes.to_vec();
+    out.extend([0x00, len as u8, name.len() as u8]);
+    out.extend(name);
+    out.extend(payload.as_bytes());
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_compiled_code_cache_keeps_only_what_is_loaded() {
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(FIXTURE_0_1);
+    let bytes = fs::read(&fixture).unwrap();
+    let dir = TempDir::new("reloads");
+    let cache = TempDir::new("bounded");
+    let rt = WasmRuntime::new(WasmConfig {
+        supply: Arc::new(Supplier),
+        oci: Default::default(),
+        probes: Default::default(),
+        modules_dir: None,
+        cache_dir: Some(cache.path().to_path_buf()),
+        watch: false,
+        limits: test_limits(),
+    })
+    .unwrap();
+    // Another module, loaded once and kept loaded: its entry stays.
+    let other = dir.path().join("other.wasm");
+    fs::write(&other, with_custom_section(&bytes, "other")).unwrap();
+    let other = rt.load_file(&other).await.unwrap();
+    // An entry this runtime never touched (another engine's, or a module
+    // of the previous start not loaded yet): left alone.
+    let foreign = cache
+        .path()
+        .join(format!("{}-0123456789abcdef.sealed.cwasm", "a".repeat(64)));
+    fs::write(&foreign, b"someone else's").unwrap();
+    // Twenty hot reloads of one module, each with new content.
+    let path = dir.path().join("reloaded.wasm");
+    let mut last = None;
+    for i in 0..20 {
+        fs::write(&path, with_custom_section(&bytes, &format!("v{i}"))).unwrap();
+        last = Some(rt.load_file(&path).await.unwrap());
+    }
+    // New content that fails to load: its entry goes too.
+    let broken = dir.path().join("broken.wasm");
+    fs::write(&broken, b"\0asm\x0d\0\x01\0").unwrap();
+    rt.load_file(&broken).await.unwrap_err();
+
+    let last = last.unwrap();
+    let mut names: Vec<String> = fs::read_dir(cache.path())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".cwasm"))
+        .collect();
+    names.sort();
+    let mut expected = vec![
+        cache_entry(cache.path(), &last.sha256),
+        cache_entry(cache.path(), &other.sha256),
+        foreign,
+    ]
+    .into_iter()
+    .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+    .collect::<Vec<_>>();
+    expected.sort();
+    assert_eq!(names, expected);
+    assert!(
+        cache
+            .path()
+            .join(portwise_supply::sealed::KEY_FILE)
+            .is_file()
+    );
+    // Both modules still serving (the broken one never did).
+    assert_eq!(rt.modules().len(), 2);
+}
