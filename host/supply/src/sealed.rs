@@ -349,6 +349,12 @@ fn load_or_create_key(dir: &Path) -> io::Result<Key> {
 
 /// `Ok(None)`: no key file. `Err`: a key file that must not be trusted.
 fn read_key(path: &Path) -> Result<Option<Key>, String> {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    read_key_as(path, unsafe { libc::geteuid() })
+}
+
+/// [`read_key`] for a process whose effective uid is `euid`.
+fn read_key_as(path: &Path, euid: u32) -> Result<Option<Key>, String> {
     let mut file = match fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NOFOLLOW)
@@ -362,8 +368,6 @@ fn read_key(path: &Path) -> Result<Option<Key>, String> {
     let meta = file
         .metadata()
         .map_err(|e| format!("cannot stat it: {e}"))?;
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    let euid = unsafe { libc::geteuid() };
     if !meta.is_file() {
         return Err("not a regular file".into());
     }
@@ -530,10 +534,26 @@ mod tests {
     }
 
     #[test]
+    fn a_key_owned_by_another_user_is_not_trusted() {
+        // Whatever uid runs this: the check is against the uid passed in,
+        // one that does not own the file.
+        let dir = scratch();
+        let path = dir.path().join(KEY_FILE);
+        fs::write(&path, [9u8; 32]).unwrap();
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).unwrap();
+        let owner = fs::metadata(&path).unwrap().uid();
+        let other = owner.wrapping_add(4242);
+        let why = read_key_as(&path, other).unwrap_err();
+        assert_eq!(why, format!("owned by uid {owner}, not {other}"));
+        // Its owner trusts it.
+        assert_eq!(read_key_as(&path, owner).unwrap().unwrap().0, [9u8; 32]);
+    }
+
+    #[test]
     fn a_key_owned_by_another_user_is_replaced() {
         // SAFETY: no preconditions.
         if unsafe { libc::geteuid() } != 0 {
-            eprintln!("not root: cannot give a file away, skipping");
+            eprintln!("not root: cannot give a file away (the check itself: above)");
             return;
         }
         let dir = scratch();
