@@ -14,6 +14,9 @@
 //! tag   = HMAC-SHA256(key, SEAL_DOMAIN ‖ module sha256 ‖ 0 ‖ engine fingerprint ‖ 0 ‖ artifact)
 //! ```
 //!
+//! The tag is ring's HMAC-SHA256 (`ring::hmac`), verified with
+//! `hmac::verify` (constant time).
+//!
 //! The key is 32 random bytes in [`KEY_FILE`] in the cache directory,
 //! created with mode 0600 by the first runtime that uses the directory. It
 //! is trusted only if it is a regular file (not a symlink), owned by our
@@ -38,7 +41,7 @@ use std::{
     },
 };
 
-use sha2::{Digest, Sha256};
+use ring::hmac;
 
 /// What the compiled-code cache of a runtime did since it started.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -69,6 +72,12 @@ const MAX_ENTRY_BYTES: u64 = 1 << 30;
 
 /// The cache key; never printed.
 struct Key([u8; 32]);
+
+impl Key {
+    fn hmac(&self) -> hmac::Key {
+        hmac::Key::new(hmac::HMAC_SHA256, &self.0)
+    }
+}
 
 impl std::fmt::Debug for Key {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -239,28 +248,33 @@ impl SealedStore {
         if meta.len() > MAX_ENTRY_BYTES {
             return Err(format!("{} bytes is too large", meta.len()));
         }
-        let mut bytes = Vec::with_capacity(meta.len() as usize);
+        // The entry is read after the rest of the tagged message, so the
+        // whole message is one slice for `hmac::verify`.
+        let mut bytes = sealed_prefix(sha256, &self.fingerprint);
+        let prefix_len = bytes.len();
+        bytes.reserve_exact(meta.len() as usize);
         (&mut file)
             .take(MAX_ENTRY_BYTES + 1)
             .read_to_end(&mut bytes)
             .map_err(|e| format!("cannot read it: {e}"))?;
-        if bytes.len() as u64 > MAX_ENTRY_BYTES {
+        let entry_len = bytes.len() - prefix_len;
+        if entry_len as u64 > MAX_ENTRY_BYTES {
             return Err("grew too large while being read".into());
         }
-        if bytes.len() < SEAL_TRAILER_LEN || !bytes.ends_with(SEAL_MAGIC) {
+        if entry_len < SEAL_TRAILER_LEN || !bytes.ends_with(SEAL_MAGIC) {
             return Err(format!(
-                "no seal ({} bytes; truncated, or not written by this version)",
-                bytes.len()
+                "no seal ({entry_len} bytes; truncated, or not written by this version)"
             ));
         }
-        let artifact_len = bytes.len() - SEAL_TRAILER_LEN;
-        let expected = seal(key, sha256, &self.fingerprint, &bytes[..artifact_len]);
-        if !constant_time_eq(&expected, &bytes[artifact_len..artifact_len + TAG_LEN]) {
+        let message_len = bytes.len() - SEAL_TRAILER_LEN;
+        let (message, trailer) = bytes.split_at(message_len);
+        if hmac::verify(&key.hmac(), message, &trailer[..TAG_LEN]).is_err() {
             return Err(
                 "seal does not verify (corrupt, truncated, or written with another key)".into(),
             );
         }
-        bytes.truncate(artifact_len);
+        bytes.truncate(message_len);
+        bytes.drain(..prefix_len);
         Ok(Some(bytes))
     }
 
@@ -389,45 +403,30 @@ fn read_key_as(path: &Path, euid: u32) -> Result<Option<Key>, String> {
     Ok(Some(Key(key)))
 }
 
-/// The tag of an entry.
+/// What the tag covers before the artifact: SEAL_DOMAIN ‖ module sha256 ‖ 0
+/// ‖ engine fingerprint ‖ 0.
+fn sealed_prefix(sha256: &str, fingerprint: &str) -> Vec<u8> {
+    [
+        SEAL_DOMAIN,
+        sha256.as_bytes(),
+        b"\0",
+        fingerprint.as_bytes(),
+        b"\0",
+    ]
+    .concat()
+}
+
+/// The tag of an entry (ring's HMAC-SHA256, the message in two parts so
+/// the artifact is not copied).
 fn seal(key: &Key, sha256: &str, fingerprint: &str, artifact: &[u8]) -> [u8; TAG_LEN] {
-    hmac_sha256(
-        &key.0,
-        &[
-            SEAL_DOMAIN,
-            sha256.as_bytes(),
-            b"\0",
-            fingerprint.as_bytes(),
-            b"\0",
-            artifact,
-        ],
-    )
-}
-
-/// HMAC-SHA256 (RFC 2104) of the concatenation of `parts`.
-fn hmac_sha256(key: &[u8], parts: &[&[u8]]) -> [u8; 32] {
-    const BLOCK: usize = 64;
-    let mut block = [0u8; BLOCK];
-    if key.len() > BLOCK {
-        block[..32].copy_from_slice(&Sha256::digest(key));
-    } else {
-        block[..key.len()].copy_from_slice(key);
-    }
-    let pad = |byte: u8| block.map(|b| b ^ byte);
-    let mut inner = Sha256::new();
-    inner.update(pad(0x36));
-    for part in parts {
-        inner.update(part);
-    }
-    let mut outer = Sha256::new();
-    outer.update(pad(0x5c));
-    outer.update(inner.finalize());
-    outer.finalize().into()
-}
-
-/// Equality whose time does not depend on where the inputs differ.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    let mut context = hmac::Context::with_key(&key.hmac());
+    context.update(&sealed_prefix(sha256, fingerprint));
+    context.update(artifact);
+    context
+        .sign()
+        .as_ref()
+        .try_into()
+        .expect("HMAC-SHA256 tags are 32 bytes")
 }
 
 #[cfg(test)]
@@ -450,36 +449,41 @@ mod tests {
 
     #[test]
     fn hmac_matches_rfc_4231() {
-        let hex = |b: [u8; 32]| hex::encode(b);
+        let tag = |key: &[u8], parts: &[&[u8]]| {
+            let mut context = hmac::Context::with_key(&hmac::Key::new(hmac::HMAC_SHA256, key));
+            parts.iter().for_each(|p| context.update(p));
+            hex::encode(context.sign())
+        };
         // Test case 1.
         assert_eq!(
-            hex(hmac_sha256(&[0x0b; 20], &[b"Hi There"])),
+            tag(&[0x0b; 20], &[b"Hi There"]),
             "b0344c61d8db38535ca8afceaf0bf12b881dc200c9833da726e9376c2e32cff7"
         );
         // Test case 2, the message in two parts.
         assert_eq!(
-            hex(hmac_sha256(
-                b"Jefe",
-                &[b"what do ya want ", b"for nothing?"]
-            )),
+            tag(b"Jefe", &[b"what do ya want ", b"for nothing?"]),
             "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
         );
         // Test case 6: a key longer than the block is hashed first.
         assert_eq!(
-            hex(hmac_sha256(
+            tag(
                 &[0xaa; 131],
                 &[b"Test Using Larger Than Block-Size Key - Hash Key First"]
-            )),
+            ),
             "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54"
         );
     }
 
     #[test]
-    fn constant_time_eq_compares_all_bytes_and_lengths() {
-        assert!(constant_time_eq(b"abc", b"abc"));
-        assert!(!constant_time_eq(b"abc", b"abd"));
-        assert!(!constant_time_eq(b"xbc", b"abc"));
-        assert!(!constant_time_eq(b"ab", b"abc"));
+    fn the_seal_format_is_unchanged() {
+        // HMAC-SHA256 under key [7; 32] of SEAL_DOMAIN ‖ SHA ‖ 0 ‖ "f" * 64
+        // ‖ 0 ‖ "artifact bytes", as any HMAC implementation computes it
+        // (Python's hmac here): entries written before stay valid.
+        let tag = seal(&Key([7; 32]), SHA, &"f".repeat(64), b"artifact bytes");
+        assert_eq!(
+            hex::encode(tag),
+            "b0cc89a9ed576063160fb63bb33f3b6284d6126af70fbba76c196ffc43238f8a"
+        );
     }
 
     #[test]
