@@ -11,22 +11,46 @@
 
 use std::{collections::HashMap, sync::Mutex, time::Duration};
 
+use backon::BackoffBuilder as _;
+
 /// The first retry's delay.
 pub const FIRST: Duration = Duration::from_millis(500);
 /// The longest wait between retries.
 pub const MAX: Duration = Duration::from_secs(300);
 
+/// FIRST * 2^(n-1) after the `n`th consecutive failure, at most MAX, for
+/// ever; no jitter (each Service's failures come at their own times).
+fn backoff() -> backon::ExponentialBackoff {
+    backon::ExponentialBuilder::default()
+        .with_min_delay(FIRST)
+        .with_max_delay(MAX)
+        .with_factor(2.0)
+        .without_max_times()
+        .build()
+}
+
+/// One Service's consecutive failures and where its backoff is.
+#[derive(Debug)]
+struct Failing {
+    failures: u32,
+    backoff: backon::ExponentialBackoff,
+}
+
 /// Consecutive failures per Service (`namespace/name`).
 #[derive(Debug, Default)]
-pub struct Retries(Mutex<HashMap<String, u32>>);
+pub struct Retries(Mutex<HashMap<String, Failing>>);
 
 impl Retries {
     /// Records a failure of `key`; the delay before its next retry.
     pub fn failed(&self, key: &str) -> Duration {
-        let mut failures = self.0.lock().unwrap();
-        let n = failures.entry(key.to_string()).or_default();
-        *n = n.saturating_add(1);
-        delay(*n)
+        let mut failing = self.0.lock().unwrap();
+        let f = failing.entry(key.to_string()).or_insert_with(|| Failing {
+            failures: 0,
+            backoff: backoff(),
+        });
+        f.failures = f.failures.saturating_add(1);
+        // Never None without a maximum number of retries.
+        f.backoff.next().unwrap_or(MAX)
     }
 
     /// A successful reconcile (or the Service's deletion) starts over.
@@ -36,15 +60,8 @@ impl Retries {
 
     /// Consecutive failures of `key` so far.
     pub fn failures(&self, key: &str) -> u32 {
-        self.0.lock().unwrap().get(key).copied().unwrap_or(0)
+        self.0.lock().unwrap().get(key).map_or(0, |f| f.failures)
     }
-}
-
-/// The delay after the `n`th consecutive failure (n >= 1):
-/// FIRST * 2^(n-1), at most MAX.
-pub fn delay(n: u32) -> Duration {
-    let doublings = n.saturating_sub(1).min(20);
-    FIRST.saturating_mul(1 << doublings).min(MAX)
 }
 
 #[cfg(test)]
@@ -53,13 +70,14 @@ mod tests {
 
     #[test]
     fn delays_double_up_to_the_cap() {
-        assert_eq!(delay(1), FIRST);
-        assert_eq!(delay(2), FIRST * 2);
-        assert_eq!(delay(3), FIRST * 4);
-        let all: Vec<Duration> = (1..=40).map(delay).collect();
+        let r = Retries::default();
+        let all: Vec<Duration> = (0..100).map(|_| r.failed("ns/a")).collect();
+        assert_eq!(all[..4], [FIRST, FIRST * 2, FIRST * 4, FIRST * 8]);
         assert!(all.windows(2).all(|w| w[0] <= w[1]), "{all:?}");
-        assert_eq!(*all.last().unwrap(), MAX);
-        assert_eq!(delay(u32::MAX), MAX);
+        // 500 ms * 2^9 = 256 s, then the cap.
+        assert_eq!(all[9], Duration::from_secs(256));
+        assert!(all[10..].iter().all(|d| *d == MAX), "{all:?}");
+        assert_eq!(r.failures("ns/a"), 100);
     }
 
     #[test]
