@@ -323,11 +323,25 @@ impl Answers {
 /// probability (3/4)^40 < 1e-5.
 pub const CONNECTIONS: usize = 40;
 
+/// How a client asks a listener who it is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Speak {
+    /// Connect and read: the test's name servers answer at once.
+    Raw,
+    /// `GET /` first: the demo's pods serve HTTP on some ports.
+    Http,
+}
+
 /// `n` new connections to `addr`, each asked who answered.
 pub async fn who_answers(addr: SocketAddr, n: usize) -> Answers {
+    who_answers_speaking(addr, n, Speak::Raw).await
+}
+
+/// [`who_answers`], asking as `speak` says.
+pub async fn who_answers_speaking(addr: SocketAddr, n: usize, speak: Speak) -> Answers {
     let mut out = Answers::default();
     for _ in 0..n {
-        match ask(addr).await {
+        match ask_speaking(addr, speak).await {
             Ok(Some(name)) => *out.by_pod.entry(name).or_default() += 1,
             Ok(None) => out.refused += 1,
             Err(_) => out.failed += 1,
@@ -338,6 +352,11 @@ pub async fn who_answers(addr: SocketAddr, n: usize) -> Answers {
 
 /// One connection: Some(pod name), None if refused.
 pub async fn ask(addr: SocketAddr) -> Result<Option<String>> {
+    ask_speaking(addr, Speak::Raw).await
+}
+
+/// [`ask`], asking as `speak` says (an HTTP answer's body is the name).
+pub async fn ask_speaking(addr: SocketAddr, speak: Speak) -> Result<Option<String>> {
     let connect = tokio::time::timeout(Duration::from_secs(2), TcpStream::connect(addr))
         .await
         .with_context(|| format!("connecting to {addr}: timed out"))?;
@@ -346,15 +365,24 @@ pub async fn ask(addr: SocketAddr) -> Result<Option<String>> {
         Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => return Ok(None),
         Err(e) => return Err(e).with_context(|| format!("connecting to {addr}")),
     };
+    if speak == Speak::Http {
+        s.write_all(b"GET / HTTP/1.1\r\nHost: portwise\r\nConnection: close\r\n\r\n")
+            .await?;
+    }
     let mut buf = Vec::new();
     tokio::time::timeout(Duration::from_secs(2), s.read_to_end(&mut buf))
         .await
         .with_context(|| format!("reading from {addr}: timed out"))??;
-    let name = String::from_utf8(buf)?.trim().to_string();
+    let text = String::from_utf8(buf)?;
+    let name = match text.split_once("\r\n\r\n") {
+        Some((_, body)) if speak == Speak::Http => body,
+        _ => text.as_str(),
+    }
+    .trim();
     if name.is_empty() {
         bail!("{addr} closed without a name");
     }
-    Ok(Some(name))
+    Ok(Some(name.to_string()))
 }
 
 /// Waits until [`CONNECTIONS`] connections to `addr` are answered by

@@ -38,6 +38,7 @@ mod reconcile;
 mod retry;
 mod shadow;
 mod tenure;
+mod watches;
 mod wiring;
 
 use std::future::Future;

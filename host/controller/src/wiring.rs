@@ -19,7 +19,6 @@ use futures::{
     FutureExt, StreamExt, TryStreamExt,
     channel::mpsc::{UnboundedSender, unbounded},
     future::{self, BoxFuture},
-    stream::{self, BoxStream},
 };
 use k8s_openapi::{
     api::{
@@ -29,7 +28,7 @@ use k8s_openapi::{
     apimachinery::pkg::apis::meta::v1::OwnerReference,
 };
 use kube::{
-    Api, Client, Resource, ResourceExt,
+    Api, Client, ResourceExt,
     core::PartialObjectMeta,
     runtime::{
         Controller, WatchStreamExt,
@@ -50,7 +49,7 @@ use portwise_core::{
 
 use crate::{
     apply::SliceWriter,
-    cache::{self, GroupIndex, SyncGate, WatchBackoff, flatten_relists},
+    cache::{self, GroupIndex, SyncGate, WatchBackoff},
     context::Context,
     error::Error,
     events::Events,
@@ -58,6 +57,7 @@ use crate::{
     migrate,
     options::RunOptions,
     reconcile::reconcile,
+    watches::{watch_all, watch_keyed},
 };
 
 fn controller_owner(slice: &EndpointSlice) -> Option<&OwnerReference> {
@@ -75,101 +75,6 @@ fn slice_service(slice: &EndpointSlice) -> Option<String> {
         .map(|o| o.name.clone())
         .or_else(|| slice.labels().get(SERVICE_NAME_LABEL).cloned())
 }
-/// What the namespaced watches here can hold.
-trait Watched:
-    Resource<Scope = k8s_openapi::NamespaceResourceScope>
-    + Clone
-    + Default
-    + std::fmt::Debug
-    + serde::de::DeserializeOwned
-    + Send
-    + Sync
-    + 'static
-{
-}
-
-impl<K> Watched for K where
-    K: Resource<Scope = k8s_openapi::NamespaceResourceScope>
-        + Clone
-        + Default
-        + std::fmt::Debug
-        + serde::de::DeserializeOwned
-        + Send
-        + Sync
-        + 'static
-{
-}
-
-/// Builds watch streams over the chosen namespaces, flattened so that they
-/// can share one store.
-fn watch_all<K>(
-    client: &Client,
-    namespaces: &[String],
-    cfg: watcher::Config,
-    gate: &SyncGate,
-    keep: impl Fn(&K) -> bool + Clone + Send + 'static,
-) -> BoxStream<'static, Result<watcher::Event<K>, watcher::Error>>
-where
-    K: Watched,
-    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
-{
-    let apis: Vec<Api<K>> = if namespaces.is_empty() {
-        vec![Api::all(client.clone())]
-    } else {
-        namespaces
-            .iter()
-            .map(|ns| Api::namespaced(client.clone(), ns))
-            .collect()
-    };
-    let streams = apis.into_iter().map(|api| {
-        flatten_relists(
-            watcher(api, cfg.clone()).backoff(WatchBackoff::default()),
-            gate.register(),
-            keep.clone(),
-        )
-        .boxed()
-    });
-    // kube's controller holds reconciles until its store has seen one
-    // `InitDone`. Our merged stream never relists as a whole, so mark the
-    // (still empty) store ready up front; reconciles themselves wait for
-    // every watch to have listed (`Context::synced`).
-    stream::iter([Ok(watcher::Event::Init), Ok(watcher::Event::InitDone)])
-        .chain(stream::select_all(streams))
-        .boxed()
-}
-/// The watch of the Services or Pods that carry `key`, without their
-/// managedFields, ready to reflect into a store.
-fn watch_keyed<K>(
-    client: &Client,
-    namespaces: &[String],
-    list_cfg: &watcher::Config,
-    key: &KeySource,
-    gate: &SyncGate,
-) -> BoxStream<'static, Result<watcher::Event<K>, watcher::Error>>
-where
-    K: Watched,
-    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
-{
-    let keep = {
-        let key = key.clone();
-        move |o: &K| key_value(o.meta(), &key).is_some()
-    };
-    watch_all::<K>(client, namespaces, selecting(list_cfg, key), gate, keep)
-        .modify(cache::strip_managed_fields)
-        .boxed()
-}
-
-/// The watch of objects that carry `key`: the apiserver selects on a label
-/// key's existence, so objects without it are never sent; an annotation
-/// cannot be selected on, so every object is sent and [`flatten_relists`]
-/// drops the ones without it before they reach the cache.
-fn selecting(cfg: &watcher::Config, key: &KeySource) -> watcher::Config {
-    match key {
-        KeySource::Label(k) => cfg.clone().labels(k),
-        KeySource::Annotation(_) => cfg.clone(),
-    }
-}
-
 /// A Service that left the Service cache, for [`release_gone`].
 enum Gone {
     /// It lost its key: the object as the watch last showed it.

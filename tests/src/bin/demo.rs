@@ -32,12 +32,11 @@ use anyhow::{Context, Result, anyhow, bail};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use portwise_tests::{
     ByPort, ControlPlane, GROUP_KEY, HttpListener, Portwise, TestNs, V4, by_port,
-    consumers::{Answers, KubeProxy, NameServer, ProxyMode, cluster_ip},
+    consumers::{
+        Answers, CONNECTIONS, KubeProxy, NameServer, ProxyMode, Speak, cluster_ip,
+        who_answers_speaking,
+    },
     endpoints_by_port, next_ips, pod, portwise_bin, service, slices_for,
-};
-use tokio::{
-    io::{AsyncReadExt, AsyncWriteExt},
-    net::TcpStream,
 };
 
 const SERVICE: &str = "my-service";
@@ -113,8 +112,6 @@ const ANSWER_AFTER: [(&str, &[&str], bool); 3] = [
     ("https", &["b", "c", "d"], false),
     ("admin", &["a", "c"], false),
 ];
-/// Connections per port in each traffic table.
-const CONNECTIONS: usize = 40;
 
 fn expected_after() -> ByPort {
     by_port([
@@ -420,7 +417,13 @@ async fn show_traffic(ns: &TestNs, expected: &[(&str, &[&str], bool)]) -> Result
                 .find(|(p, _)| p == port_name)
                 .map(|(_, n)| *n)
                 .context("unknown port")?;
-            let got = who_answers(ip, port, *port_name == "http").await;
+            let speak = if *port_name == "http" {
+                Speak::Http
+            } else {
+                Speak::Raw
+            };
+            let got =
+                who_answers_speaking(std::net::SocketAddr::new(ip, port), CONNECTIONS, speak).await;
             let want: Vec<String> = answering.iter().map(|p| p.to_string()).collect();
             all_match &= got.pods() == want && (got.refused > 0) == *refusals && got.failed == 0;
             rows.push(traffic_row(port_name, ip, port, &got));
@@ -465,43 +468,6 @@ fn traffic_row(port_name: &str, ip: IpAddr, port: u16, got: &Answers) -> Vec<Str
 
 /// [`CONNECTIONS`] new connections to `ip:port`; `http` asks `GET /` (the
 /// listeners answer with their pod's name), else the server writes it.
-async fn who_answers(ip: IpAddr, port: u16, http: bool) -> Answers {
-    let mut out = Answers::default();
-    for _ in 0..CONNECTIONS {
-        match answered_by(std::net::SocketAddr::new(ip, port), http).await {
-            Ok(Some(name)) => *out.by_pod.entry(name).or_default() += 1,
-            Ok(None) => out.refused += 1,
-            Err(_) => out.failed += 1,
-        }
-    }
-    out
-}
-
-async fn answered_by(addr: std::net::SocketAddr, http: bool) -> Result<Option<String>> {
-    let connect = tokio::time::timeout(Duration::from_secs(2), TcpStream::connect(addr)).await?;
-    let mut s = match connect {
-        Ok(s) => s,
-        Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => return Ok(None),
-        Err(e) => return Err(e.into()),
-    };
-    if http {
-        s.write_all(b"GET / HTTP/1.1\r\nHost: demo\r\nConnection: close\r\n\r\n")
-            .await?;
-    }
-    let mut buf = Vec::new();
-    tokio::time::timeout(Duration::from_secs(2), s.read_to_end(&mut buf)).await??;
-    let text = String::from_utf8(buf)?;
-    let name = match text.split_once("\r\n\r\n") {
-        Some((_, body)) if http => body,
-        _ => text.as_str(),
-    };
-    let name = name.trim();
-    if name.is_empty() {
-        bail!("{addr}: no name in the answer");
-    }
-    Ok(Some(name.to_string()))
-}
-
 /// Starts the control plane in `dir` (no native controllers: portwise is
 /// the only writer of slices here), its chatter going to `log`.
 fn start_control_plane(dir: &Path, log: &Path) -> Result<CpGuard> {

@@ -1,0 +1,111 @@
+//! The watches behind the caches: one stream per resource over the chosen
+//! namespaces, selected by the alignment key where the apiserver can
+//! select, without managedFields, ready to reflect into a store.
+
+use futures::{
+    StreamExt,
+    stream::{self, BoxStream},
+};
+use kube::{
+    Api, Client, Resource,
+    runtime::{WatchStreamExt, watcher},
+};
+
+use portwise_core::{align::key_value, config::KeySource};
+
+use crate::cache::{self, SyncGate, WatchBackoff, flatten_relists};
+
+/// What the namespaced watches here can hold.
+pub(crate) trait Watched:
+    Resource<Scope = k8s_openapi::NamespaceResourceScope>
+    + Clone
+    + Default
+    + std::fmt::Debug
+    + serde::de::DeserializeOwned
+    + Send
+    + Sync
+    + 'static
+{
+}
+
+impl<K> Watched for K where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + Default
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static
+{
+}
+
+/// Builds watch streams over the chosen namespaces, flattened so that they
+/// can share one store.
+pub(crate) fn watch_all<K>(
+    client: &Client,
+    namespaces: &[String],
+    cfg: watcher::Config,
+    gate: &SyncGate,
+    keep: impl Fn(&K) -> bool + Clone + Send + 'static,
+) -> BoxStream<'static, Result<watcher::Event<K>, watcher::Error>>
+where
+    K: Watched,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
+{
+    let apis: Vec<Api<K>> = if namespaces.is_empty() {
+        vec![Api::all(client.clone())]
+    } else {
+        namespaces
+            .iter()
+            .map(|ns| Api::namespaced(client.clone(), ns))
+            .collect()
+    };
+    let streams = apis.into_iter().map(|api| {
+        flatten_relists(
+            watcher(api, cfg.clone()).backoff(WatchBackoff::default()),
+            gate.register(),
+            keep.clone(),
+        )
+        .boxed()
+    });
+    // kube's controller holds reconciles until its store has seen one
+    // `InitDone`. Our merged stream never relists as a whole, so mark the
+    // (still empty) store ready up front; reconciles themselves wait for
+    // every watch to have listed (`Context::synced`).
+    stream::iter([Ok(watcher::Event::Init), Ok(watcher::Event::InitDone)])
+        .chain(stream::select_all(streams))
+        .boxed()
+}
+/// The watch of the Services or Pods that carry `key`, without their
+/// managedFields, ready to reflect into a store.
+pub(crate) fn watch_keyed<K>(
+    client: &Client,
+    namespaces: &[String],
+    list_cfg: &watcher::Config,
+    key: &KeySource,
+    gate: &SyncGate,
+) -> BoxStream<'static, Result<watcher::Event<K>, watcher::Error>>
+where
+    K: Watched,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
+{
+    let keep = {
+        let key = key.clone();
+        move |o: &K| key_value(o.meta(), &key).is_some()
+    };
+    watch_all::<K>(client, namespaces, selecting(list_cfg, key), gate, keep)
+        .modify(cache::strip_managed_fields)
+        .boxed()
+}
+
+/// The watch of objects that carry `key`: the apiserver selects on a label
+/// key's existence, so objects without it are never sent; an annotation
+/// cannot be selected on, so every object is sent and [`flatten_relists`]
+/// drops the ones without it before they reach the cache.
+pub(crate) fn selecting(cfg: &watcher::Config, key: &KeySource) -> watcher::Config {
+    match key {
+        KeySource::Label(k) => cfg.clone().labels(k),
+        KeySource::Annotation(_) => cfg.clone(),
+    }
+}
