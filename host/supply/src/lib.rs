@@ -100,11 +100,14 @@
 //! of the configuration being loaded, whenever the cache serves: a key
 //! removed from the configuration stops a cached module too. The tag cache
 //! (`oci/tags/`) holds the digest a tag last resolved to and is read only
-//! when the registry cannot be reached; a writer of the cache can point it
-//! at any manifest whose content it also places there, so without
-//! `moduleSignatures` an unreachable registry lets it choose what a tag
-//! runs (with them, it must be signed by a configured key). Serving a tag
-//! from there is reported as a failed pull all the same.
+//! when the registry cannot be reached. That digest chooses what runs, and
+//! nothing in it can be checked against itself, so its entries are sealed
+//! like compiled code (below; a key of its own in `oci/tags/`): a writer of
+//! the cache without portwise's uid cannot plant or alter one, it can only
+//! delete it (then the tag does not serve until the registry answers). The
+//! same uid or root can, as they could change the binary; with
+//! `moduleSignatures` the module must be signed by a configured key either
+//! way. Serving a tag from there is reported as a failed pull all the same.
 //!
 //! The sealed store ([`sealed`]) holds compiled code, which would run
 //! unchecked: wasmtime checks an artifact's header and engine compatibility,

@@ -5,8 +5,12 @@
 //! miss, not a module. The signatures found for a manifest are kept beside
 //! it (they are verified again whenever the cache serves), and a tag's last
 //! resolution in `tags/` (the tag cache, served only when the registry
-//! cannot be reached). Writes are atomic (a temporary file renamed into
-//! place); a failure to write only costs the next start a pull.
+//! cannot be reached). A tag entry says which digest runs, so unlike the
+//! content it cannot be checked against itself: it is sealed like the
+//! compiled-code cache ([`crate::sealed`], a key of its own in `tags/`), and
+//! a writer of the cache volume without that key cannot plant one. Writes
+//! are atomic (a temporary file renamed into place); a failure to write only
+//! costs the next start a pull.
 
 use std::{
     fs,
@@ -19,8 +23,13 @@ use portwise_core::config::OciRef;
 use super::manifest::wasm_layer;
 use crate::{
     content::{Content, sha256_hex},
+    sealed::{Lookup, SealedStore},
     signatures::Evidence,
 };
+
+/// What the tag cache's seals are made for, in place of an engine
+/// fingerprint: a tag entry can never pass for anything else.
+const TAG_SEAL_PURPOSE: &str = "0000000000000000portwise-oci-tag-cache-v1";
 
 /// The pull cache in one directory (`None`: nothing is cached).
 pub(super) struct PullCache {
@@ -79,17 +88,30 @@ impl PullCache {
         })
     }
 
-    fn tag_file(&self, r: &OciRef) -> Option<PathBuf> {
+    /// The sealed tag store and the entry name of `r`'s tag.
+    fn tag_entry(&self, r: &OciRef) -> Option<(SealedStore, String)> {
         let tag = r.tag.as_deref()?;
         let key = format!("{}/{}:{tag}", r.registry.to_ascii_lowercase(), r.repository);
-        Some(self.dir("tags")?.join(sha256_hex(key.as_bytes())))
+        let store = SealedStore::new(self.dir("tags")?, TAG_SEAL_PURPOSE.to_string());
+        Some((store, sha256_hex(key.as_bytes())))
     }
 
     /// What the tag of `r` pointed at when last resolved: the tag cache.
+    /// Only an entry whose seal verifies is believed.
     pub(super) fn tag(&self, r: &OciRef) -> Option<String> {
-        let text = fs::read_to_string(self.tag_file(r)?).ok()?;
-        let digest = text.trim().to_string();
-        (digest.len() == 64 && digest.bytes().all(|b| b.is_ascii_hexdigit())).then_some(digest)
+        let (store, name) = self.tag_entry(r)?;
+        match store.read(&name) {
+            Lookup::Verified(bytes) => {
+                let digest = String::from_utf8(bytes).ok()?;
+                (digest.len() == 64 && digest.bytes().all(|b| b.is_ascii_hexdigit()))
+                    .then_some(digest)
+            }
+            Lookup::Rejected(why) => {
+                tracing::warn!(module = %r, "the tag cache's entry is not trusted: {why}");
+                None
+            }
+            Lookup::Off | Lookup::Miss => None,
+        }
     }
 
     /// Caches verified content; returns the layer's path. Failures to write
@@ -107,9 +129,9 @@ impl PullCache {
             write_atomic(&blob, bytes)?;
             write_atomic(&self.dir("manifests").unwrap().join(digest), manifest)?;
             if r.digest.is_none()
-                && let Some(tag) = self.tag_file(r)
+                && let Some((store, name)) = self.tag_entry(r)
             {
-                write_atomic(&tag, digest.as_bytes())?;
+                store.write(&name, digest.as_bytes());
             }
             Ok(())
         };

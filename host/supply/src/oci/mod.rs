@@ -308,14 +308,21 @@ mod tests {
     use super::*;
     use manifest::test_manifest as manifest;
 
-    #[test]
-    fn the_cache_serves_only_verified_content() {
+    /// A puller caching in a fresh directory, and a module to cache: (the
+    /// directory, the puller, the layer, its digest, the manifest, its digest).
+    fn cached_module() -> (tempfile::TempDir, Puller, Vec<u8>, String, Vec<u8>, String) {
         let dir = tempfile::tempdir().unwrap();
         let puller = Puller::new(&OciConfig::default(), Some(dir.path().to_path_buf())).unwrap();
         let wasm = b"\0asm\x0d\0\x01\0component".to_vec();
         let layer_hex = sha256_hex(&wasm);
         let m = manifest(&[(WASM_LAYER_MEDIA_TYPE, &format!("sha256:{layer_hex}"))]);
         let digest = sha256_hex(&m);
+        (dir, puller, wasm, layer_hex, m, digest)
+    }
+
+    #[test]
+    fn the_cache_serves_only_verified_content() {
+        let (dir, puller, wasm, layer_hex, m, digest) = cached_module();
         let r = OciRef::parse(&format!("oci://r.example/x@sha256:{digest}")).unwrap();
         assert!(puller.cached(&digest).is_err());
         puller
@@ -329,5 +336,42 @@ mod tests {
         // A damaged layer is a miss.
         fs::write(dir.path().join("blobs").join(&layer_hex), b"\0asm tampered").unwrap();
         assert!(puller.cached(&digest).is_err());
+    }
+
+    /// Issue 24: the tag cache decides which digest runs when the registry
+    /// is away, so an entry planted by another writer of the cache volume
+    /// (no key) is refused; the entry portwise wrote is served.
+    #[test]
+    fn a_planted_tag_entry_is_refused() {
+        let (dir, puller, wasm, layer_hex, m, digest) = cached_module();
+        let tagged = OciRef::parse("oci://r.example/x:v1").unwrap();
+        assert_eq!(puller.cache.tag(&tagged), None);
+        puller
+            .cache
+            .store(&digest, &m, &layer_hex, &wasm, &tagged)
+            .unwrap();
+        assert_eq!(puller.cache.tag(&tagged), Some(digest.clone()));
+
+        // Another writer replaces every tag entry with its own digest, in
+        // the old plain format and sealed with a key of its own.
+        let planted = "ab".repeat(32);
+        let tags = dir.path().join("tags");
+        for entry in fs::read_dir(&tags).unwrap() {
+            let path = entry.unwrap().path();
+            if path.file_name().unwrap().to_string_lossy().starts_with('.') {
+                continue;
+            }
+            let mut forged = planted.as_bytes().to_vec();
+            forged.extend_from_slice(&[0u8; 32]);
+            forged.extend_from_slice(b"pwseal01");
+            fs::write(&path, &forged).unwrap();
+            let plain = path.with_file_name(sha256_hex(b"r.example/x:v1"));
+            fs::write(plain, planted.as_bytes()).unwrap();
+        }
+        assert_eq!(
+            puller.cache.tag(&tagged),
+            None,
+            "a planted tag entry was believed"
+        );
     }
 }
