@@ -295,6 +295,19 @@ pub async fn slice_invariants(ns: &TestNs, svc: &str, max_per_slice: usize) -> R
     Ok(())
 }
 
+/// The message of the newest Event about `name` with `reason`, once there
+/// is one (waits up to 20 s).
+pub async fn newest_event_message(ns: &TestNs, name: &str, reason: &str) -> Result<String> {
+    wait_for(Duration::from_secs(20), || async {
+        events_for(ns, name, Some(reason))
+            .await?
+            .last()
+            .and_then(|e| e.message.clone())
+            .ok_or_else(|| anyhow::anyhow!("no {reason} Event about {name} yet"))
+    })
+    .await
+}
+
 /// Events in the namespace about object `name` (any kind), optionally with
 /// a given reason, oldest first.
 pub async fn events_for(ns: &TestNs, name: &str, reason: Option<&str>) -> Result<Vec<Event>> {

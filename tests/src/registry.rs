@@ -26,7 +26,7 @@ use anyhow::{Context, Result, bail, ensure};
 use oci_client::{
     Client, Reference,
     client::{Certificate, CertificateEncoding, ClientConfig, ClientProtocol, Config, ImageLayer},
-    manifest::OCI_IMAGE_MEDIA_TYPE,
+    manifest::{OCI_IMAGE_INDEX_MEDIA_TYPE, OCI_IMAGE_MEDIA_TYPE},
     secrets::RegistryAuth,
 };
 use sha2::{Digest, Sha256};
@@ -38,6 +38,10 @@ use crate::ControlPlane;
 pub const WASM_CONFIG_MEDIA_TYPE: &str = "application/vnd.wasm.config.v0+json";
 /// The layer media type: the component itself.
 pub const WASM_LAYER_MEDIA_TYPE: &str = "application/wasm";
+
+/// What cosign attaches a sigstore bundle as (artifact and layer type),
+/// written out here rather than taken from portwise: the wire value.
+pub const SIGSTORE_BUNDLE_MEDIA_TYPE: &str = "application/vnd.dev.sigstore.bundle.v0.3+json";
 
 /// The user the registry's htpasswd knows, and its password.
 pub const USER: &str = "portwise-puller";
@@ -237,6 +241,112 @@ impl Registry {
             Config::new(config, WASM_CONFIG_MEDIA_TYPE.to_string(), None),
         )
         .await
+    }
+
+    /// Pushes a referrer of manifest `subject_hex` in `repo`: an artifact of
+    /// type `artifact_type` whose one layer (`layer_media_type`) holds
+    /// `layer`, as a signing tool attaches a signature. Returns its
+    /// manifest's sha256. Anyone with push access can do this, key or not.
+    pub async fn push_referrer(
+        &self,
+        repo: &str,
+        subject_hex: &str,
+        artifact_type: &str,
+        layer_media_type: &str,
+        layer: &[u8],
+    ) -> Result<String> {
+        use oci_client::RegistryOperation;
+        const EMPTY: &str = "application/vnd.oci.empty.v1+json";
+        let client = self.client()?;
+        let subject: Reference = format!("{}/{repo}@sha256:{subject_hex}", self.host()).parse()?;
+        let auth = RegistryAuth::Basic(USER.into(), PASSWORD.into());
+        client
+            .auth(&subject, &auth, RegistryOperation::Push)
+            .await
+            .with_context(|| format!("authenticating to push beside {subject}"))?;
+        let (subject_manifest, _) = client
+            .pull_manifest_raw(&subject, &auth, &[OCI_IMAGE_MEDIA_TYPE])
+            .await?;
+        let digest_of = |b: &[u8]| format!("sha256:{}", hex::encode(Sha256::digest(b)));
+        for blob in [layer, b"{}".as_slice()] {
+            client
+                .push_blob(&subject, blob.to_vec(), &digest_of(blob))
+                .await
+                .with_context(|| format!("pushing a {} byte blob to {repo}", blob.len()))?;
+        }
+        let manifest = serde_json::to_vec(&serde_json::json!({
+            "schemaVersion": 2,
+            "mediaType": OCI_IMAGE_MEDIA_TYPE,
+            "artifactType": artifact_type,
+            "config": {"mediaType": EMPTY, "digest": digest_of(b"{}"), "size": 2},
+            "layers": [{"mediaType": layer_media_type, "digest": digest_of(layer), "size": layer.len()}],
+            "subject": {"mediaType": OCI_IMAGE_MEDIA_TYPE, "digest": format!("sha256:{subject_hex}"), "size": subject_manifest.len()},
+        }))?;
+        let digest = digest_of(&manifest);
+        let size = manifest.len();
+        let at: Reference = format!("{}/{repo}@{digest}", self.host()).parse()?;
+        client
+            .push_manifest_raw(&at, manifest, OCI_IMAGE_MEDIA_TYPE.parse()?)
+            .await
+            .with_context(|| format!("pushing a referrer of {subject}"))?;
+        // This registry has no referrers API: a pusher keeps the tag
+        // schema's index (`sha256-<hex>`) itself, as cosign and oras do.
+        let index_at: Reference = format!("{}/{repo}:sha256-{subject_hex}", self.host()).parse()?;
+        let mut index = match client
+            .pull_manifest_raw(&index_at, &auth, &[OCI_IMAGE_INDEX_MEDIA_TYPE])
+            .await
+        {
+            Ok((bytes, _)) => serde_json::from_slice::<serde_json::Value>(&bytes)?,
+            Err(_) => serde_json::json!({
+                "schemaVersion": 2, "mediaType": OCI_IMAGE_INDEX_MEDIA_TYPE, "manifests": [],
+            }),
+        };
+        index["manifests"]
+            .as_array_mut()
+            .context("the referrers index has no manifests list")?
+            .push(serde_json::json!({
+                "mediaType": OCI_IMAGE_MEDIA_TYPE, "digest": digest, "size": size,
+                "artifactType": artifact_type,
+            }));
+        client
+            .push_manifest_raw(
+                &index_at,
+                serde_json::to_vec(&index)?,
+                OCI_IMAGE_INDEX_MEDIA_TYPE.parse()?,
+            )
+            .await
+            .with_context(|| format!("updating the referrers index {index_at}"))?;
+        Ok(digest.trim_start_matches("sha256:").to_string())
+    }
+
+    /// Pushes an image manifest under `tag` whose annotations pad it to
+    /// about `bytes` bytes (an empty config, no layers): what a pusher can
+    /// store under a name portwise reads, such as a `.sig` tag. Returns
+    /// the manifest's size.
+    pub async fn push_padded_manifest(&self, repo: &str, tag: &str, bytes: usize) -> Result<usize> {
+        const EMPTY: &str = "application/vnd.oci.empty.v1+json";
+        let client = self.client()?;
+        let at: Reference = format!("{}/{repo}:{tag}", self.host()).parse()?;
+        let auth = RegistryAuth::Basic(USER.into(), PASSWORD.into());
+        client
+            .auth(&at, &auth, oci_client::RegistryOperation::Push)
+            .await
+            .with_context(|| format!("authenticating to push {at}"))?;
+        let empty = format!("sha256:{}", hex::encode(Sha256::digest(b"{}")));
+        client.push_blob(&at, b"{}".to_vec(), &empty).await?;
+        let manifest = serde_json::to_vec(&serde_json::json!({
+            "schemaVersion": 2,
+            "mediaType": OCI_IMAGE_MEDIA_TYPE,
+            "config": {"mediaType": EMPTY, "digest": empty, "size": 2},
+            "layers": [],
+            "annotations": {"padding": "x".repeat(bytes)},
+        }))?;
+        let size = manifest.len();
+        client
+            .push_manifest_raw(&at, manifest, OCI_IMAGE_MEDIA_TYPE.parse()?)
+            .await
+            .with_context(|| format!("pushing {at} ({size} bytes)"))?;
+        Ok(size)
     }
 
     /// Pushes arbitrary layers and config; returns the manifest's sha256.

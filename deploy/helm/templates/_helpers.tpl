@@ -124,5 +124,18 @@ checksum of the config file alone.
 {{- if or .Values.modules.binaryData .Values.modules.existingConfigMap }}
 {{- fail "modules are given but config.modulesDir is empty: portwise would not load them" }}
 {{- end }}
+{{- else if not (include "portwise.modulesConfigMap" .) }}
+{{- $mounted := false }}
+{{- range .Values.extraVolumeMounts }}
+{{- if eq (trimSuffix "/" .mountPath) (trimSuffix "/" $.Values.config.modulesDir) }}
+{{- $mounted = true }}
+{{- end }}
+{{- end }}
+{{- if not $mounted }}
+{{- fail (printf "modules.create=false without modules.existingConfigMap mounts nothing at config.modulesDir (%s): portwise would not start (cannot watch %s). Set modules.existingConfigMap, mount a volume there with extraVolumes and extraVolumeMounts, or set config.modulesDir=null" .Values.config.modulesDir .Values.config.modulesDir) }}
+{{- end }}
+{{- end }}
+{{- if and .Values.networkPolicy.enabled (not .Values.networkPolicy.apiServer) }}
+{{- fail "networkPolicy.enabled needs networkPolicy.apiServer (the apiserver's addresses and port, e.g. [{cidr: 10.0.0.1/32, port: 443}]): without it portwise cannot reach the apiserver" }}
 {{- end }}
 {{- end }}

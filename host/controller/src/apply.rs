@@ -55,7 +55,10 @@ use kube::{
 };
 use tracing::{debug, info};
 
-use crate::metrics::{Metrics, WriteKind};
+use crate::{
+    echo::Echoes,
+    metrics::{Metrics, WriteKind},
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -213,6 +216,8 @@ pub struct SliceWriter {
     client: Client,
     manager: String,
     recent: Recent,
+    /// Our last write per name, so its watch event is not reconciled again.
+    echoes: Arc<Echoes>,
     /// Names refused because another manager holds them ([`crate::foreign`]).
     foreign: crate::foreign::Foreign,
 }
@@ -268,8 +273,16 @@ impl SliceWriter {
             client,
             manager,
             recent: Recent::default(),
+            echoes: Arc::default(),
             foreign: Default::default(),
         }
+    }
+
+    /// Marks each write in `echoes`, which the slice watch reads
+    /// ([`crate::echo`]).
+    pub(crate) fn with_echoes(mut self, echoes: Arc<Echoes>) -> Self {
+        self.echoes = echoes;
+        self
     }
 
     /// The freshest view of slice `ns/name`: the cached object, unless we
@@ -306,7 +319,7 @@ impl SliceWriter {
             api: Api::namespaced(self.client.clone(), ns),
             manager: self.manager.clone(),
         };
-        let result = write(&api, &self.recent, ns, writes, metrics).await;
+        let result = write(&api, &self.recent, &self.echoes, ns, writes, metrics).await;
         if let Err(e) = &result {
             self.learn_foreign(&api.api, ns, writes, e).await;
         }
@@ -353,6 +366,7 @@ impl SliceWriter {
 async fn write(
     api: &impl SliceApi,
     recent: &Recent,
+    echoes: &Echoes,
     ns: &str,
     writes: &Writes,
     metrics: &Metrics,
@@ -372,10 +386,14 @@ async fn write(
         if let Some(seen) = seen {
             slice.metadata.uid = seen.uid.clone();
         }
-        match api.apply(&slice, seen.is_some()).await {
+        let flight = echoes.writing(ns, &name);
+        let applied = api.apply(&slice, seen.is_some()).await;
+        match applied {
             Ok(written) => {
                 metrics.count_write(WriteKind::Apply);
                 debug!(namespace = ns, slice = %name, "applied EndpointSlice");
+                echoes.applied(&written);
+                drop(flight);
                 recent.remember(ns, &name, written);
             }
             Err(source) => {
@@ -396,7 +414,9 @@ async fn write(
             held_back.push(name.clone());
             continue;
         }
-        match api.delete(name, seen.uid.clone()).await {
+        let flight = echoes.writing(ns, name);
+        let deleted = api.delete(name, seen.uid.clone()).await;
+        match deleted {
             Ok(()) => {
                 metrics.count_write(WriteKind::Delete);
                 info!(namespace = ns, slice = %name, "deleted EndpointSlice");
@@ -412,6 +432,8 @@ async fn write(
                 continue;
             }
         }
+        echoes.deleted(ns, name, seen.uid.clone());
+        drop(flight);
         recent.remember_delete(ns, name, seen.uid.clone());
     }
     Error::of(failed, held_back)

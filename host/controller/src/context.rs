@@ -58,6 +58,9 @@ pub(crate) struct Context {
     pub(crate) selector_warned: Mutex<HashSet<String>>,
     /// Services whose ExternalName event was emitted.
     pub(crate) external_warned: Mutex<HashSet<String>>,
+    /// Services warned about an unknown policy, with the name warned about
+    /// (another wrong name warns again).
+    pub(crate) policy_warned: Mutex<HashMap<String, String>>,
     /// Consecutive failed reconciles per Service, for the retry backoff.
     pub(crate) retries: Retries,
     /// Per Service UID: the trigger times its last written plan saw, so
@@ -142,6 +145,7 @@ impl Context {
         self.migration.forget(svc);
         self.selector_warned.lock().unwrap().remove(&uid);
         self.external_warned.lock().unwrap().remove(&uid);
+        self.policy_warned.lock().unwrap().remove(&uid);
         self.retries.succeeded(&format!("{ns}/{}", svc.name_any()));
         self.trigger_memory.lock().unwrap().remove(&uid);
         self.metrics.forget_service(&ns, &svc.name_any());

@@ -10,7 +10,7 @@
 //! `resyncPeriod`, and a changed pod is judged afresh at once.
 
 use std::{
-    collections::HashMap,
+    collections::{BTreeMap, HashMap},
     net::IpAddr,
     sync::{Arc, Mutex},
     time::{Duration, Instant},
@@ -26,6 +26,7 @@ use portwise_checkers::Checker;
 use portwise_core::{
     membership::{Decision, Family, Subject, Verdict, algebra::bound_abstain},
     plan::Judged,
+    policy::Policy,
 };
 
 use crate::metrics::Metrics;
@@ -34,6 +35,9 @@ use crate::metrics::Metrics;
 /// address under one port.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 struct SubjectKey {
+    /// A Service that switches policy is judged afresh: verdicts and
+    /// abstain runs of another expression say nothing about this one.
+    policy: Policy,
     pod_uid: String,
     port: String,
     family: Family,
@@ -63,9 +67,13 @@ struct Remembered {
 /// One Service's subjects, as its last reconcile left them.
 type Memory = HashMap<SubjectKey, Remembered>;
 
-/// Judges subjects with the configured checker.
+/// The checker of each policy (`membership` and `policies.NAME`), built
+/// once at start.
+pub type Checkers = BTreeMap<Policy, Arc<dyn Checker>>;
+
+/// Judges subjects with the checker of their Service's policy.
 pub struct Judge {
-    checker: Arc<dyn Checker>,
+    checkers: Checkers,
     permits: Arc<Semaphore>,
     max_in_flight: usize,
     timeout: Duration,
@@ -81,7 +89,7 @@ pub struct Judge {
 
 impl Judge {
     pub fn new(
-        checker: Arc<dyn Checker>,
+        checkers: Checkers,
         max_concurrent: usize,
         timeout: Duration,
         resync: Duration,
@@ -89,7 +97,7 @@ impl Judge {
         metrics: Metrics,
     ) -> Self {
         Self {
-            checker,
+            checkers,
             permits: Arc::new(Semaphore::new(max_concurrent.max(1))),
             max_in_flight: max_concurrent.max(1),
             timeout,
@@ -117,8 +125,20 @@ impl Judge {
         self
     }
 
-    /// Judges every subject, reusing fresh verdicts.
-    pub async fn judge(&self, svc: &Service, subjects: Vec<Subject>) -> Vec<Judged> {
+    /// A judge of one checker, as [`Policy::Default`] (a shadow's).
+    pub fn single(checker: Arc<dyn Checker>) -> Checkers {
+        BTreeMap::from([(Policy::Default, checker)])
+    }
+
+    /// Judges every subject with `policy`'s checker, reusing fresh verdicts.
+    pub async fn judge(
+        &self,
+        svc: &Service,
+        subjects: Vec<Subject>,
+        policy: &Policy,
+    ) -> Vec<Judged> {
+        let checker = self.checkers.get(policy).cloned();
+        let label = policy.label();
         let svc_uid = svc.uid().unwrap_or_default();
         let svc_rv = svc.resource_version().unwrap_or_default();
         // Take what the last reconcile left, and leave an empty entry: it
@@ -136,6 +156,7 @@ impl Judge {
         let results: Vec<(SubjectKey, Basis, Subject, Verdict, Instant)> = stream::iter(subjects)
             .map(|subject| {
                 let key = SubjectKey {
+                    policy: policy.clone(),
                     pod_uid: subject.pod.uid().unwrap_or_default(),
                     port: subject.port.name.clone(),
                     family: subject.family,
@@ -150,11 +171,17 @@ impl Judge {
                     .get(&key)
                     .filter(|r| r.basis == basis && now.duration_since(r.at) < self.freshness)
                     .map(|r| (r.verdict.clone(), r.at));
+                let (checker, label) = (checker.clone(), &label);
                 async move {
                     if let Some((verdict, at)) = cached {
                         return (key, basis, subject, verdict, at);
                     }
-                    let verdict = self.check_one(&subject).await;
+                    let verdict = match checker {
+                        Some(c) => self.check_one(c.as_ref(), label, &subject).await,
+                        // decide() only names policies of the file the
+                        // checkers were built from.
+                        None => Verdict::abstain().because(format!("no checker for {label}")),
+                    };
                     (key, basis, subject, verdict, Instant::now())
                 }
             })
@@ -223,19 +250,20 @@ impl Judge {
         self.memory.lock().unwrap().len()
     }
 
-    async fn check_one(&self, subject: &Subject) -> Verdict {
+    async fn check_one(&self, checker: &dyn Checker, policy: &str, subject: &Subject) -> Verdict {
         let _permit = self.permits.acquire().await.expect("semaphore closed");
         let started = Instant::now();
-        let verdict = match tokio::time::timeout(self.timeout, self.checker.check(subject)).await {
+        let verdict = match tokio::time::timeout(self.timeout, checker.check(subject)).await {
             Ok(v) => v,
             Err(_) => Verdict::abstain()
                 .because(format!("check did not finish within {:?}", self.timeout)),
         };
         if !self.shadow {
             self.metrics
-                .observe_check(verdict.decision, started.elapsed());
+                .observe_check(policy, verdict.decision, started.elapsed());
         }
         debug!(
+            policy,
             pod = %subject.pod.name_any(),
             port = %subject.port.name,
             family = %subject.family,
@@ -319,7 +347,7 @@ mod tests {
 
     fn judge(checker: Arc<dyn Checker>, metrics: Metrics) -> Judge {
         Judge::new(
-            checker,
+            Judge::single(checker),
             4,
             Duration::from_secs(30),
             Duration::from_secs(30),
@@ -341,7 +369,11 @@ mod tests {
         let svc = service();
         let running = tokio::spawn({
             let judge = judge.clone();
-            async move { judge.judge(&svc, vec![subject(&svc)]).await }
+            async move {
+                judge
+                    .judge(&svc, vec![subject(&svc)], &Policy::Default)
+                    .await
+            }
         });
         (held, metrics, judge, running)
     }

@@ -26,6 +26,7 @@
 pub mod apply;
 pub mod cache;
 mod context;
+mod echo;
 mod error;
 mod events;
 mod foreign;

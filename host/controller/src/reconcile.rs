@@ -16,7 +16,7 @@ use kube::{
     ResourceExt,
     runtime::{controller::Action, events::EventType, reflector::ObjectRef},
 };
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use portwise_core::{
     plan::{self, Triggers},
@@ -43,6 +43,8 @@ fn latch(marks: &Mutex<HashSet<String>>, uid: &str, once: Once) -> bool {
 /// leftovers; or take back what we published.
 pub(crate) async fn reconcile(svc: Arc<Service>, ctx: Arc<Context>) -> Result<Action, Error> {
     let started = Instant::now();
+    // The span says what triggered it (kube-runtime's reason).
+    debug!("reconcile started");
     if !ctx.is_leader() {
         return Ok(Action::await_change());
     }
@@ -57,17 +59,13 @@ pub(crate) async fn reconcile(svc: Arc<Service>, ctx: Arc<Context>) -> Result<Ac
 
     let decided = {
         let node_known = |node: &str| ctx.node_known(node);
-        let pods_in_group = |group: &str| {
-            ctx.pods_in_group(&ns, group)
-                .into_iter()
-                .filter(|p| portwise_core::align::on_known_node(&svc, p, &node_known))
-                .collect()
-        };
+        let pods_in_group = |group: &str| ctx.pods_in_group(&ns, group);
         let owned = || ctx.candidate_slices(&svc);
         decision::decide(&decision::Input {
             service: &svc,
             config: &ctx.config,
             pods_in_group: &pods_in_group,
+            node_known: &node_known,
             owned: &owned,
             has_our_endpoints: ctx
                 .our_endpoints
@@ -104,6 +102,10 @@ pub(crate) async fn reconcile(svc: Arc<Service>, ctx: Arc<Context>) -> Result<Ac
         .await;
     }
 
+    if warnings.unknown_policy == Once::Rearm {
+        ctx.policy_warned.lock().unwrap().remove(&uid);
+    }
+
     let requeue = match decided.requeue() {
         Requeue::OnChange => Action::await_change(),
         Requeue::AfterResync => Action::requeue(ctx.config.resync_period),
@@ -114,6 +116,29 @@ pub(crate) async fn reconcile(svc: Arc<Service>, ctx: Arc<Context>) -> Result<Ac
             self::release(&ctx, &svc, &release).await?;
             if release.forget_metrics {
                 ctx.metrics.forget_service(&ns, &svc.name_any());
+            }
+            Ok(requeue)
+        }
+        Decision::Hold(hold) => {
+            // Nothing is judged, written or released: a typo must not
+            // change what the Service publishes. Warned once per name.
+            let name = hold.unknown.name.clone();
+            let fresh = ctx
+                .policy_warned
+                .lock()
+                .unwrap()
+                .insert(uid.clone(), name.clone())
+                != Some(name.clone());
+            if fresh {
+                warn!(namespace = %ns, service = %svc.name_any(), policy = %name, "{}", hold.unknown);
+                ctx.events
+                    .publish(
+                        &svc,
+                        EventType::Warning,
+                        "PolicyUnknown",
+                        format!("{}", hold.unknown),
+                    )
+                    .await;
             }
             Ok(requeue)
         }
@@ -136,9 +161,10 @@ async fn serve(ctx: &Context, svc: &Arc<Service>, mut serve: Serve) -> Result<bo
     // their own (probe results, annotations, guests' verdicts, ...): when
     // portwise began to look, before judging.
     let observed = Timestamp::now();
+    ctx.metrics.set_not_judged(&ns, &name, &serve.not_judged);
     let judged = ctx
         .judge
-        .judge(svc, std::mem::take(&mut serve.subjects))
+        .judge(svc, std::mem::take(&mut serve.subjects), &serve.policy)
         .await;
 
     // The planner's inputs borrow non-Send closures; keep them out of the

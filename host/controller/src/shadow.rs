@@ -233,7 +233,9 @@ impl Shadows {
                 address: j.address,
             })
             .collect();
-        let shadowed = judge.judge(svc, subjects).await;
+        let shadowed = judge
+            .judge(svc, subjects, &portwise_core::policy::Policy::Default)
+            .await;
         let diffs = shadow::differences(live, &shadowed);
         metrics.set_shadow(
             &ns,
@@ -300,7 +302,7 @@ pub(crate) fn shadow_judge(
     permits: Arc<Semaphore>,
 ) -> Judge {
     Judge::new(
-        checker,
+        Judge::single(checker),
         config.max_concurrent_checks,
         check_timeout,
         config.resync_period,

@@ -45,12 +45,14 @@ use portwise_core::{
     align::key_value,
     config::{Config, KeySource},
     plan::{ENDPOINTS_MANAGED_BY_LABEL, MANAGED_BY_LABEL, SERVICE_NAME_LABEL},
+    policy::Policy,
 };
 
 use crate::{
     apply::SliceWriter,
     cache::{self, GroupIndex, SyncGate, WatchBackoff},
     context::Context,
+    echo::Echoes,
     error::Error,
     events::Events,
     judge::Judge,
@@ -188,6 +190,38 @@ async fn count_cached(
     }
 }
 
+/// Triggers `svc` for a slice event unless `ours` says the event is our
+/// own write coming back. An event that overtook its write's response
+/// waits for it off the watch task ([`Echoes::settled`]), so the watch is
+/// never held up.
+fn trigger_unless_echo(
+    echoes: &Arc<Echoes>,
+    tx: &UnboundedSender<ObjectRef<Service>>,
+    slice: EndpointSlice,
+    svc: ObjectRef<Service>,
+    ours: fn(&Echoes, &EndpointSlice) -> bool,
+) {
+    if !echoes.in_flight(&slice) {
+        let echo = ours(echoes, &slice);
+        debug!(slice = %slice.name_any(), resource_version = ?slice.resource_version(),
+            echo, waited = false, "slice event");
+        if !echo {
+            let _ = tx.unbounded_send(svc);
+        }
+        return;
+    }
+    let (echoes, tx) = (echoes.clone(), tx.clone());
+    tokio::spawn(async move {
+        echoes.settled(&slice).await;
+        let echo = ours(&echoes, &slice);
+        debug!(slice = %slice.name_any(), resource_version = ?slice.resource_version(),
+            echo, waited = true, "slice event");
+        if !echo {
+            let _ = tx.unbounded_send(svc);
+        }
+    });
+}
+
 /// Runs the controller until `shutdown` resolves.
 pub(crate) async fn run(
     client: Client,
@@ -202,8 +236,19 @@ pub(crate) async fn run(
         stable_ttl: BuildContext::stable_ttl_for(config.resync_period),
         stable_spacing: BuildContext::stable_spacing_for(config.resync_period),
     };
-    let checker: Arc<dyn Checker> = portwise_checkers::build(&config.membership, &build_ctx)
+    // One checker per policy, `membership` included, built (and so
+    // validated) at start.
+    let mut checkers = crate::judge::Checkers::new();
+    let membership: Arc<dyn Checker> = portwise_checkers::build(&config.membership, &build_ctx)
         .map_err(|e| Error::Build(e.to_string()))?;
+    checkers.insert(Policy::Default, membership);
+    for (name, expr) in &config.policies {
+        let policy = Policy::Named(name.clone());
+        let checker: Arc<dyn Checker> =
+            portwise_checkers::build_at(expr, &build_ctx, &policy.label())
+                .map_err(|e| Error::Build(e.to_string()))?;
+        checkers.insert(policy, checker);
+    }
     // maxConcurrentChecks bounds the live checks; the shadows share a pool
     // of the same size of their own, so a slow shadow never takes a live
     // check's place.
@@ -288,9 +333,11 @@ pub(crate) async fn run(
     // refuses the apply (`crate::foreign`); native slices to clean up, by
     // a label-selected LIST (`migrate`).
     let slice_owners = Arc::new(GroupIndex::default());
+    let echoes = Arc::new(Echoes::default());
     let (slice_reader, slice_writer) = reflector::store::<EndpointSlice>();
     let slice_stream = {
         let owners = slice_owners.clone();
+        let echoes = echoes.clone();
         let tx = trigger_tx.clone();
         let keep = config.managed_by.clone();
         let services = svc_reader.clone();
@@ -317,13 +364,16 @@ pub(crate) async fn run(
                             if gate.synced() && services.get(&r).is_none() {
                                 let _ = release_tx.send(Gone::Check(r.clone()));
                             }
-                            let _ = tx.unbounded_send(r);
+                            // Our own write coming back: nothing new to
+                            // reconcile (crate::echo).
+                            trigger_unless_echo(&echoes, &tx, s, r, Echoes::is_our_apply);
                         }
                     }
                     Ok(watcher::Event::Delete(s)) => {
                         let ns = s.namespace().unwrap_or_default();
                         if let Some(prev) = owners.set(&ns, &s.name_any(), None) {
-                            let _ = tx.unbounded_send(ObjectRef::new(&prev).within(&ns));
+                            let r = ObjectRef::new(&prev).within(&ns);
+                            trigger_unless_echo(&echoes, &tx, s, r, Echoes::is_our_delete);
                         }
                     }
                     Ok(_) => {}
@@ -421,7 +471,7 @@ pub(crate) async fn run(
     let events = Arc::new(Events::new(Recorder::new(client.clone(), reporter)));
     let ctx = Arc::new(Context {
         judge: Judge::new(
-            checker,
+            checkers,
             config.max_concurrent_checks,
             opts.check_timeout,
             config.resync_period,
@@ -429,7 +479,7 @@ pub(crate) async fn run(
             opts.metrics.clone(),
         ),
         shadows,
-        writer: SliceWriter::new(client.clone(), config.managed_by.clone()),
+        writer: SliceWriter::new(client.clone(), config.managed_by.clone()).with_echoes(echoes),
         events: events.clone(),
         shadow_outlets: crate::shadow::Outlets {
             events,
@@ -454,6 +504,7 @@ pub(crate) async fn run(
         metrics: opts.metrics.clone(),
         leader: opts.leader.clone(),
         selector_warned: Mutex::default(),
+        policy_warned: Mutex::default(),
         external_warned: Mutex::default(),
         retries: Default::default(),
         trigger_memory: Mutex::default(),

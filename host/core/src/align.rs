@@ -10,6 +10,7 @@
 //! `getAddressTypesForService`).
 
 use std::{
+    collections::BTreeSet,
     net::{IpAddr, Ipv4Addr},
     sync::Arc,
 };
@@ -25,6 +26,16 @@ pub use crate::config::KeySource;
 /// The value of `key` on an object, if present.
 pub fn key_value<'a>(meta: &'a ObjectMeta, key: &KeySource) -> Option<&'a str> {
     key.get(meta)
+}
+
+/// The name an annotation picks (a policy, a shadow): its value trimmed,
+/// `None` when absent or blank.
+pub fn picked_by_annotation<'a>(meta: &'a ObjectMeta, annotation: &str) -> Option<&'a str> {
+    meta.annotations
+        .as_ref()
+        .and_then(|a| a.get(annotation))
+        .map(|v| v.trim())
+        .filter(|v| !v.is_empty())
 }
 
 /// The address families a Service publishes, in `spec.ipFamilies` order.
@@ -226,6 +237,92 @@ pub fn on_known_node(service: &Service, pod: &Pod, node_known: &dyn Fn(&str) -> 
         Some(node) if !node.is_empty() => pnra || node_known(node),
         _ => true,
     }
+}
+
+/// The ports a probe may reach on `pod` while it is judged for `service`:
+/// `None` (any port) for a pod with an address of its own. A `hostNetwork`
+/// pod's address is its Node's, so there only the target ports that the
+/// Service's ports resolve to on that pod: a checker must not reach the
+/// kubelet, or anything else that listens on the Node.
+pub fn probe_ports(service: &Service, pod: &Pod) -> Option<BTreeSet<u16>> {
+    let host_network = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.host_network)
+        .unwrap_or(false);
+    if !host_network {
+        return None;
+    }
+    Some(
+        service
+            .spec
+            .as_ref()
+            .and_then(|s| s.ports.as_deref())
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|sp| resolve_target(sp, pod))
+            .collect(),
+    )
+}
+
+/// Why a pod of a Service's group is not judged for it at all, so no port
+/// of the Service can include it. Counted per reason (a metric) and named by
+/// `check --live`, so that a pod missing from every slice is explained.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum NotJudged {
+    /// Phase `Succeeded` or `Failed`: it will not serve again.
+    Terminal,
+    /// Its Node is not in the cache ([`on_known_node`]).
+    NodeGone,
+    /// No address of any of the Service's families: not started yet, or
+    /// an IP of another family only.
+    NoAddress,
+}
+
+impl NotJudged {
+    pub const ALL: [NotJudged; 3] = [Self::Terminal, Self::NodeGone, Self::NoAddress];
+
+    /// The metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Terminal => "terminal",
+            Self::NodeGone => "node-gone",
+            Self::NoAddress => "no-address",
+        }
+    }
+
+    /// What it means, for a person.
+    pub fn explain(self) -> &'static str {
+        match self {
+            Self::Terminal => "its phase is Succeeded or Failed: it will not serve again",
+            Self::NodeGone => {
+                "its Node is gone, and the Service does not publish not-ready addresses"
+            }
+            Self::NoAddress => "it has no IP of the Service's address families yet",
+        }
+    }
+}
+
+/// Why `pod` (of the Service's group) is not judged for `service`, if it
+/// is not; the first reason that applies, in [`NotJudged`]'s order.
+pub fn not_judged(
+    service: &Service,
+    pod: &Pod,
+    node_known: &dyn Fn(&str) -> bool,
+) -> Option<NotJudged> {
+    if !is_candidate(pod) {
+        return Some(NotJudged::Terminal);
+    }
+    if !on_known_node(service, pod, node_known) {
+        return Some(NotJudged::NodeGone);
+    }
+    if families(service)
+        .into_iter()
+        .all(|f| pod_address(pod, f).is_none())
+    {
+        return Some(NotJudged::NoAddress);
+    }
+    None
 }
 
 /// A headless Service with no ports: judged and published port-less
@@ -611,6 +708,35 @@ mod tests {
             resolve_target(&sport("w", 80, named("web"), None), &p2),
             Some(8080)
         );
+    }
+
+    #[test]
+    fn a_host_network_pod_may_be_probed_only_on_the_ports_its_service_resolves() {
+        let svc = Service {
+            spec: Some(ServiceSpec {
+                ports: Some(vec![
+                    sport("http", 80, named("web"), None),
+                    sport("admin", 9000, Some(IntOrString::Int(9001)), None),
+                    sport("gone", 81, named("missing"), None),
+                ]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let mut pod = pod_with(
+            vec![container(vec![cport("web", 8080, None)])],
+            vec![],
+            &["10.0.0.1"],
+        );
+        assert_eq!(
+            probe_ports(&svc, &pod),
+            None,
+            "an address of its own: any port"
+        );
+        pod.spec.as_mut().unwrap().host_network = Some(true);
+        assert_eq!(probe_ports(&svc, &pod), Some(BTreeSet::from([8080, 9001])));
+        pod.spec.as_mut().unwrap().host_network = Some(false);
+        assert_eq!(probe_ports(&svc, &pod), None);
     }
 
     #[test]

@@ -118,9 +118,20 @@ pub struct Config {
     /// of these keys, or it is refused.
     #[serde(default)]
     pub module_signatures: Option<ModuleSignatures>,
-    /// The checker expression deciding membership.
+    /// The checker expression deciding membership, for every Service whose
+    /// annotation does not name one of `policies`.
     #[serde(default)]
     pub membership: CheckerExpr,
+    /// Named membership expressions; a Service picks one with its
+    /// `policyAnnotation` (see [`crate::policy`]). Named here, in the
+    /// operator's file, for the reason shadows are: whoever may edit a
+    /// Service chooses among what the platform allows, and cannot make
+    /// portwise run anything new.
+    #[serde(default)]
+    pub policies: BTreeMap<String, CheckerExpr>,
+    /// The Service annotation that names a policy.
+    #[serde(default = "default_policy_annotation")]
+    pub policy_annotation: String,
     /// Membership expressions judged next to the live one, publishing
     /// nothing: how a new checker is tried before it decides.
     #[serde(default)]
@@ -165,6 +176,13 @@ pub struct ShadowSpec {
     /// default off for that Service).
     #[serde(default = "default_shadow_annotation")]
     pub annotation: String,
+}
+
+/// `portwise.io/membership`.
+pub const DEFAULT_POLICY_ANNOTATION: &str = "portwise.io/membership";
+
+fn default_policy_annotation() -> String {
+    DEFAULT_POLICY_ANNOTATION.to_owned()
 }
 
 /// `portwise.io/shadow`.
@@ -408,14 +426,17 @@ impl Config {
             max_module_bytes: DEFAULT_MAX_MODULE_BYTES,
             module_signatures: None,
             membership: CheckerExpr::default(),
+            policies: BTreeMap::new(),
+            policy_annotation: default_policy_annotation(),
             shadow: None,
         }
     }
 
-    /// Every `wasm` expression of the file: the live membership's and the
-    /// shadows'. What has to be pulled and sized for at start.
+    /// Every `wasm` expression of the file: the live membership's, the
+    /// policies' and the shadows'. What has to be pulled and sized for at start.
     pub fn all_wasm_specs(&self) -> Vec<&WasmSpec> {
         let mut out = self.membership.wasm_specs();
+        out.extend(self.policies.values().flat_map(|p| p.wasm_specs()));
         if let Some(sh) = &self.shadow {
             out.extend(sh.membership.iter().flat_map(|m| m.wasm_specs()));
             out.extend(sh.expressions.values().flat_map(|e| e.wasm_specs()));

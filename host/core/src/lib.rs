@@ -18,6 +18,7 @@ pub mod align;
 pub mod config;
 pub mod membership;
 pub mod plan;
+pub mod policy;
 pub mod reconcile;
 pub mod shadow;
 pub mod text;

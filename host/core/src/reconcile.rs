@@ -23,7 +23,7 @@
 //!    leftovers are then never cleaned up. A Service being deleted is still
 //!    served; the planner only refuses it new slices.
 
-use std::sync::Arc;
+use std::{collections::BTreeMap, sync::Arc};
 
 use k8s_openapi::api::{
     core::v1::{Pod, Service},
@@ -35,6 +35,7 @@ use crate::{
     config::Config,
     membership::Subject,
     plan::{self, Plan},
+    policy::{self, Policy, UnknownPolicy},
 };
 
 /// What [`decide`] reads.
@@ -44,6 +45,8 @@ pub struct Input<'a> {
     /// The cached pods of a group (the alignment key's value), in the
     /// Service's namespace. Called at most once, only for a served Service.
     pub pods_in_group: &'a dyn Fn(&str) -> Vec<Arc<Pod>>,
+    /// Whether a Node is in the cache ([`align::on_known_node`]).
+    pub node_known: &'a dyn Fn(&str) -> bool,
     /// The live slices of this Service that may be ours (cache plus our own
     /// recent writes). Called at most once, only for a released Service;
     /// filtered with [`plan::is_ours`] here.
@@ -61,6 +64,17 @@ pub enum Decision {
     Release(Release),
     /// Ours: judge, plan, apply, then re-check after `resyncPeriod`.
     Serve(Serve),
+    /// Ours, but its annotation names a policy the file does not have:
+    /// change nothing (what is published stays), warn, and wait for the
+    /// Service to change.
+    Hold(Hold),
+}
+
+/// A Service held as it is.
+#[derive(Clone, Debug)]
+pub struct Hold {
+    pub unknown: UnknownPolicy,
+    pub warnings: Warnings,
 }
 
 /// Why a Service is not served.
@@ -93,6 +107,8 @@ pub struct Warnings {
     pub external_name: Once,
     /// `SelectorIgnored`: a served Service that has a `spec.selector`.
     pub selector: Once,
+    /// `PolicyUnknown`: its annotation names a policy the file lacks.
+    pub unknown_policy: Once,
 }
 
 /// Taking back what we published for a Service we do not serve.
@@ -116,6 +132,8 @@ pub struct Release {
 pub struct Serve {
     /// The pod group: the value of the alignment key.
     pub group: String,
+    /// The expression that judges it.
+    pub policy: Policy,
     pub has_selector: bool,
     pub warnings: Warnings,
     /// Forget what the migrator learnt about native leftovers: with a
@@ -124,6 +142,8 @@ pub struct Serve {
     pub forget_migration: bool,
     /// What the checker judges: every (port, family, pod of the group).
     pub subjects: Vec<Subject>,
+    /// The pods of the group that are not judged at all, counted by reason.
+    pub not_judged: BTreeMap<align::NotJudged, usize>,
     /// `nativeCleanup` applies: configured and no selector. Whether to run
     /// it depends on the plan: [`Serve::cleans_up_native`].
     pub native_cleanup: bool,
@@ -146,7 +166,7 @@ pub enum Requeue {
 impl Decision {
     pub fn requeue(&self) -> Requeue {
         match self {
-            Decision::Release(_) => Requeue::OnChange,
+            Decision::Release(_) | Decision::Hold(_) => Requeue::OnChange,
             Decision::Serve(_) => Requeue::AfterResync,
         }
     }
@@ -155,6 +175,7 @@ impl Decision {
         match self {
             Decision::Release(r) => r.warnings,
             Decision::Serve(s) => s.warnings,
+            Decision::Hold(h) => h.warnings,
         }
     }
 }
@@ -186,6 +207,7 @@ pub fn decide(input: &Input) -> Decision {
                     Once::Keep
                 },
                 selector: Once::Keep,
+                unknown_policy: Once::Keep,
             },
         ));
     }
@@ -196,6 +218,7 @@ pub fn decide(input: &Input) -> Decision {
             Warnings {
                 external_name: Once::Rearm,
                 selector: Once::Keep,
+                unknown_policy: Once::Keep,
             },
         ));
     };
@@ -203,9 +226,33 @@ pub fn decide(input: &Input) -> Decision {
     let has_selector = spec
         .and_then(|s| s.selector.as_ref())
         .is_some_and(|s| !s.is_empty());
-    let pods = (input.pods_in_group)(group);
+    let policy = match policy::choose(svc, cfg) {
+        Ok(p) => p,
+        Err(unknown) => {
+            return Decision::Hold(Hold {
+                unknown,
+                warnings: Warnings {
+                    external_name: Once::Rearm,
+                    selector: Once::Keep,
+                    unknown_policy: Once::Raise,
+                },
+            });
+        }
+    };
+    let mut not_judged = BTreeMap::new();
+    let pods: Vec<Arc<Pod>> = (input.pods_in_group)(group)
+        .into_iter()
+        .filter(|p| match align::not_judged(svc, p, input.node_known) {
+            Some(why) => {
+                *not_judged.entry(why).or_default() += 1;
+                false
+            }
+            None => true,
+        })
+        .collect();
     Decision::Serve(Serve {
         group: group.to_string(),
+        policy,
         has_selector,
         warnings: Warnings {
             external_name: Once::Rearm,
@@ -214,9 +261,11 @@ pub fn decide(input: &Input) -> Decision {
             } else {
                 Once::Rearm
             },
+            unknown_policy: Once::Rearm,
         },
         forget_migration: has_selector,
         subjects: align::subjects(svc, &pods),
+        not_judged,
         native_cleanup: cfg.native_cleanup && !has_selector,
         publish_legacy_endpoints: cfg.publish_legacy_endpoints,
         remove_legacy_endpoints: !cfg.publish_legacy_endpoints && input.has_our_endpoints,

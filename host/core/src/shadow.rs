@@ -46,14 +46,7 @@ pub fn pick(service: &Service, spec: Option<&ShadowSpec>) -> Pick {
     let Some(spec) = spec else {
         return Pick::Off;
     };
-    let chosen = service
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(&spec.annotation))
-        .map(|v| v.trim())
-        .filter(|v| !v.is_empty());
-    match chosen {
+    match crate::align::picked_by_annotation(&service.metadata, &spec.annotation) {
         Some("none") => Pick::Off,
         Some(name) if spec.expressions.contains_key(name) => Pick::Named(name.to_string()),
         Some(name) => Pick::Unknown(name.to_string()),

@@ -10,6 +10,7 @@
 //! buffer that the caller drains into the log after each call.
 
 use std::{
+    collections::BTreeSet,
     net::{IpAddr, SocketAddr},
     pin::Pin,
     sync::{Arc, Mutex},
@@ -89,6 +90,9 @@ impl std::fmt::Display for Named<'_> {
 pub(crate) struct CallState {
     /// The address probes may reach; `None` during validate-config.
     pub address: Option<IpAddr>,
+    /// The ports they may reach there; `None`: any. A `hostNetwork` pod's
+    /// address is its Node's ([`portwise_core::align::probe_ports`]).
+    pub ports: Option<BTreeSet<u16>>,
     pub labels: CallLabels,
     /// The guest's compute deadline. Probe time is added to it: the epoch
     /// deadline bounds the guest's own work, the call timeout bounds the
@@ -105,6 +109,7 @@ impl Default for CallState {
     fn default() -> Self {
         CallState {
             address: None,
+            ports: None,
             labels: CallLabels::default(),
             compute_deadline: Instant::now(),
             max_probes: 0,
@@ -176,6 +181,7 @@ impl HostState {
     ) {
         self.call = CallState {
             address: address.map(normalise_ip),
+            ports: None,
             labels,
             compute_deadline: Instant::now() + limits.deadline,
             max_probes: limits.max_probes_per_call,
@@ -239,6 +245,16 @@ impl HostState {
             return Err(format!(
                 "more than {} probes in one call",
                 self.call.max_probes
+            ));
+        }
+        if let Some(ports) = &self.call.ports
+            && !ports.contains(&port)
+        {
+            let allowed: Vec<String> = ports.iter().map(u16::to_string).collect();
+            return Err(format!(
+                "{address} is a hostNetwork pod's, its Node's: probes may reach only the ports \
+                 its Service resolves there ({}), not {port}",
+                allowed.join(", ")
             ));
         }
         if host.is_empty() {
@@ -669,6 +685,27 @@ mod tests {
         assert_eq!(
             s.authorize("::ffff:10.244.0.5", 82),
             Ok("10.244.0.5:82".parse().unwrap())
+        );
+    }
+
+    #[test]
+    fn a_host_network_pod_is_reachable_only_on_its_service_ports() {
+        let mut s = state(Some("10.244.0.5"));
+        s.call.ports = Some(BTreeSet::from([8080, 9001]));
+        assert_eq!(
+            s.authorize("", 8080),
+            Ok("10.244.0.5:8080".parse().unwrap())
+        );
+        let denied = s.authorize("10.244.0.5", 10250).unwrap_err();
+        assert!(
+            denied.contains("hostNetwork")
+                && denied.contains("8080, 9001")
+                && denied.contains("10250"),
+            "{denied}"
+        );
+        assert_eq!(
+            s.authorize("10.244.0.5", 9001),
+            Ok("10.244.0.5:9001".parse().unwrap())
         );
     }
 

@@ -24,6 +24,7 @@ mod oci;
 mod oracle;
 mod other_writers;
 mod partitions;
+mod policies;
 mod probes;
 mod repair;
 mod seed;

@@ -83,6 +83,26 @@ fn set(names: &[&str]) -> BTreeSet<String> {
     names.iter().map(|s| s.to_string()).collect()
 }
 
+/// The binary (pull cache at `cache`) on Service `web` (port `http`,
+/// 8080) and pod `a` at `ip`, once `a` backs `http`.
+async fn serving_a(ns: &TestNs, ip: &PodIps, config: &str, cache: &Path) -> Result<Portwise> {
+    let pw = Scenario::new(ns)
+        .service(service("web").annotation(GROUP_KEY, "g").port("http", 8080))
+        .pod(pod("a").annotation(GROUP_KEY, "g").ips(ip.v4()))
+        .config(config)
+        .with_portwise(|l| {
+            l.binary()
+                .args(&["--cache-dir", &cache.display().to_string()])
+        })
+        .start()
+        .await?;
+    wait_for(Duration::from_secs(90), || async {
+        expect_eq(members(ns, "web", "http").await?, set(&["a"]))
+    })
+    .await?;
+    Ok(pw)
+}
+
 /// Runs `portwise run` on `config` until it exits (it should: refused).
 async fn run_refused(ns: &TestNs, config: &str, cache: &Path) -> Result<String> {
     run_refused_as(ns, config, cache, None).await
@@ -609,20 +629,7 @@ async fn an_allowed_tag_serves_its_last_resolution_when_the_registry_is_gone() -
             reg.ca_file().display()
         ),
     );
-    let mut pw = Scenario::new(&ns)
-        .service(service("web").annotation(GROUP_KEY, "g").port("http", 8080))
-        .pods([pod("a").annotation(GROUP_KEY, "g").ips(ip.v4())])
-        .config(&config)
-        .with_portwise(|l| {
-            l.binary()
-                .args(&["--cache-dir", &cache.display().to_string()])
-        })
-        .start()
-        .await?;
-    wait_for(Duration::from_secs(90), || async {
-        expect_eq(members(&ns, "web", "http").await?, set(&["a"]))
-    })
-    .await?;
+    let mut pw = serving_a(&ns, &ip, &config, &cache).await?;
 
     pw.stop().await?;
     reg.stop().await?;
@@ -683,5 +690,100 @@ async fn a_blob_larger_than_its_manifest_says_is_refused_at_the_cap() -> Result<
         served < bigger.len() as u64,
         "the registry served all {served} bytes of the oversized blob"
     );
+    Ok(())
+}
+
+/// Whoever can push to a module's repository without its key can attach
+/// junk beside the real signature: a referrer declaring a 2 MiB bundle,
+/// sixteen bundles that are not bundles, and a 1.5 MiB manifest under the
+/// `.sig` tag. None of it blocks the module: each is passed over with its
+/// reason, the 2 MiB layer is never downloaded, the big manifest is read
+/// only up to the limit, and the real signature still verifies. Under a key that signed nothing, the
+/// refusal lists what was passed over, so an operator sees the junk.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn junk_beside_a_real_signature_does_not_block_the_module() -> Result<()> {
+    use registry::SIGSTORE_BUNDLE_MEDIA_TYPE as BUNDLE_MEDIA_TYPE;
+    let Setup {
+        ns,
+        reg,
+        work,
+        auth,
+    } = setup("oci-junk-signatures").await?;
+    let cosign = Cosign::new(&reg)?;
+    let release = cosign.generate_key_pair("release")?;
+    let stranger = cosign.generate_key_pair("stranger")?;
+    let repo = "guests/ready-role";
+    let ready_role = std::fs::read(guests_dir().join("ready-role.wasm"))?;
+    let digest = reg.push(repo, "v1", &ready_role).await?;
+    let big = vec![b'x'; 2 << 20];
+    let big_referrer = reg
+        .push_referrer(repo, &digest, BUNDLE_MEDIA_TYPE, BUNDLE_MEDIA_TYPE, &big)
+        .await?;
+    for i in 0..16 {
+        reg.push_referrer(
+            repo,
+            &digest,
+            BUNDLE_MEDIA_TYPE,
+            BUNDLE_MEDIA_TYPE,
+            format!("junk {i}: not a sigstore bundle").as_bytes(),
+        )
+        .await?;
+    }
+    // And a `.sig` tag of 1.5 MiB: read under a limit, never whole.
+    let padded = reg
+        .push_padded_manifest(repo, &format!("sha256-{digest}.sig"), 3 << 19)
+        .await?;
+    ensure!(padded > 1 << 20, "{padded}");
+    cosign.sign(&reg, repo, &digest, &release, Form::Bundle)?;
+    let module = reg.module(repo, &digest);
+    let config = |key: &Path| {
+        config_with(
+            &format!(
+                "{{perPort: {{ports: {{http: {{wasm: {{module: '{module}', \
+                 config: {{roles: [primary], path: /ready}}}}}}}}, fallback: podReady}}}}"
+            ),
+            &format!(
+                "registryAuth: {}\nregistryCA: {}\nmoduleSignatures: {{keys: [{}]}}\n",
+                auth.display(),
+                reg.ca_file().display(),
+                key.display()
+            ),
+        )
+    };
+
+    // Under a key that signed nothing, every referrer is looked at.
+    let out = run_refused(
+        &ns,
+        &config(&stranger.public),
+        &work.path().join("c-stranger"),
+    )
+    .await?;
+    ensure!(
+        out.contains("passed over")
+            && out.contains(&format!("referrer sha256:{big_referrer}"))
+            && out.contains("not downloaded")
+            && out.contains(&format!("sha256-{digest}.sig: fetching a signature"))
+            && out.contains("over the 1048576 read at most")
+            && out.contains("does not verify under any configured key"),
+        "the refusal does not list the junk it passed over:\n{out}"
+    );
+
+    let ip = next_ips();
+    let listener = HttpListener::start(ip.v4, 8080).await?;
+    listener.set_body("{\"role\": \"primary\"}");
+    let cache = work.path().join("cache");
+    let mut pw = serving_a(&ns, &ip, &config(&release.public), &cache).await?;
+    ensure!(
+        pw.logs()
+            .contains(&format!("{} (sigstore bundle", release.public.display())),
+        "the log does not say which key verified the module:\n{}",
+        pw.logs()
+    );
+    let served = reg.blob_bytes_served(&sha256(&big));
+    ensure!(
+        served == 0,
+        "the 2 MiB junk layer was downloaded ({served} bytes)"
+    );
+    pw.check_running()?;
     Ok(())
 }

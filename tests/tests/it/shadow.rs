@@ -75,14 +75,7 @@ async fn a_shadow_reports_its_differences_and_publishes_nothing() -> Result<()> 
         ],
     )?;
     ensure!(verdicts == Some(4.0), "verdicts compared: {verdicts:?}");
-    let event = wait_for(Duration::from_secs(20), || async {
-        let events = events_for(&ns, "web", Some("ShadowDiffers")).await?;
-        events
-            .last()
-            .and_then(|e| e.message.clone())
-            .ok_or_else(|| anyhow::anyhow!("no ShadowDiffers Event yet"))
-    })
-    .await?;
+    let event = newest_event_message(&ns, "web", "ShadowDiffers").await?;
     ensure!(
         event.contains("shadow.membership differs from the live membership on 2 of 4 verdicts")
             && event.contains("http p2 (IPv4): live include, shadow exclude")
@@ -115,14 +108,7 @@ async fn a_shadow_reports_its_differences_and_publishes_nothing() -> Result<()> 
         serde_json::json!({"metadata": {"annotations": {SHADOW: "strcit"}}}),
     )
     .await?;
-    let unknown = wait_for(Duration::from_secs(20), || async {
-        let events = events_for(&ns, "web", Some("ShadowUnknown")).await?;
-        events
-            .last()
-            .and_then(|e| e.message.clone())
-            .ok_or_else(|| anyhow::anyhow!("no ShadowUnknown Event yet"))
-    })
-    .await?;
+    let unknown = newest_event_message(&ns, "web", "ShadowUnknown").await?;
     ensure!(
         unknown.contains("\"strcit\"") && unknown.contains("it has: strict"),
         "{unknown}"
@@ -181,6 +167,19 @@ async fn check_live_prints_live_and_shadow_side_by_side() -> Result<()> {
             .ips(next_ips().v4()),
     )
     .await?;
+    // Pods of the group that are not judged are named, with the reason.
+    ns.create_pods(vec![
+        pod("finished")
+            .annotation(GROUP_KEY, "g")
+            .phase("Succeeded")
+            .ips(next_ips().v4()),
+        pod("orphan")
+            .annotation(GROUP_KEY, "g")
+            .node("a-node-that-is-gone")
+            .ips(next_ips().v4()),
+        pod("pending").annotation(GROUP_KEY, "g").no_status(),
+    ])
+    .await?;
     // Another group's pod is not the Service's.
     ns.create_pod(pod("other").annotation(GROUP_KEY, "h").ips(next_ips().v4()))
         .await?;
@@ -237,6 +236,18 @@ async fn check_live_prints_live_and_shadow_side_by_side() -> Result<()> {
         "{}",
         out.stdout
     );
+    for (pod, reason) in [
+        ("finished", "terminal"),
+        ("orphan", "node-gone"),
+        ("pending", "no-address"),
+    ] {
+        ensure!(
+            out.stdout
+                .contains(&format!("pod {pod} is not judged ({reason}): ")),
+            "check --live does not say why {pod} is not judged:\n{}",
+            out.stdout
+        );
+    }
     writes.expect(0, "check --live").await?;
     Ok(())
 }

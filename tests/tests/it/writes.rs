@@ -206,3 +206,103 @@ async fn one_write_when_one_pod_flips_among_1000() -> Result<()> {
     }
     Ok(())
 }
+
+/// The reconciles a portwise has completed (served Services).
+async fn reconciles(pw: &Portwise) -> Result<f64> {
+    Ok(pw
+        .scrape()
+        .await?
+        .value("portwise_reconcile_duration_seconds_count", &[])?
+        .unwrap_or(0.0))
+}
+
+/// Issue 29: portwise's own writes come back through its slice watch and
+/// trigger nothing, so a cold start reconciles each Service once (it was
+/// twice: once for the Service, once for the echo of its write). A change
+/// to a slice by anyone else still triggers a reconcile, which repairs it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn own_writes_trigger_no_reconcile_and_other_writers_do() -> Result<()> {
+    use k8s_openapi::api::discovery::v1::EndpointSlice;
+    use kube::api::{Patch, PatchParams};
+    let cp = ControlPlane::shared().await?;
+    let ns = TestNs::new(cp, "echoes").await?;
+    const SERVICES: usize = 10;
+    for i in 0..SERVICES {
+        let group = format!("g{i}");
+        ns.create_service(
+            service(&format!("web-{i}"))
+                .annotation(GROUP_KEY, &group)
+                .port("http", 8080)
+                .port("admin", 9000),
+        )
+        .await?;
+        ns.create_pods(
+            (0..3)
+                .map(|p| {
+                    pod(&format!("p{i}-{p}"))
+                        .annotation(GROUP_KEY, &group)
+                        .ips(next_ips().v4())
+                })
+                .collect(),
+        )
+        .await?;
+    }
+    // A resync (Action::requeue) is a reconcile too: keep it out of the
+    // window.
+    let cfg = config("podReady").replace("resyncPeriod: 2s", "resyncPeriod: 10m");
+    let mut pw = Portwise::spawn_binary(&ns, &cfg).await?;
+    pw.wait_for_log("cold start: every Service reconciled once", SETTLE)
+        .await?;
+    for i in 0..SERVICES {
+        let pods: Vec<String> = (0..3).map(|p| format!("p{i}-{p}")).collect();
+        let pods: Vec<&str> = pods.iter().map(String::as_str).collect();
+        expect_endpoints(
+            &ns,
+            &format!("web-{i}"),
+            by_port([(("http", V4), &pods[..]), (("admin", V4), &pods[..])]),
+        )
+        .await?;
+    }
+    // Every echo (two slices per Service) has arrived by now.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let cold = reconciles(&pw).await?;
+    println!("cold start: {cold} reconciles for {SERVICES} Services");
+    ensure!(
+        cold == SERVICES as f64,
+        "{cold} reconciles for {SERVICES} Services: portwise's own writes triggered reconciles"
+    );
+
+    // Another writer drops an endpoint: reconciled, repaired.
+    let slice = slice_for_port(&ns, "web-0", "http").await?;
+    let name = slice.metadata.name.clone().unwrap_or_default();
+    let mut endpoints = slice.endpoints.clone().unwrap_or_default();
+    endpoints.remove(0);
+    ns.api::<EndpointSlice>()
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({ "endpoints": endpoints })),
+        )
+        .await?;
+    let pods = ["p0-0", "p0-1", "p0-2"];
+    wait_for(SETTLE, || async {
+        let s = slice_for_port(&ns, "web-0", "http").await?;
+        expect_eq(s.endpoints.map_or(0, |e| e.len()), 3)
+    })
+    .await?;
+    expect_endpoints(
+        &ns,
+        "web-0",
+        by_port([(("http", V4), &pods[..]), (("admin", V4), &pods[..])]),
+    )
+    .await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let after = reconciles(&pw).await?;
+    ensure!(
+        after == cold + 1.0,
+        "{after} reconciles after one foreign edit (was {cold}): expected exactly one more, \
+         the repair, and none for the repair's own write"
+    );
+    pw.check_running()?;
+    Ok(())
+}

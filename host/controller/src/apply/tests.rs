@@ -12,7 +12,20 @@ use kube::{ResourceExt, core::Status};
 use super::{Error, OVERLAY_FOR, Recent, SliceApi, Writes, set_of, write};
 use portwise_core::plan::testutil::{NS, World, include_all, many_pods, num, port, service};
 
-use crate::metrics::Metrics;
+use crate::{echo::Echoes, metrics::Metrics};
+
+/// [`write`] into `NS` with a fresh echo book and metrics.
+async fn write_fresh(fake: &Fake, recent: &Recent, writes: &Writes) -> Result<(), Error> {
+    write(
+        fake,
+        recent,
+        &Echoes::default(),
+        NS,
+        writes,
+        &Metrics::new(),
+    )
+    .await
+}
 
 /// An in-memory apiserver that refuses applies of some names (422) and
 /// fails deletes of others (500), and logs every call. Like the real one,
@@ -205,7 +218,7 @@ async fn run(
 ) -> Result<(), Error> {
     let deletes: Vec<String> = deletes.iter().map(|d| d.to_string()).collect();
     let writes = Writes::new(applies, &deletes, fake.view());
-    write(fake, recent, NS, &writes, &Metrics::new()).await
+    write_fresh(fake, recent, &writes).await
 }
 
 fn strings(v: &[&str]) -> Vec<String> {
@@ -449,9 +462,7 @@ async fn planner_output_fails_per_port_and_family() {
     let fake = Fake::new(before.slices.values().map(|s| (**s).clone())).refusing(&[&refused]);
     let recent = Recent::default();
     let writes = Writes::new(&plan.applies, &plan.deletes, fake.view());
-    let err = write(&fake, &recent, NS, &writes, &Metrics::new())
-        .await
-        .unwrap_err();
+    let err = write_fresh(&fake, &recent, &writes).await.unwrap_err();
     let msg = err.to_string();
     assert!(msg.contains(&refused), "{msg}");
     for d in &held_deletes {
@@ -500,9 +511,7 @@ async fn a_name_the_view_does_not_hold_is_applied_without_force() {
         &[],
         |_| None,
     );
-    let err = write(&fake, &recent, NS, &writes, &Metrics::new())
-        .await
-        .unwrap_err();
+    let err = write_fresh(&fake, &recent, &writes).await.unwrap_err();
     assert!(
         matches!(&err, Error::Apply { name, .. } if name == "web-http"),
         "{err:?}"
@@ -516,9 +525,7 @@ async fn a_name_the_view_does_not_hold_is_applied_without_force() {
         &[],
         |_| None,
     );
-    write(&fake, &recent, NS, &writes, &Metrics::new())
-        .await
-        .unwrap();
+    write_fresh(&fake, &recent, &writes).await.unwrap();
     assert_eq!(
         addresses(&fake.get_slice("web-admin").unwrap()),
         ["10.0.0.1"]
@@ -535,7 +542,7 @@ async fn a_known_name_is_forced_only_onto_the_object_the_view_holds() {
         &[],
         |_| seen.clone(),
     );
-    write(&fake, &Recent::default(), NS, &writes, &Metrics::new())
+    write_fresh(&fake, &Recent::default(), &writes)
         .await
         .unwrap();
     assert_eq!(
@@ -544,7 +551,7 @@ async fn a_known_name_is_forced_only_onto_the_object_the_view_holds() {
     );
     // Deleted and re-created by another writer since our view: refused.
     let theirs = fake.written_by_another(slice("web-http", "http", "IPv4", &["10.9.9.9"]));
-    let err = write(&fake, &Recent::default(), NS, &writes, &Metrics::new())
+    let err = write_fresh(&fake, &Recent::default(), &writes)
         .await
         .unwrap_err();
     assert!(err.to_string().contains("uid mismatch"), "{err}");
@@ -564,7 +571,7 @@ async fn deletes_use_the_uid_the_view_holds_and_need_no_get() {
     fake.written_by_another(slice("web-http--3", "http", "IPv4", &["10.9.9.9"]));
     let view = |n: &str| seen.iter().flatten().find(|s| s.name_any() == n).cloned();
     let writes = Writes::new(&[], &strings(&["web-http--2", "web-http--3", "gone"]), view);
-    write(&fake, &Recent::default(), NS, &writes, &Metrics::new())
+    write_fresh(&fake, &Recent::default(), &writes)
         .await
         .unwrap();
     // No GETs; nothing is sent for a name the view no longer holds.
@@ -591,9 +598,7 @@ async fn the_overlay_never_orders_resource_versions() {
         &[],
         |_| Some(before.clone()),
     );
-    write(&fake, &recent, NS, &writes, &Metrics::new())
-        .await
-        .unwrap();
+    write_fresh(&fake, &recent, &writes).await.unwrap();
     let mine = fake.get_slice("web-http").unwrap();
     // The cache still shows the generation before ours: our write wins.
     let view = recent
@@ -618,9 +623,7 @@ async fn the_overlay_never_orders_resource_versions() {
     // re-creation (another uid) or absence ends it.
     let seen = Arc::new(mine.clone());
     let writes = Writes::new(&[], &strings(&["web-http"]), |_| Some(seen.clone()));
-    write(&fake, &recent, NS, &writes, &Metrics::new())
-        .await
-        .unwrap();
+    write_fresh(&fake, &recent, &writes).await.unwrap();
     assert!(recent.overlay(NS, "web-http", Some(seen.clone())).is_none());
     let mut again = slice("web-http", "http", "IPv4", &["10.0.0.7"]);
     again.metadata.uid = Some("someone-else".into());

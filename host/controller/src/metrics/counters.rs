@@ -22,9 +22,12 @@ impl Metrics {
     }
 
     /// Counts one top-level membership check and records how long it took.
-    pub fn observe_check(&self, decision: Decision, duration: Duration) {
+    /// Counts one top-level check of `policy` (`membership`,
+    /// `policies.NAME`) and its duration.
+    pub fn observe_check(&self, policy: &str, decision: Decision, duration: Duration) {
         let labels = DecisionLabels {
             decision: decision_label(decision),
+            policy: label(policy),
         };
         self.checks.get_or_create(&labels).inc();
         self.check_duration

@@ -86,6 +86,13 @@ pub(super) struct ServiceLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct NotJudgedLabels {
+    pub(super) namespace: String,
+    pub(super) service: String,
+    pub(super) reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(super) struct ShadowLabels {
     pub(super) namespace: String,
     pub(super) service: String,
@@ -111,6 +118,8 @@ pub(super) struct PublishedLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(super) struct DecisionLabels {
     pub(super) decision: &'static str,
+    /// The expression that decided (`membership`, `policies.NAME`).
+    pub(super) policy: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

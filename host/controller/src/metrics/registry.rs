@@ -20,8 +20,8 @@ use prometheus_client::{
 use super::{
     guest::GuestFailures,
     labels::{
-        DecisionLabels, ErrorLabels, KindLabels, ModuleLoadLabels, PublishedLabels, ServiceLabels,
-        ShadowLabels, ShadowPortLabels,
+        DecisionLabels, ErrorLabels, KindLabels, ModuleLoadLabels, NotJudgedLabels,
+        PublishedLabels, ServiceLabels, ShadowLabels, ShadowPortLabels,
     },
 };
 
@@ -57,6 +57,7 @@ pub struct Metrics {
     pub(super) endpoints_published: MetricFamily<PublishedLabels, Gauge>,
     pub(super) published_index: Arc<Mutex<PublishedIndex>>,
     pub(super) slices_managed: MetricFamily<ServiceLabels, Gauge>,
+    pub(super) pods_not_judged: MetricFamily<NotJudgedLabels, Gauge>,
     pub(super) checks: MetricFamily<DecisionLabels, Counter>,
     pub(super) check_duration: HistogramFamily<DecisionLabels>,
     pub(super) native_cleanup_deletions: MetricFamily<KindLabels, Counter>,
@@ -166,6 +167,12 @@ impl Metrics {
             "Objects held in the informer caches by kind (services|pods|endpointslices|nodes)",
             cache_objects.clone(),
         );
+        let pods_not_judged = MetricFamily::<NotJudgedLabels, Gauge>::default();
+        registry.register(
+            "pods_not_judged",
+            "Pods of a Service's group that no port can include, by reason (terminal|node-gone|no-address)",
+            pods_not_judged.clone(),
+        );
         let abstain_longest = MetricFamily::<ServiceLabels, Gauge<f64, AtomicU64>>::default();
         registry.register_with_unit(
             "abstain_longest",
@@ -203,6 +210,7 @@ impl Metrics {
             endpoints_published,
             published_index: Arc::default(),
             slices_managed,
+            pods_not_judged,
             checks,
             check_duration,
             native_cleanup_deletions,

@@ -8,12 +8,12 @@ use std::{
     time::Duration,
 };
 
-use portwise_core::membership::Family;
+use portwise_core::{align::NotJudged, membership::Family};
 
 use super::{
     labels::{
-        PublishedLabels, ServiceLabels, ShadowLabels, ShadowPortLabels, family_label, gauge_value,
-        label,
+        NotJudgedLabels, PublishedLabels, ServiceLabels, ShadowLabels, ShadowPortLabels,
+        family_label, gauge_value, label,
     },
     registry::{Metrics, PublishedIndex},
 };
@@ -108,6 +108,25 @@ impl Metrics {
         self.set_slices_managed(namespace, service, slices);
     }
 
+    /// Sets the pods of a Service's group that are not judged, every reason
+    /// listed (zeros included, so a cleared reason reads 0, not stale).
+    pub fn set_not_judged(
+        &self,
+        namespace: &str,
+        service: &str,
+        counts: &BTreeMap<NotJudged, usize>,
+    ) {
+        for why in NotJudged::ALL {
+            self.pods_not_judged
+                .get_or_create(&NotJudgedLabels {
+                    namespace: label(namespace),
+                    service: label(service),
+                    reason: why.as_str().to_string(),
+                })
+                .set(gauge_value(counts.get(&why).copied().unwrap_or(0)));
+        }
+    }
+
     /// Drops every per-Service series of a Service that was deleted or is no
     /// longer managed, so dashboards do not show ghosts.
     pub fn forget_service(&self, namespace: &str, service: &str) {
@@ -128,6 +147,13 @@ impl Metrics {
         };
         self.slices_managed.remove(&labels);
         self.abstain_longest.remove(&labels);
+        for why in NotJudged::ALL {
+            self.pods_not_judged.remove(&NotJudgedLabels {
+                namespace: label(namespace),
+                service: label(service),
+                reason: why.as_str().to_string(),
+            });
+        }
         drop(index);
         self.forget_shadow(namespace, service);
     }

@@ -147,34 +147,55 @@ fn set_service_replaces_ports_and_forget_service_drops_everything() {
 }
 
 #[test]
-fn checks_are_counted_by_decision_with_latency() {
+fn checks_are_counted_by_policy_and_decision_with_latency() {
     let m = Metrics::new();
-    m.observe_check(Decision::Include, Duration::from_millis(2));
-    m.observe_check(Decision::Include, Duration::from_millis(3));
-    m.observe_check(Decision::Abstain, Duration::from_secs(2));
+    m.observe_check("membership", Decision::Include, Duration::from_millis(2));
+    m.observe_check("membership", Decision::Include, Duration::from_millis(3));
+    m.observe_check("membership", Decision::Abstain, Duration::from_secs(2));
+    m.observe_check(
+        "policies.strict",
+        Decision::Exclude,
+        Duration::from_millis(1),
+    );
     let text = m.encode();
     assert_eq!(
-        sample(&text, r#"portwise_checks_total{decision="include"}"#),
+        sample(
+            &text,
+            r#"portwise_checks_total{decision="include",policy="membership"}"#
+        ),
         Some(2.0)
     );
     assert_eq!(
-        sample(&text, r#"portwise_checks_total{decision="abstain"}"#),
+        sample(
+            &text,
+            r#"portwise_checks_total{decision="abstain",policy="membership"}"#
+        ),
         Some(1.0)
     );
     assert_eq!(
-        sample(&text, r#"portwise_checks_total{decision="exclude"}"#),
+        sample(
+            &text,
+            r#"portwise_checks_total{decision="exclude",policy="membership"}"#
+        ),
         None
     );
     assert_eq!(
         sample(
             &text,
-            r#"portwise_check_duration_seconds_count{decision="include"}"#
+            r#"portwise_checks_total{decision="exclude",policy="policies.strict"}"#
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        sample(
+            &text,
+            r#"portwise_check_duration_seconds_count{decision="include",policy="membership"}"#
         ),
         Some(2.0)
     );
     let sum = sample(
         &text,
-        r#"portwise_check_duration_seconds_sum{decision="include"}"#,
+        r#"portwise_check_duration_seconds_sum{decision="include",policy="membership"}"#,
     )
     .unwrap();
     assert!((sum - 0.005).abs() < 1e-9, "sum {sum}");
@@ -182,14 +203,14 @@ fn checks_are_counted_by_decision_with_latency() {
     assert_eq!(
         sample(
             &text,
-            r#"portwise_check_duration_seconds_bucket{le="1.024",decision="abstain"}"#
+            r#"portwise_check_duration_seconds_bucket{le="1.024",decision="abstain",policy="membership"}"#
         ),
         Some(0.0)
     );
     assert_eq!(
         sample(
             &text,
-            r#"portwise_check_duration_seconds_bucket{le="2.048",decision="abstain"}"#
+            r#"portwise_check_duration_seconds_bucket{le="2.048",decision="abstain",policy="membership"}"#
         ),
         Some(1.0)
     );

@@ -77,13 +77,19 @@ impl Config {
     }
 
     /// Every expression a check can run, live and shadow, by the name
-    /// metrics and `check` use (`membership`, `shadow.membership`,
-    /// `shadow.expressions.NAME`), with its worst case.
+    /// metrics and `check` use (`membership`, `policies.NAME`,
+    /// `shadow.membership`, `shadow.expressions.NAME`), with its worst case.
     pub fn worst_cases(&self, default_call_timeout: Duration) -> Vec<(String, Duration)> {
         let mut out = vec![(
             "membership".to_string(),
             self.membership.worst_case(default_call_timeout),
         )];
+        for (name, x) in &self.policies {
+            out.push((
+                format!("policies.{name}"),
+                x.worst_case(default_call_timeout),
+            ));
+        }
         if let Some(shadow) = &self.shadow {
             if let Some(m) = &shadow.membership {
                 out.push((

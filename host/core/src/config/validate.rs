@@ -162,6 +162,14 @@ impl Config {
         }
         self.membership
             .validate(&root.field("membership"), self.modules_dir.is_some())?;
+        check_qualified_name(&self.policy_annotation)
+            .map_err(|m| root.field("policyAnnotation").issue(m))?;
+        let policies = root.field("policies");
+        for (name, expr) in &self.policies {
+            let at = policies.field(name);
+            check_dns_label(name).map_err(|m| at.issue(format!("not a policy name: {m}")))?;
+            expr.validate(&at, self.modules_dir.is_some())?;
+        }
         if let Some(shadow) = &self.shadow {
             let p = root.field("shadow");
             check_qualified_name(&shadow.annotation).map_err(|m| p.field("annotation").issue(m))?;

@@ -102,6 +102,7 @@ fn run_with_endpoints(
         service: &svc,
         config: cfg,
         pods_in_group: &pods_in_group,
+        node_known: &|_| true,
         owned: &owned_fn,
         has_our_endpoints,
     });
@@ -147,7 +148,8 @@ fn keyed_service_is_served_with_the_subjects_of_its_group() {
         s.warnings,
         Warnings {
             external_name: Once::Rearm,
-            selector: Once::Rearm
+            selector: Once::Rearm,
+            unknown_policy: Once::Rearm,
         }
     );
     assert_eq!(r.decision.requeue(), Requeue::AfterResync);
@@ -185,7 +187,8 @@ fn service_without_key_releases_our_slices_and_metrics() {
         rel.warnings,
         Warnings {
             external_name: Once::Rearm,
-            selector: Once::Keep
+            selector: Once::Keep,
+            unknown_policy: Once::Keep,
         }
     );
     assert!(r.groups_looked_up.is_empty(), "no pods read for it");
@@ -245,7 +248,8 @@ fn keyed_external_name_is_released_and_warned_about() {
         rel.warnings,
         Warnings {
             external_name: Once::Raise,
-            selector: Once::Keep
+            selector: Once::Keep,
+            unknown_policy: Once::Keep,
         }
     );
     assert!(r.groups_looked_up.is_empty());
@@ -373,6 +377,7 @@ fn group_without_pods_is_served_empty() {
         service: &svc,
         config: &cfg,
         pods_in_group: &|_| Vec::new(),
+        node_known: &|_| true,
         owned: &Vec::new,
         has_our_endpoints: false,
     });
@@ -395,4 +400,84 @@ fn managed_by_of_the_config_decides_what_is_ours() {
     let cfg = config("managedBy: someone-else\n");
     let r = run(unkeyed(web()), &cfg, vec![ours("web-http")]);
     assert!(released(&r).delete_slices.is_empty());
+}
+
+/// Pods of the group that cannot be judged are counted by reason, not
+/// dropped without a word; the others are judged as before.
+#[test]
+fn pods_that_are_not_judged_are_counted_by_reason() {
+    use crate::align::NotJudged;
+    let svc = Arc::new(web());
+    let cfg = config("");
+    let mut done = pod("done", &["10.0.0.3"], 8080);
+    done.status.as_mut().unwrap().phase = Some("Succeeded".into());
+    let mut orphan = pod("orphan", &["10.0.0.4"], 8080);
+    orphan.spec.as_mut().unwrap().node_name = Some("gone".into());
+    let mut placed = pod("placed", &["10.0.0.5"], 8080);
+    placed.spec.as_mut().unwrap().node_name = Some("here".into());
+    let unaddressed = pod("new", &[], 8080);
+    let v6_only = pod("v6", &["fd00::6"], 8080);
+    let group = vec![
+        Arc::new(pod("a", &["10.0.0.1"], 8080)),
+        Arc::new(done),
+        Arc::new(orphan),
+        Arc::new(placed),
+        Arc::new(unaddressed),
+        Arc::new(v6_only),
+    ];
+    let d = decide(&Input {
+        service: &svc,
+        config: &cfg,
+        pods_in_group: &|_| group.clone(),
+        node_known: &|n| n != "gone",
+        owned: &Vec::new,
+        has_our_endpoints: false,
+    });
+    let Decision::Serve(s) = d else {
+        panic!("expected Serve");
+    };
+    let judged: Vec<_> = s
+        .subjects
+        .iter()
+        .map(|s| s.pod.metadata.name.clone().unwrap())
+        .collect();
+    assert_eq!(judged, ["a", "placed"]);
+    assert_eq!(
+        s.not_judged,
+        BTreeMap::from([
+            (NotJudged::Terminal, 1),
+            (NotJudged::NodeGone, 1),
+            (NotJudged::NoAddress, 2),
+        ])
+    );
+}
+
+/// A Service picks its policy by annotation; a name the file lacks holds
+/// the Service (nothing judged, nothing written or released) and warns.
+#[test]
+fn the_policy_annotation_picks_the_expression_or_holds_the_service() {
+    use crate::policy::Policy;
+    let cfg = config("membership: podReady\npolicies: {strict: {not: podReady}}\n");
+    let annotate = |value: &str| {
+        let mut svc = web();
+        svc.metadata
+            .annotations
+            .get_or_insert_with(BTreeMap::new)
+            .insert("portwise.io/membership".into(), value.into());
+        svc
+    };
+    assert_eq!(served(&run(web(), &cfg, vec![])).policy, Policy::Default);
+    let r = run(annotate("strict"), &cfg, vec![]);
+    assert_eq!(served(&r).policy, Policy::Named("strict".into()));
+    assert_eq!(served(&r).warnings.unknown_policy, Once::Rearm);
+
+    let r = run(annotate("strcit"), &cfg, vec![ours("web-http")]);
+    let Decision::Hold(hold) = &r.decision else {
+        panic!("expected Hold, got {:?}", r.decision);
+    };
+    assert_eq!(hold.unknown.name, "strcit");
+    assert_eq!(hold.warnings.unknown_policy, Once::Raise);
+    assert!(r.groups_looked_up.is_empty(), "nothing judged");
+    assert_eq!(r.owned_looked_up, 0, "nothing released");
+    assert_eq!(r.decision.requeue(), Requeue::OnChange);
 }

@@ -3,17 +3,18 @@
 //! writing nothing.
 
 use std::{
+    collections::HashSet,
     path::{Path, PathBuf},
     process::ExitCode,
     sync::Arc,
 };
 
 use anyhow::Context as _;
-use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::core::v1::{Node, Pod, Service};
 use kube::Api;
 
-use portwise_checkers::{BuildContext, WasmCheckers, build};
-use portwise_core::{align, config::Config};
+use portwise_checkers::{BuildContext, WasmCheckers};
+use portwise_core::{align, config::Config, policy::Policy};
 use portwise_wasm::{Limits, WasmConfig, WasmRuntime};
 
 use super::{largest_memory_limit, oci_config};
@@ -50,7 +51,7 @@ pub(super) async fn check_live(
             )
         })?
         .to_string();
-    let pods: Vec<Arc<Pod>> = Api::<Pod>::namespaced(client, ns)
+    let pods: Vec<Arc<Pod>> = Api::<Pod>::namespaced(client.clone(), ns)
         .list(&Default::default())
         .await
         .with_context(|| format!("cannot list pods in {ns}"))?
@@ -61,6 +62,32 @@ pub(super) async fn check_live(
         })
         .map(Arc::new)
         .collect();
+    // As the controller sees them: a pod on a Node that is gone is not
+    // judged (unless the Service publishes not-ready addresses).
+    let nodes: Option<HashSet<String>> = match Api::<Node>::all(client)
+        .list_metadata(&Default::default())
+        .await
+    {
+        Ok(list) => Some(
+            list.items
+                .into_iter()
+                .filter_map(|n| n.metadata.name)
+                .collect(),
+        ),
+        Err(e) => {
+            eprintln!("cannot list Nodes ({e}): pods are judged here whatever their Node");
+            None
+        }
+    };
+    let node_known = |n: &str| nodes.as_ref().is_none_or(|known| known.contains(n));
+    let (pods, not_judged): (Vec<_>, Vec<_>) = pods
+        .into_iter()
+        .map(|p| {
+            let why = align::not_judged(&svc, &p, &node_known);
+            (p, why)
+        })
+        .partition(|(_, why)| why.is_none());
+    let pods: Vec<Arc<Pod>> = pods.into_iter().map(|(p, _)| p).collect();
 
     let all_exprs = cfg.all_wasm_specs();
     let pulls = all_exprs.iter().any(|s| s.oci().is_some());
@@ -90,7 +117,20 @@ pub(super) async fn check_live(
         wasm: runtime.as_ref().map(|r| r as &dyn WasmCheckers),
         ..BuildContext::default()
     };
-    let live = build(&cfg.membership, &ctx).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let policy = match portwise_core::policy::choose(&svc, &cfg) {
+        Ok(p) => p,
+        Err(unknown) => {
+            println!("Service {ns}/{name}: {unknown}; portwise judges none of its pods");
+            return Ok(ExitCode::FAILURE);
+        }
+    };
+    let live_expr = match &policy {
+        Policy::Default => &cfg.membership,
+        Policy::Named(n) => &cfg.policies[n],
+    };
+    let live = portwise_checkers::build_at(live_expr, &ctx, &policy.label())
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    println!("Service {ns}/{name} is decided by {}", policy.label());
     let pick = shadow::pick(&svc, cfg.shadow.as_ref());
     let shadow_expr = match (&pick, &cfg.shadow) {
         (Pick::Default, Some(sh)) => sh.membership.as_ref(),
@@ -149,6 +189,16 @@ pub(super) async fn check_live(
     }
     if shadow_checker.is_some() {
         println!("{differ} of {total} verdicts differ; nothing was written");
+    }
+    for (pod, why) in &not_judged {
+        if let Some(why) = why {
+            println!(
+                "pod {} is not judged ({}): {}",
+                pod.metadata.name.as_deref().unwrap_or_default(),
+                why.as_str(),
+                why.explain()
+            );
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

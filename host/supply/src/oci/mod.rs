@@ -15,6 +15,7 @@
 //! they were ([`errors`]).
 
 mod auth;
+mod bounded;
 mod cache;
 mod errors;
 mod manifest;
@@ -44,6 +45,8 @@ pub use manifest::{WASM_CONFIG_MEDIA_TYPE, WASM_LAYER_MEDIA_TYPE};
 /// Pulls modules and keeps their cache.
 pub struct Puller {
     client: Client,
+    /// Manifests and indexes, read under a limit ([`bounded`]).
+    http: bounded::Http,
     auths: Auths,
     cache: PullCache,
     max: u64,
@@ -61,17 +64,27 @@ impl Puller {
             Some(path) => Auths::load(path)?,
             None => Auths::default(),
         };
-        let extra_root_certificates = match &config.ca_file {
-            Some(path) => {
-                let data = fs::read(path)
-                    .map_err(|e| format!("cannot read registryCA {}: {e}", path.display()))?;
-                vec![Certificate {
-                    encoding: CertificateEncoding::Pem,
-                    data,
-                }]
-            }
-            None => Vec::new(),
+        let ca = match &config.ca_file {
+            Some(path) => Some(
+                fs::read(path)
+                    .map_err(|e| format!("cannot read registryCA {}: {e}", path.display()))?,
+            ),
+            None => None,
         };
+        let extra_root_certificates = ca
+            .iter()
+            .map(|data| Certificate {
+                encoding: CertificateEncoding::Pem,
+                data: data.clone(),
+            })
+            .collect();
+        let user_agent = concat!("portwise/", env!("CARGO_PKG_VERSION"));
+        let http = bounded::Http::new(
+            ca.as_deref(),
+            config.connect_timeout,
+            config.read_timeout,
+            user_agent,
+        )?;
         let keys = config
             .signature_keys
             .iter()
@@ -90,12 +103,13 @@ impl Puller {
             platform_resolver: None,
             connect_timeout: Some(config.connect_timeout),
             read_timeout: Some(config.read_timeout),
-            user_agent: concat!("portwise/", env!("CARGO_PKG_VERSION")),
+            user_agent,
             ..ClientConfig::default()
         })
         .map_err(|e| format!("cannot set up the registry client: {e}"))?;
         Ok(Puller {
             client,
+            http,
             auths,
             cache: PullCache {
                 dir: cache,
@@ -149,15 +163,22 @@ impl Puller {
             .parse()
             .map_err(|e| Failure::Refused(format!("not a valid reference: {e}")))?;
         let auth = self.auths.for_registry(&r.registry.to_ascii_lowercase());
-        let (manifest_bytes, _) = self
-            .client
-            .pull_manifest_raw(
-                &reference,
-                &auth,
-                &[OCI_IMAGE_MEDIA_TYPE, OCI_IMAGE_INDEX_MEDIA_TYPE],
-            )
-            .await
-            .map_err(|e| explain(&self.auths, r, "fetching the manifest", e))?;
+        let manifest_bytes = self
+            .manifest_bounded(&bounded::Read {
+                r,
+                auth: &auth,
+                at: &reference,
+                accept: &[OCI_IMAGE_MEDIA_TYPE, OCI_IMAGE_INDEX_MEDIA_TYPE],
+                limit: bounded::MAX_MANIFEST_BYTES,
+                doing: "fetching the manifest",
+            })
+            .await?
+            .ok_or_else(|| {
+                Failure::Refused(format!(
+                    "fetching the manifest: {} has no such artifact ({reference})",
+                    r.registry
+                ))
+            })?;
         let digest = sha256_hex(&manifest_bytes);
         if let Some(pin) = &r.digest
             && *pin != digest
@@ -189,12 +210,17 @@ impl Puller {
         let signed_by = match self.keys.is_empty() {
             true => None,
             false => {
-                let evidence = self.signatures(r, &auth, &digest).await?;
-                let verified =
-                    signatures::verify(&digest, &evidence, &self.keys).map_err(Failure::Refused)?;
-                // All of them: every read of the cache verifies them again
-                // anyway, against whichever keys that config names.
-                self.cache.store_signatures(&digest, &evidence, r);
+                let keys = &self.keys;
+                let found = self
+                    .signatures(r, &auth, &digest, |e| {
+                        signatures::verify(&digest, std::slice::from_ref(e), keys).is_ok()
+                    })
+                    .await?;
+                let verified = signatures::verify(&digest, &found.evidence, keys)
+                    .map_err(|why| Failure::Refused(found.refusal(why)))?;
+                // What was fetched: every read of the cache verifies them
+                // again anyway, against whichever keys that config names.
+                self.cache.store_signatures(&digest, &found.evidence, r);
                 Some(verified)
             }
         };

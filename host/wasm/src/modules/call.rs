@@ -104,6 +104,8 @@ impl ModuleVersion {
             .store
             .data_mut()
             .begin_call(Some(subject.address), labels, limits);
+        ready.store.data_mut().call.ports =
+            portwise_core::align::probe_ports(&subject.service, &subject.pod);
         ready.store.set_epoch_deadline(1);
         let max_reason = rt.limits.max_reason_bytes;
         let outcome = match &ready.guest {

@@ -22,7 +22,7 @@ use std::{
 
 use k8s_openapi::{
     api::core::v1::{Pod, PodCondition, PodIP, PodSpec, PodStatus},
-    apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    apimachinery::pkg::{apis::meta::v1::ObjectMeta, util::intstr::IntOrString},
 };
 use portwise_checkers::Checker;
 use portwise_core::{
@@ -666,6 +666,71 @@ async fn probes_of_other_addresses_are_denied() {
     assert_verdict(&c.check(&s).await, Decision::Include, "reached 127.0.0.1");
     // A checker is not a proxy: no failure is recorded as a trap or load.
     assert_eq!(h.failures("probe-other.wasm", FailureKind::Trap), 0);
+}
+
+/// A `hostNetwork` pod's address is its Node's: a guest may probe there
+/// only the ports the Service resolves for the pod, not the kubelet or
+/// whatever else listens on the Node. The same probe of a pod with an
+/// address of its own is allowed, so the rule is what denies it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_network_pod_is_probed_only_on_its_service_ports() {
+    let h = Harness::new(test_limits());
+    h.rt.load_file(&guest("hostile/probe-other.wasm"))
+        .await
+        .unwrap();
+    let served = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let node_port = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let (served, other) = (
+        served.local_addr().unwrap().port(),
+        node_port.local_addr().unwrap().port(),
+    );
+    let mut s = subject(LOCAL, served, &[]);
+    Arc::make_mut(&mut s.service)
+        .spec
+        .as_mut()
+        .unwrap()
+        .ports
+        .as_mut()
+        .unwrap()[0]
+        .target_port = Some(IntOrString::Int(i32::from(served)));
+    let probe = |port: u16| {
+        let h = &h;
+        async move {
+            h.rt.checker_async(
+                "probe-other.wasm",
+                &json!({"host": "", "kind": "tcp", "port": port}),
+                None,
+            )
+            .await
+            .unwrap()
+        }
+    };
+    // An address of its own: any port of it.
+    assert_verdict(
+        &probe(other).await.check(&s).await,
+        Decision::Include,
+        "reached",
+    );
+    Arc::make_mut(&mut s.pod)
+        .spec
+        .as_mut()
+        .unwrap()
+        .host_network = Some(true);
+    let v = probe(other).await.check(&s).await;
+    assert_verdict(&v, Decision::Exclude, "denied: ");
+    assert!(
+        v.reason
+            .as_deref()
+            .unwrap_or_default()
+            .contains("hostNetwork"),
+        "{v:?}"
+    );
+    assert_verdict(
+        &probe(served).await.check(&s).await,
+        Decision::Include,
+        "reached",
+    );
+    drop(node_port);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

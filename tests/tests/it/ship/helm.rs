@@ -394,6 +394,167 @@ async fn helm_chart_lints_and_renders() -> Result<()> {
     .await?
 }
 
+/// The NetworkPolicy on, with the apiserver's address (what it requires).
+const NETWORK_POLICY: &[&str] = &[
+    "--set",
+    "networkPolicy.enabled=true",
+    "--set",
+    "networkPolicy.apiServer[0].cidr=10.96.0.1/32",
+    "--set",
+    "networkPolicy.apiServer[0].port=6443",
+];
+
+/// The chart refuses mistakes instead of ignoring them (issue 27): a
+/// misspelt or leftover value and a wrong type fail on the schema; a
+/// modules directory with nothing mounted there fails by name (the pod
+/// would crash-loop with "cannot watch DIR"), unless an extra volume is
+/// mounted at it; a NetworkPolicy without the apiserver fails. What the new
+/// values promise is rendered: init containers, extra volumes and mounts,
+/// and a NetworkPolicy that opens exactly the apiserver, the probed ports,
+/// DNS and the metrics port. The install notes say how to check it.
+#[test]
+fn helm_chart_refuses_mistakes_and_renders_its_extras() -> Result<()> {
+    // The schema: unknown keys and wrong types, at the top and nested.
+    template_refused(
+        &["--set", "replicas=3"],
+        "additional properties 'replicas' not allowed",
+    )?;
+    template_refused(
+        &["--set", "image.tags=v1"],
+        "at '/image': additional properties 'tags' not allowed",
+    )?;
+    template_refused(
+        &["--set", "replicaCount=two"],
+        "at '/replicaCount': got string, want integer",
+    )?;
+    template_refused(&["--set", "metrics.port=70000"], "/metrics/port")?;
+    template_refused(
+        &["--set", "logFormat=yaml"],
+        "at '/logFormat': value must be one of",
+    )?;
+    let lint = helm_run(&[
+        "lint",
+        "--strict",
+        "deploy/helm",
+        "--set",
+        "leaderElection.enable=true",
+    ])?;
+    ensure!(
+        !lint.ok
+            && format!("{}{}", lint.stdout, lint.stderr)
+                .contains("additional properties 'enable' not allowed"),
+        "helm lint accepted a misspelt value:\n{}{}",
+        lint.stdout,
+        lint.stderr
+    );
+    // A free-form config is the binary's to validate.
+    template(&["--set", "config.somethingNew=1"])?;
+
+    template_refused(
+        &["--set", "modules.create=false"],
+        "mounts nothing at config.modulesDir (/etc/portwise/modules)",
+    )?;
+    template(&[
+        "--set",
+        "modules.create=false",
+        "--set",
+        "config.modulesDir=null",
+    ])?;
+    let objs = rendered(&[
+        "--set",
+        "modules.create=false",
+        "--set",
+        "extraVolumes[0].name=modules-image",
+        "--set",
+        "extraVolumes[0].image.reference=registry.example/modules@sha256:0123",
+        "--set",
+        "extraVolumeMounts[0].name=modules-image",
+        "--set",
+        "extraVolumeMounts[0].mountPath=/etc/portwise/modules",
+        "--set",
+        "initContainers[0].name=warm",
+        "--set",
+        "initContainers[0].image=busybox",
+    ])?;
+    let pod = &object(&objs, "Deployment/portwise-system/portwise")?["spec"]["template"]["spec"];
+    expect_eq(&pod["initContainers"][0]["name"], &json!("warm"))?;
+    let volumes = pod["volumes"].as_array().context("volumes")?;
+    ensure!(
+        volumes.iter().any(|v| v["name"] == "modules-image"
+            && v["image"]["reference"] == "registry.example/modules@sha256:0123"),
+        "{volumes:?}"
+    );
+    ensure!(
+        !volumes.iter().any(|v| v["name"] == "modules"),
+        "{volumes:?}"
+    );
+    let mounts = pod["containers"][0]["volumeMounts"]
+        .as_array()
+        .context("mounts")?;
+    ensure!(
+        mounts
+            .iter()
+            .any(|m| m["name"] == "modules-image" && m["mountPath"] == "/etc/portwise/modules"),
+        "{mounts:?}"
+    );
+
+    template_refused(
+        &["--set", "networkPolicy.enabled=true"],
+        "networkPolicy.enabled needs networkPolicy.apiServer",
+    )?;
+    ensure!(
+        !rendered(&[])?
+            .keys()
+            .any(|k| k.starts_with("NetworkPolicy/")),
+        "a NetworkPolicy is rendered by default"
+    );
+    let objs = rendered(
+        &[
+            NETWORK_POLICY,
+            &["--set", "networkPolicy.probePorts={8080,8443}"],
+        ]
+        .concat(),
+    )?;
+    let np = object(&objs, "NetworkPolicy/portwise-system/portwise")?;
+    expect_eq(
+        &np["spec"]["podSelector"]["matchLabels"],
+        &object(&objs, "Deployment/portwise-system/portwise")?["spec"]["selector"]["matchLabels"],
+    )?;
+    expect_eq(
+        &np["spec"]["ingress"],
+        &json!([{"ports": [{"port": 9090, "protocol": "TCP"}]}]),
+    )?;
+    expect_eq(
+        &np["spec"]["egress"],
+        &json!([
+            {"to": [{"ipBlock": {"cidr": "10.96.0.1/32"}}], "ports": [{"port": 6443, "protocol": "TCP"}]},
+            {"to": [{"namespaceSelector": {}}], "ports": [
+                {"port": 8080, "protocol": "TCP"}, {"port": 8443, "protocol": "TCP"}]},
+            {"ports": [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}]},
+        ]),
+    )?;
+
+    let notes = helm_run(&[
+        "install",
+        RELEASE,
+        "deploy/helm",
+        "--namespace",
+        NAMESPACE,
+        "--dry-run=client",
+    ])?;
+    ensure!(notes.ok, "helm install --dry-run: {}", notes.stderr);
+    ensure!(
+        notes.stdout.contains("NOTES:")
+            && notes.stdout.contains("rollout status deployment/portwise")
+            && notes
+                .stdout
+                .contains("check --live --config /etc/portwise/config.yaml"),
+        "the install notes do not say how to check the install:\n{}",
+        notes.stdout
+    );
+    Ok(())
+}
+
 /// Every value in values.yaml has a row in the README's values tables, and
 /// every row names a value that exists: a value is covered by a row for it
 /// or for a map holding it (`config`, `resources`, ...).
@@ -666,7 +827,7 @@ async fn helm_chart_passes_a_server_side_dry_run() -> Result<()> {
     let cp = ControlPlane::shared().await?;
     let module = module_as_base64_file()?;
     let keys = signing_key_files()?;
-    let (with_namespace, defaults, features, oci) =
+    let (with_namespace, defaults, features, oci, policy) =
         tokio::task::spawn_blocking(move || -> Result<_> {
             Ok((
                 template(&["--set", "namespace.create=true"])?,
@@ -683,6 +844,16 @@ async fn helm_chart_passes_a_server_side_dry_run() -> Result<()> {
                     ),
                 ])?,
                 template(&strs(&oci_values(&keys)))?,
+                template(&[NETWORK_POLICY, &[
+                    "--set",
+                    "networkPolicy.probePorts={8080}",
+                    "--set",
+                    "networkPolicy.registries[0].cidr=0.0.0.0/0",
+                    "--set",
+                    "networkPolicy.registries[0].port=443",
+                    "--set",
+                    "networkPolicy.metricsFrom[0].namespaceSelector.matchLabels.name=monitoring",
+                ]].concat())?,
             ))
         })
         .await??;
@@ -692,6 +863,7 @@ async fn helm_chart_passes_a_server_side_dry_run() -> Result<()> {
         ("the chart with namespace.create", &with_namespace),
         ("legacy Endpoints, 3 replicas and a module", &features),
         ("registry credentials, a registry CA and signing keys", &oci),
+        ("a NetworkPolicy", &policy),
     ] {
         dry_run(cp, what, yaml).await?;
     }

@@ -23,7 +23,9 @@ fn image() -> String {
 
 const BUILD_HINT: &str = "run deploy/build-image first (./test does)";
 
-async fn podman(args: &[&str]) -> Result<std::process::Output> {
+async fn podman<S: AsRef<std::ffi::OsStr> + std::fmt::Debug>(
+    args: &[S],
+) -> Result<std::process::Output> {
     // podman on these machines: runc, cgroupfs, no default ulimits.
     let conf = std::env::var_os("CONTAINERS_CONF")
         .unwrap_or_else(|| repo().join("deploy/containers.conf").into_os_string());
@@ -39,7 +41,7 @@ async fn podman(args: &[&str]) -> Result<std::process::Output> {
     Ok(out)
 }
 
-async fn podman_ok(args: &[&str]) -> Result<String> {
+async fn podman_ok<S: AsRef<std::ffi::OsStr> + std::fmt::Debug>(args: &[S]) -> Result<String> {
     let out = podman(args).await?;
     ensure!(
         out.status.success(),
@@ -79,6 +81,47 @@ fn write_mode(path: &Path, contents: &[u8], mode: u32) -> Result<()> {
     std::fs::write(path, contents)?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
     Ok(())
+}
+
+/// `podman run` of the image as a cluster runs it: read-only root, every
+/// capability dropped, no privilege escalation, `mounts` (host path,
+/// container path) read-only, the Deployment's emptyDir cache as a tmpfs,
+/// the kubeconfig at /kube/config; then `portwise run` with `args`. The
+/// test network namespace is the "node": the apiserver and the pod
+/// addresses live on its loopback, hence the host network.
+fn confined_run(name: &str, image: &str, mounts: &[(&Path, &str)], args: &[&str]) -> Vec<String> {
+    let mut run: Vec<String> = [
+        "run",
+        "--detach",
+        "--name",
+        name,
+        "--network=host",
+        "--read-only",
+        "--cap-drop=ALL",
+        "--security-opt=no-new-privileges",
+        "--env",
+        "KUBECONFIG=/kube/config",
+        "--tmpfs",
+        "/var/cache/portwise:rw,size=64m,mode=1777",
+    ]
+    .map(String::from)
+    .to_vec();
+    for (host, at) in mounts {
+        run.extend(["--volume".into(), format!("{}:{at}:ro", host.display())]);
+    }
+    run.extend(
+        [
+            image,
+            "run",
+            "--config",
+            "/etc/portwise/config.yaml",
+            "--cache-dir",
+            "/var/cache/portwise",
+        ]
+        .map(String::from),
+    );
+    run.extend(args.iter().map(|a| a.to_string()));
+    run
 }
 
 /// A `/proc/PID/status` field, e.g. `Uid:` → "65532\t65532\t65532\t65532".
@@ -125,47 +168,18 @@ async fn image_publishes_the_seed_example_and_stops_on_sigterm() -> Result<()> {
 
     let name = format!("portwise-test-{}", ns.name());
     let guard = Container(name.clone());
-    let vol = |host: &Path, at: &str| format!("{}:{at}:ro", host.display());
-    let (kube_vol, config_vol, modules_vol) = (
-        vol(&kubeconfig, "/kube/config"),
-        vol(&config, "/etc/portwise/config.yaml"),
-        vol(&modules, "/etc/portwise/modules"),
-    );
     let metrics_addr = ops.to_string();
     let started = Instant::now();
-    podman_ok(&[
-        "run",
-        "--detach",
-        "--name",
+    podman_ok(&confined_run(
         &name,
-        // The test network namespace is the "node": the apiserver and the
-        // pod addresses live on its loopback.
-        "--network=host",
-        "--read-only",
-        "--cap-drop=ALL",
-        "--security-opt=no-new-privileges",
-        "--volume",
-        &kube_vol,
-        "--env",
-        "KUBECONFIG=/kube/config",
-        "--volume",
-        &config_vol,
-        "--volume",
-        &modules_vol,
-        // The Deployment's emptyDir for compiled modules.
-        "--tmpfs",
-        "/var/cache/portwise:rw,size=64m,mode=1777",
         &image,
-        "run",
-        "--config",
-        "/etc/portwise/config.yaml",
-        "--namespace",
-        ns.name(),
-        "--metrics-addr",
-        &metrics_addr,
-        "--cache-dir",
-        "/var/cache/portwise",
-    ])
+        &[
+            (&kubeconfig, "/kube/config"),
+            (&config, "/etc/portwise/config.yaml"),
+            (&modules, "/etc/portwise/modules"),
+        ],
+        &["--namespace", ns.name(), "--metrics-addr", &metrics_addr],
+    ))
     .await?;
 
     // Time to the first publish, and to the whole seed published.
@@ -272,6 +286,132 @@ async fn image_publishes_the_seed_example_and_stops_on_sigterm() -> Result<()> {
         "image: podman stop → exit 0 in {:.2}s",
         stop_took.as_secs_f64()
     );
+    drop(guard);
+    Ok(())
+}
+
+/// The image carries TLS roots, and an `oci://` pull without `registryCA`
+/// verifies the registry through them, as a pull from a public registry
+/// must. The image's own bundle is Debian's Mozilla roots (not empty); the
+/// test registry's CA is then provided only the way a system trust store
+/// is, mounted over that bundle, and the module is pulled and decides a
+/// port. With the image's own bundle, which does not know the test CA, the
+/// same config is refused for the certificate: the trust store is what
+/// decides, so the test cannot pass by accident.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_image_trusts_registries_through_its_system_store() -> Result<()> {
+    use portwise_tests::registry::{self, Registry};
+    const BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
+    wait_for_image_build().await?;
+    let image = image();
+    ensure!(
+        podman(&["image", "exists", &image]).await?.status.success(),
+        "the image {image} is absent: {BUILD_HINT}"
+    );
+    let dir = tempfile::Builder::new()
+        .prefix("portwise-image-roots-")
+        .tempdir()?;
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))?;
+
+    let probe = format!("portwise-bundle-{}", std::process::id());
+    podman_ok(&["create", "--name", &probe, &image]).await?;
+    let own = dir.path().join("own-bundle.crt");
+    let copied = podman_ok(&[
+        "cp",
+        &format!("{probe}:{BUNDLE}"),
+        &own.display().to_string(),
+    ])
+    .await;
+    podman_ok(&["rm", "--force", &probe]).await?;
+    copied?;
+    let roots = std::fs::read_to_string(&own)?
+        .matches("-----BEGIN CERTIFICATE-----")
+        .count();
+    ensure!(
+        roots >= 100,
+        "the image's {BUNDLE} holds {roots} certificates; expected the Mozilla roots"
+    );
+    println!("image {image}: {BUNDLE} holds {roots} root certificates");
+
+    let cp = ControlPlane::shared().await?;
+    let ns = TestNs::new(cp, "ship-image-roots").await?;
+    let reg = Registry::start(cp).await?;
+    let wasm = std::fs::read(guests_dir().join("ready-role.wasm"))?;
+    let digest = reg.push("guests/ready-role", "v1", &wasm).await?;
+    let module = reg.module("guests/ready-role", &digest);
+    let ip = next_ips();
+    let listener = HttpListener::start(ip.v4, 8080).await?;
+    listener.set_body("{\"role\": \"primary\"}");
+    Scenario::new(&ns)
+        .service(service("web").annotation(GROUP_KEY, "g").port("http", 8080))
+        .pod(pod("a").annotation(GROUP_KEY, "g").ips(ip.v4()))
+        .create()
+        .await?;
+
+    let kubeconfig = dir.path().join("kubeconfig");
+    write_mode(&kubeconfig, &std::fs::read(cp.kubeconfig())?, 0o644)?;
+    let auth = dir.path().join("registry-auth.json");
+    reg.write_auth(&auth, registry::USER, registry::PASSWORD)?;
+    std::fs::set_permissions(&auth, std::fs::Permissions::from_mode(0o644))?;
+    let test_ca = dir.path().join("test-ca.crt");
+    write_mode(&test_ca, &std::fs::read(reg.ca_file())?, 0o644)?;
+    // No registryCA: the store decides.
+    let config = dir.path().join("config.yaml");
+    let yaml = config_with(
+        &format!(
+            "{{perPort: {{ports: {{http: {{wasm: {{module: '{module}', \
+             config: {{roles: [primary], path: /ready}}}}}}}}, fallback: podReady}}}}"
+        ),
+        "registryAuth: /etc/portwise/registry-auth/config.json\n",
+    );
+    write_mode(&config, yaml.as_bytes(), 0o644)?;
+    let mounts = [
+        (kubeconfig.as_path(), "/kube/config"),
+        (config.as_path(), "/etc/portwise/config.yaml"),
+        (auth.as_path(), "/etc/portwise/registry-auth/config.json"),
+    ];
+    let args = ["--namespace", ns.name(), "--metrics-addr", "127.0.0.1:0"];
+
+    // The image's own roots do not know the test CA: refused, and why.
+    let name = format!("portwise-roots-own-{}", ns.name());
+    let guard = Container(name.clone());
+    podman_ok(&confined_run(&name, &image, &mounts, &args)).await?;
+    let exit = podman_ok(&["wait", &name]).await?;
+    let logs = podman(&["logs", &name]).await?;
+    let logs = format!(
+        "{}{}",
+        String::from_utf8_lossy(&logs.stdout),
+        String::from_utf8_lossy(&logs.stderr)
+    );
+    ensure!(
+        exit != "0" && logs.to_ascii_lowercase().contains("certificate"),
+        "with the image's own roots the test registry should be refused for its certificate \
+         (exit {exit}):\n{logs}"
+    );
+    drop(guard);
+
+    // The test CA as the system store: pulled, verified, deciding.
+    let name = format!("portwise-roots-{}", ns.name());
+    let guard = Container(name.clone());
+    let mut trusted = mounts.to_vec();
+    trusted.push((test_ca.as_path(), BUNDLE));
+    podman_ok(&confined_run(&name, &image, &trusted, &args)).await?;
+    wait_for(SETTLE, || async {
+        let eps = endpoints_by_port(&ns, "web").await?;
+        let http = eps.get(&("http".to_string(), "IPv4".to_string()));
+        expect_eq(
+            http.map(|m| m.iter().cloned().collect::<Vec<_>>()),
+            Some(vec!["a".to_string()]),
+        )
+    })
+    .await?;
+    listener.set_body("{\"role\": \"replica\"}");
+    wait_for(SETTLE, || async {
+        let eps = endpoints_by_port(&ns, "web").await?;
+        let http = eps.get(&("http".to_string(), "IPv4".to_string()));
+        expect_eq(http.map(|m| m.len()).unwrap_or(0), 0)
+    })
+    .await?;
     drop(guard);
     Ok(())
 }

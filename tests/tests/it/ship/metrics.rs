@@ -225,6 +225,53 @@ async fn metrics_agree_with_the_live_slices() -> Result<()> {
     })
     .await?;
 
+    // Pods of the group that no port can include are counted by reason.
+    ns.create_pods(vec![
+        seed_pod("done", "http")
+            .annotation(GROUP_KEY, "g")
+            .phase("Succeeded")
+            .ips(next_ips().dual()),
+        seed_pod("orphan", "http")
+            .annotation(GROUP_KEY, "g")
+            .node("a-node-that-is-gone")
+            .ips(next_ips().dual()),
+        seed_pod("pending", "http")
+            .annotation(GROUP_KEY, "g")
+            .no_status(),
+    ])
+    .await?;
+    wait_for(SETTLE, || async {
+        let m = pw.scrape().await?;
+        for reason in ["terminal", "node-gone", "no-address"] {
+            let labels = [
+                ("namespace", ns.name()),
+                ("service", "web"),
+                ("reason", reason),
+            ];
+            expect_eq(
+                (reason, m.value("portwise_pods_not_judged", &labels)?),
+                (reason, Some(1.0)),
+            )?;
+        }
+        Ok(())
+    })
+    .await?;
+    ns.delete_pod("done").await?;
+    wait_for(SETTLE, || async {
+        let labels = [
+            ("namespace", ns.name()),
+            ("service", "web"),
+            ("reason", "terminal"),
+        ];
+        expect_eq(
+            pw.scrape()
+                .await?
+                .value("portwise_pods_not_judged", &labels)?,
+            Some(0.0),
+        )
+    })
+    .await?;
+
     // The Service goes: so do its series.
     ns.delete_service("web").await?;
     wait_for(SETTLE, || async {
