@@ -74,6 +74,11 @@ impl Template {
         let built = guests_dir()
             .join("templates")
             .join(format!("{lang}-template.wasm"));
+        Self::of(lang, built)
+    }
+
+    /// The template `lang`'s testdata, judged with the component `built`.
+    fn of(lang: &'static str, built: PathBuf) -> Self {
         assert!(
             built.is_file(),
             "{} is missing: run guests/build first (or set PORTWISE_GUESTS_DIR)",
@@ -334,4 +339,83 @@ fn js_template_replays_its_recordings() {
 #[test]
 fn go_template_replays_its_recordings() {
     exercise("go");
+}
+
+/// A user's start, outside this repository: the Rust template and the
+/// helper crate `portwise-guest` copied into a directory of their own (the
+/// template pointing at the copy), built offline for wasm32-wasip2. The
+/// crate carries its WIT and inherits nothing from a workspace, so the copy
+/// builds; the component gives the committed recordings' verdicts.
+#[test]
+fn the_rust_template_builds_outside_the_repository() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let outside = tempfile::Builder::new()
+        .prefix("my-checker-")
+        .tempdir()
+        .unwrap();
+    copy_tree(
+        &repo.join("guests/rust/portwise-guest"),
+        &outside.path().join("portwise-guest"),
+    );
+    let checker = outside.path().join("my-checker");
+    copy_tree(&repo.join("guests/templates/rust"), &checker);
+    let manifest = checker.join("Cargo.toml");
+    let text = std::fs::read_to_string(&manifest).unwrap();
+    let pointed = text.replace(
+        r#"path = "../../rust/portwise-guest""#,
+        r#"path = "../portwise-guest""#,
+    );
+    assert_ne!(
+        pointed, text,
+        "the template no longer names portwise-guest by path"
+    );
+    std::fs::write(&manifest, pointed).unwrap();
+    // A target directory of its own, kept between runs (only the copies
+    // rebuild); inside the copy when no cache is configured.
+    let target = std::env::var_os("PORTWISE_CACHE")
+        .map(|c| PathBuf::from(c).join("guests-outside-target"))
+        .unwrap_or_else(|| outside.path().join("target"));
+    let out = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+        .args([
+            "build",
+            "--release",
+            "--offline",
+            "--locked",
+            "--target",
+            "wasm32-wasip2",
+        ])
+        .current_dir(&checker)
+        .env("CARGO_TARGET_DIR", &target)
+        .env_remove("CARGO_BUILD_TARGET")
+        .output()
+        .expect("run cargo");
+    assert!(
+        out.status.success(),
+        "the copied template does not build outside the repository:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let built = target.join("wasm32-wasip2/release/my_checker.wasm");
+    let t = Template::of("rust", built);
+    let pod = t.file("pod.yaml");
+    for (name, want) in [("http", &HTTP), ("tcp", &TCP)] {
+        let run = t.replay(name, &pod, &t.file(&format!("probes-{name}.json")));
+        run.assert_code(0);
+        run.assert_rows(want);
+    }
+}
+
+/// Copies a directory tree (files and directories; no `target/`).
+fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let (src, dst) = (entry.path(), to.join(entry.file_name()));
+        if entry.file_type().unwrap().is_dir() {
+            if entry.file_name() != "target" {
+                copy_tree(&src, &dst);
+            }
+        } else {
+            std::fs::copy(&src, &dst).unwrap();
+        }
+    }
 }
