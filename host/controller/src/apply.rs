@@ -294,7 +294,7 @@ impl SliceWriter {
         name: &str,
         cached: Option<Arc<EndpointSlice>>,
     ) -> Option<Arc<EndpointSlice>> {
-        match self.recent.overlay(ns, name, cached) {
+        match self.recent.overlay_with(ns, name, cached, &self.echoes) {
             Some(view) => {
                 self.foreign.forget(ns, name);
                 Some(view)
@@ -440,11 +440,25 @@ async fn write(
 }
 
 impl Recent {
+    /// [`Recent::overlay_with`], knowing of no watch event.
+    #[cfg(test)]
     fn overlay(
         &self,
         ns: &str,
         name: &str,
         cached: Option<Arc<EndpointSlice>>,
+    ) -> Option<Arc<EndpointSlice>> {
+        self.overlay_with(ns, name, cached, &Echoes::default())
+    }
+
+    /// The view of `ns/name`: `cached`, unless our write is newer than what
+    /// the cache shows; `echoes` says which of our writes the watch showed.
+    fn overlay_with(
+        &self,
+        ns: &str,
+        name: &str,
+        cached: Option<Arc<EndpointSlice>>,
+        echoes: &Echoes,
     ) -> Option<Arc<EndpointSlice>> {
         let key = (ns.to_string(), name.to_string());
         let mut recent = self.0.lock().unwrap();
@@ -468,6 +482,9 @@ impl Recent {
                 // our view held (or onto none), so this one came after ours
                 // (re-created since). The cache is ahead of us.
                 (Some(_), Some(_)) => (true, cached),
+                // The watch showed our object, and the cache has it no
+                // more: deleted (or unlabelled) since.
+                (Some(mine), None) if echoes.shown(mine) => (true, None),
                 // Our object is not in the cache yet.
                 (Some(mine), None) => (false, Some(mine.clone())),
                 // Deleted, and the cache agrees, or shows a re-creation (a

@@ -42,9 +42,19 @@ enum Mark {
 pub struct Echoes {
     marks: Mutex<HashMap<(String, String), Mark>>,
     in_flight: Mutex<HashMap<(String, String), usize>>,
+    /// Our writes the watch has shown (uid, resourceVersion), kept past a
+    /// deletion by someone else: the writer's overlay learns from it that
+    /// a slice missing from the cache was there and is gone, not still on
+    /// its way ([`Echoes::shown`]). The echo reconcile used to teach it
+    /// that. Pruned by age.
+    shown: Mutex<HashMap<(String, String), (Option<String>, String, std::time::Instant)>>,
     /// Woken whenever a write in flight ends.
     landed: tokio::sync::Notify,
 }
+
+/// How long a shown write is remembered: longer than the writer's overlay
+/// keeps a write (60 s), after which it trusts the cache anyway.
+const SHOWN_FOR: std::time::Duration = std::time::Duration::from_secs(120);
 
 /// How long an event waits for the response of a write in flight to its
 /// name before it is taken as someone else's (and reconciled).
@@ -111,11 +121,37 @@ impl Echoes {
         let Some(version) = slice.resource_version() else {
             return false;
         };
-        self.lock().get(&key(slice))
+        let ours = self.lock().get(&key(slice))
             == Some(&Mark::Applied {
                 uid: slice.uid(),
-                resource_version: Some(version),
-            })
+                resource_version: Some(version.clone()),
+            });
+        if ours {
+            let mut shown = self.shown.lock().unwrap_or_else(|e| e.into_inner());
+            if shown.len() > 1024 {
+                shown.retain(|_, (_, _, at)| at.elapsed() < SHOWN_FOR);
+            }
+            shown.insert(
+                key(slice),
+                (slice.uid(), version, std::time::Instant::now()),
+            );
+        }
+        ours
+    }
+
+    /// Whether the watch has shown our write `mine` of its name (so its
+    /// absence from the cache now means it was deleted, or left our
+    /// selector, since).
+    pub fn shown(&self, mine: &EndpointSlice) -> bool {
+        let (Some(version), shown) = (
+            mine.resource_version(),
+            self.shown.lock().unwrap_or_else(|e| e.into_inner()),
+        ) else {
+            return false;
+        };
+        shown
+            .get(&key(mine))
+            .is_some_and(|(uid, rv, _)| *uid == mine.uid() && *rv == version)
     }
 
     /// Whether a delete event of `slice` is our own delete coming back.

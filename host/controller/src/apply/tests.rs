@@ -654,3 +654,24 @@ fn an_overlay_expires() {
     assert!(recent.overlay(NS, "web-http", None).is_none());
     assert!(recent.names(NS).is_empty());
 }
+
+/// Once the watch has shown our write, a cache without it means the slice
+/// was deleted (or unlabelled) by someone else since: the view says so at
+/// once, and the next plan recreates it. (The echo reconcile used to teach
+/// the overlay this; with echoes skipped, `Echoes::shown` does.)
+#[test]
+fn a_shown_write_missing_from_the_cache_is_gone() {
+    let recent = Recent::default();
+    let echoes = Echoes::default();
+    let mut mine = slice("web-http", "http", "IPv4", &["10.0.0.1"]);
+    mine.metadata.uid = Some("u1".into());
+    mine.metadata.resource_version = Some("7".into());
+    echoes.applied(&mine);
+    recent.remember(NS, "web-http", mine.clone());
+    // Not shown yet: on its way, the view holds it.
+    assert!(recent.overlay_with(NS, "web-http", None, &echoes).is_some());
+    assert!(echoes.is_our_apply(&mine), "its event is our echo");
+    // Shown, then gone from the cache.
+    assert!(recent.overlay_with(NS, "web-http", None, &echoes).is_none());
+    assert!(recent.names(NS).is_empty());
+}
