@@ -47,10 +47,13 @@ pub struct Echoes {
     /// a slice missing from the cache was there and is gone, not still on
     /// its way ([`Echoes::shown`]). The echo reconcile used to teach it
     /// that. Pruned by age.
-    shown: Mutex<HashMap<(String, String), (Option<String>, String, std::time::Instant)>>,
+    shown: Mutex<HashMap<(String, String), Shown>>,
     /// Woken whenever a write in flight ends.
     landed: tokio::sync::Notify,
 }
+
+/// A write the watch showed: its uid, its resourceVersion, and when.
+type Shown = (Option<String>, String, std::time::Instant);
 
 /// How long a shown write is remembered: longer than the writer's overlay
 /// keeps a write (60 s), after which it trusts the cache anyway.
