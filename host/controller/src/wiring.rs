@@ -201,24 +201,21 @@ fn trigger_unless_echo(
     svc: ObjectRef<Service>,
     ours: fn(&Echoes, &EndpointSlice) -> bool,
 ) {
-    if !echoes.in_flight(&slice) {
-        let echo = ours(echoes, &slice);
+    let judge = move |echoes: &Echoes, slice: &EndpointSlice, tx: &UnboundedSender<_>, waited| {
+        let echo = ours(echoes, slice);
         debug!(slice = %slice.name_any(), resource_version = ?slice.resource_version(),
-            echo, waited = false, "slice event");
+            echo, waited, "slice event");
         if !echo {
             let _ = tx.unbounded_send(svc);
         }
-        return;
+    };
+    if !echoes.in_flight(&slice) {
+        return judge(echoes, &slice, tx, false);
     }
     let (echoes, tx) = (echoes.clone(), tx.clone());
     tokio::spawn(async move {
         echoes.settled(&slice).await;
-        let echo = ours(&echoes, &slice);
-        debug!(slice = %slice.name_any(), resource_version = ?slice.resource_version(),
-            echo, waited = true, "slice event");
-        if !echo {
-            let _ = tx.unbounded_send(svc);
-        }
+        judge(&echoes, &slice, &tx, true);
     });
 }
 

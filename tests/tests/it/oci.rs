@@ -698,8 +698,9 @@ async fn a_blob_larger_than_its_manifest_says_is_refused_at_the_cap() -> Result<
 /// sixteen bundles that are not bundles, and a 1.5 MiB manifest under the
 /// `.sig` tag. None of it blocks the module: each is passed over with its
 /// reason, the 2 MiB layer is never downloaded, the big manifest is read
-/// only up to the limit, and the real signature still verifies. Under a key that signed nothing, the
-/// refusal lists what was passed over, so an operator sees the junk.
+/// only up to the limit, and the real signature still verifies. Under a
+/// key that signed nothing, the refusal lists what was passed over, so an
+/// operator sees the junk.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn junk_beside_a_real_signature_does_not_block_the_module() -> Result<()> {
     use registry::SIGSTORE_BUNDLE_MEDIA_TYPE as BUNDLE_MEDIA_TYPE;
