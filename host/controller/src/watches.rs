@@ -63,7 +63,7 @@ where
     };
     let streams = apis.into_iter().map(|api| {
         flatten_relists(
-            watcher(api, cfg.clone()).backoff(WatchBackoff::default()),
+            streaming_or_listing(api, cfg.clone()).backoff(WatchBackoff::default()),
             gate.register(),
             keep.clone(),
         )
@@ -108,4 +108,59 @@ pub(crate) fn selecting(cfg: &watcher::Config, key: &KeySource) -> watcher::Conf
         KeySource::Label(k) => cfg.clone().labels(k),
         KeySource::Annotation(_) => cfg.clone(),
     }
+}
+
+/// A watcher that takes its first state from a streaming list (a watch with
+/// `sendInitialEvents`, served from the apiserver's watch cache: no LIST
+/// requests, no pages held in memory) and falls back to LIST + WATCH for
+/// good when the apiserver refuses it.
+///
+/// Why a fallback: the WatchList gate is on by default in kube-apiserver
+/// 1.37 (the chart's floor), but a cluster may turn it off (1.33 shipped it
+/// off); such an apiserver answers the first watch with 422 Invalid
+/// ("sendInitialEvents is forbidden …") and would refuse every retry.
+/// client-go's reflector falls back the same way. Any other error
+/// (apiserver down, 403, 429) is the watcher's to retry, not a reason to
+/// stop streaming.
+pub(crate) fn streaming_or_listing<K>(
+    api: Api<K>,
+    cfg: watcher::Config,
+) -> BoxStream<'static, Result<watcher::Event<K>, watcher::Error>>
+where
+    K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
+    K::DynamicType: Default,
+{
+    if cfg.initial_list_strategy != watcher::InitialListStrategy::StreamingList {
+        return watcher(api, cfg).boxed();
+    }
+    let listing = watcher::Config {
+        initial_list_strategy: watcher::InitialListStrategy::ListWatch,
+        ..cfg.clone()
+    };
+    let mut fallback = Some((api.clone(), listing));
+    let mut inner = watcher(api, cfg).boxed();
+    stream::poll_fn(move |cx| {
+        loop {
+            let item = futures::ready!(inner.poll_next_unpin(cx));
+            if let Some(Err(watcher::Error::WatchStartFailed(kube::Error::Api(status)))) = &item
+                && status.code == 422
+                && let Some((api, listing)) = fallback.take()
+            {
+                tracing::warn!(
+                    resource = %K::plural(&Default::default()),
+                    code = status.code,
+                    message = %status.message,
+                    "the apiserver refuses streaming lists (WatchList); listing instead"
+                );
+                inner = watcher(api, listing).boxed();
+                continue;
+            }
+            // Once a watch has started, streaming works here.
+            if let Some(Ok(_)) = &item {
+                fallback = None;
+            }
+            return std::task::Poll::Ready(item);
+        }
+    })
+    .boxed()
 }

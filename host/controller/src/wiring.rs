@@ -264,7 +264,9 @@ pub(crate) async fn run(
     .map(Arc::new);
 
     let gate = SyncGate::default();
-    let list_cfg = watcher::Config::default().any_semantic();
+    // Streamed from the watch cache, as the native controller's informers
+    // do (`watches::streaming_or_listing` falls back to LIST + WATCH).
+    let list_cfg = watcher::Config::default().any_semantic().streaming_lists();
 
     // Services
     let (svc_reader, svc_writer) = reflector::store::<Service>();
@@ -425,7 +427,7 @@ pub(crate) async fn run(
         let mut known: std::collections::HashSet<String> = Default::default();
         let tx = trigger_tx.clone();
         let services = svc_reader.clone();
-        let stream = watcher(
+        let stream = crate::watches::streaming_or_listing(
             Api::<PartialObjectMeta<Node>>::all(client.clone()),
             list_cfg.clone(),
         )

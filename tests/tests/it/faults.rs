@@ -633,3 +633,119 @@ async fn cold_start_lists_native_endpoints_once() -> Result<()> {
     )
     .await
 }
+
+// ---- streaming lists (WatchList) ------------------------------------------
+
+/// How portwise's requests in `seen` split by verb and resource.
+fn requests_by(seen: &[AuditEvent]) -> std::collections::BTreeMap<(String, String), usize> {
+    let mut by = std::collections::BTreeMap::new();
+    for e in seen {
+        *by.entry((e.verb.clone(), e.resource.clone())).or_insert(0) += 1;
+    }
+    by
+}
+
+/// Starts portwise cold on a Service with 20 pods, waits for the slices,
+/// flips one pod and waits again (the watch after the initial state
+/// works); returns portwise's audited requests and its log.
+async fn cold_start_and_flip(ns: &TestNs) -> Result<(Vec<AuditEvent>, String)> {
+    let cp = ns.cp();
+    web_service(ns).await?;
+    ns.create_pods((0..20).map(|i| web_pod(i, true)).collect())
+        .await?;
+    let kc = portwise_identity(cp).await?;
+    let audit = Audit::mark(cp);
+    let mut pw = start_portwise(ns, &kc, &cfg(100)).await?;
+    converged(ns, 100, SETTLE).await?;
+    ns.set_ready("p000", false).await?;
+    converged(ns, 100, SETTLE).await?;
+    pw.check_running()?;
+    Ok((audit.by_user(PORTWISE_USER)?, pw.current_logs()))
+}
+
+/// The caches' first state comes through their watches (streaming lists,
+/// as the native controller's informers take it), not through paged LISTs:
+/// on a cold start portwise LISTs no pods, Services or Nodes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cold_start_streams_its_caches() -> Result<()> {
+    isolated(
+        "faults::cold_start_streams_its_caches",
+        Isolation::default(),
+        || async {
+            let cp = ControlPlane::shared().await?;
+            let ns = TestNs::new(cp, "stream").await?;
+            let (seen, log) = cold_start_and_flip(&ns).await?;
+            let by = requests_by(&seen);
+            println!("cold start, streaming lists: {by:?}");
+            for resource in ["pods", "services", "nodes", "endpointslices"] {
+                let n = |verb: &str| {
+                    by.get(&(verb.to_string(), resource.to_string()))
+                        .copied()
+                        .unwrap_or(0)
+                };
+                ensure!(n("watch") >= 1, "no watch of {resource}: {by:?}");
+                if resource != "endpointslices" {
+                    // Slices are also LISTed once at start-up, by label, to
+                    // find the native controller's leftovers (migrate.rs).
+                    ensure!(n("list") == 0, "{} LISTs of {resource}: {by:?}", n("list"));
+                }
+            }
+            ensure!(
+                !seen.iter().any(|e| e.code == Some(422)),
+                "an apiserver that serves streaming lists refused a request: {seen:?}"
+            );
+            ensure!(
+                !log.contains("refuses streaming lists"),
+                "portwise fell back to LISTs on an apiserver that streams:\n{log}"
+            );
+            Ok(())
+        },
+    )
+    .await
+}
+
+/// An apiserver with the WatchList gate off answers a streaming watch with
+/// 422. portwise says so once per watch, LISTs instead, and publishes as
+/// before: the cold start converges and a pod change still arrives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watchlist_off_falls_back_to_lists() -> Result<()> {
+    let iso = Isolation {
+        apiserver_args: "--feature-gates=WatchList=false",
+        controllers: "",
+    };
+    isolated("faults::watchlist_off_falls_back_to_lists", iso, || async {
+        let cp = ControlPlane::shared().await?;
+        let ns = TestNs::new(cp, "nostream").await?;
+        let (seen, log) = cold_start_and_flip(&ns).await?;
+        let by = requests_by(&seen);
+        println!("cold start, WatchList off: {by:?}");
+        for resource in ["pods", "services", "nodes", "endpointslices"] {
+            let refused = seen
+                .iter()
+                .filter(|e| e.verb == "watch" && e.resource == resource && e.code == Some(422))
+                .count();
+            ensure!(
+                refused == 1,
+                "{refused} refused streaming watches of {resource} (one, then LISTs): {by:?}"
+            );
+            let lists = by
+                .get(&("list".to_string(), resource.to_string()))
+                .copied()
+                .unwrap_or(0);
+            ensure!(
+                lists >= 1,
+                "no LIST of {resource} after the refusal: {by:?}"
+            );
+        }
+        let said = log
+            .lines()
+            .filter(|l| l.contains("refuses streaming lists"))
+            .count();
+        ensure!(
+            said >= 4,
+            "the fallback was logged {said} times, not once per watch:\n{log}"
+        );
+        Ok(())
+    })
+    .await
+}
