@@ -119,7 +119,9 @@ pub(crate) fn selecting(cfg: &watcher::Config, key: &KeySource) -> watcher::Conf
 /// 1.37 (the chart's floor), but a cluster may turn it off (1.33 shipped it
 /// off); such an apiserver answers the first watch with 422 Invalid
 /// ("sendInitialEvents is forbidden …") and would refuse every retry.
-/// client-go's reflector falls back the same way. Any other error
+/// client-go's reflector falls back the same way. The refusal may also come
+/// at a later relist (an apiserver restarted with the gate off), so the
+/// fallback stays armed until it is used. Any other error
 /// (apiserver down, 403, 429) is the watcher's to retry, not a reason to
 /// stop streaming.
 pub(crate) fn streaming_or_listing<K>(
@@ -154,10 +156,6 @@ where
                 );
                 inner = watcher(api, listing).boxed();
                 continue;
-            }
-            // Once a watch has started, streaming works here.
-            if let Some(Ok(_)) = &item {
-                fallback = None;
             }
             return std::task::Poll::Ready(item);
         }
