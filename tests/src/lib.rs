@@ -29,6 +29,7 @@ pub mod consumers;
 mod control_plane;
 #[cfg(feature = "registry")]
 pub mod cosign;
+pub mod deferred;
 pub mod faults;
 mod identity;
 mod image_build;

@@ -154,6 +154,12 @@ async fn run_refused_as(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_guest_pulled_by_digest_decides_a_port_and_survives_the_registry_going_away()
 -> Result<()> {
+    if portwise_tests::deferred::skip(
+        &["registry"],
+        "oci::python_guest_pulled_by_digest_decides_a_port_and_survives_the_registry_going_away",
+    ) {
+        return Ok(());
+    }
     let Setup {
         ns,
         mut reg,
@@ -242,6 +248,12 @@ async fn python_guest_pulled_by_digest_decides_a_port_and_survives_the_registry_
 /// registry serves that does not match its digest (damaged in its storage).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wrong_digest_or_damaged_content_is_refused() -> Result<()> {
+    if portwise_tests::deferred::skip(
+        &["registry"],
+        "oci::a_wrong_digest_or_damaged_content_is_refused",
+    ) {
+        return Ok(());
+    }
     let Setup {
         ns,
         reg,
@@ -288,6 +300,9 @@ async fn a_wrong_digest_or_damaged_content_is_refused() -> Result<()> {
 /// the user and where the credentials came from.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wrong_credentials_are_refused_clearly() -> Result<()> {
+    if portwise_tests::deferred::skip(&["registry"], "oci::wrong_credentials_are_refused_clearly") {
+        return Ok(());
+    }
     let Setup {
         ns,
         reg,
@@ -319,6 +334,12 @@ async fn wrong_credentials_are_refused_clearly() -> Result<()> {
 /// registry never serves a byte of its layer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_huge_artifact_is_refused_before_it_is_downloaded() -> Result<()> {
+    if portwise_tests::deferred::skip(
+        &["registry"],
+        "oci::a_huge_artifact_is_refused_before_it_is_downloaded",
+    ) {
+        return Ok(());
+    }
     let Setup {
         ns,
         reg,
@@ -387,6 +408,12 @@ fn signed_config(
 /// it serves, under another key it refuses, saying why.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn signed_modules_serve_and_unsigned_or_wrongly_signed_ones_are_refused() -> Result<()> {
+    if portwise_tests::deferred::skip(
+        &["registry", "cosign"],
+        "oci::signed_modules_serve_and_unsigned_or_wrongly_signed_ones_are_refused",
+    ) {
+        return Ok(());
+    }
     let Setup {
         ns,
         mut reg,
@@ -604,6 +631,12 @@ async fn signed_modules_serve_and_unsigned_or_wrongly_signed_ones_are_refused() 
 /// so, and the module still decides.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_allowed_tag_serves_its_last_resolution_when_the_registry_is_gone() -> Result<()> {
+    if portwise_tests::deferred::skip(
+        &["registry"],
+        "oci::an_allowed_tag_serves_its_last_resolution_when_the_registry_is_gone",
+    ) {
+        return Ok(());
+    }
     let Setup {
         ns,
         mut reg,
@@ -656,6 +689,12 @@ async fn an_allowed_tag_serves_its_last_resolution_when_the_registry_is_gone() -
 /// the whole blob.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_blob_larger_than_its_manifest_says_is_refused_at_the_cap() -> Result<()> {
+    if portwise_tests::deferred::skip(
+        &["registry"],
+        "oci::a_blob_larger_than_its_manifest_says_is_refused_at_the_cap",
+    ) {
+        return Ok(());
+    }
     let Setup {
         ns,
         reg,
@@ -703,6 +742,12 @@ async fn a_blob_larger_than_its_manifest_says_is_refused_at_the_cap() -> Result<
 /// operator sees the junk.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn junk_beside_a_real_signature_does_not_block_the_module() -> Result<()> {
+    if portwise_tests::deferred::skip(
+        &["registry", "cosign"],
+        "oci::junk_beside_a_real_signature_does_not_block_the_module",
+    ) {
+        return Ok(());
+    }
     use registry::SIGSTORE_BUNDLE_MEDIA_TYPE as BUNDLE_MEDIA_TYPE;
     let Setup {
         ns,
