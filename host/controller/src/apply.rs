@@ -57,7 +57,7 @@ use tracing::{debug, info};
 
 use crate::{
     echo::Echoes,
-    metrics::{Metrics, WriteKind},
+    metrics::{Metrics, SliceChange, WriteKind},
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -391,6 +391,11 @@ async fn write(
         match applied {
             Ok(written) => {
                 metrics.count_write(WriteKind::Apply);
+                metrics.count_slice_change(if seen.is_some() {
+                    SliceChange::Update
+                } else {
+                    SliceChange::Create
+                });
                 debug!(namespace = ns, slice = %name, "applied EndpointSlice");
                 echoes.applied(&written);
                 drop(flight);
@@ -419,6 +424,7 @@ async fn write(
         match deleted {
             Ok(()) => {
                 metrics.count_write(WriteKind::Delete);
+                metrics.count_slice_change(SliceChange::Delete);
                 info!(namespace = ns, slice = %name, "deleted EndpointSlice");
             }
             Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}

@@ -199,6 +199,10 @@ async fn serve(ctx: &Context, svc: &Arc<Service>, mut serve: Serve) -> Result<bo
         })
     };
 
+    // Counted as planned, as the native controller does: a sync whose
+    // writes fail counts again when it is retried.
+    ctx.metrics
+        .observe_sync_plan(plan.summary.endpoints_added, plan.summary.endpoints_removed);
     for c in &plan.collisions {
         ctx.metrics.count_name_collision();
         ctx.events.publish(
@@ -235,8 +239,13 @@ async fn serve(ctx: &Context, svc: &Arc<Service>, mut serve: Serve) -> Result<bo
     for ((port, family), n) in &plan.summary.endpoints {
         published.insert((port.clone(), family.clone()), *n);
     }
-    ctx.metrics
-        .set_service(&ns, &name, &published, plan.summary.slices);
+    ctx.metrics.set_service(
+        &ns,
+        &name,
+        &published,
+        plan.summary.slices,
+        plan.summary.desired_slices,
+    );
 
     if serve.cleans_up_native(&plan) {
         let cleaned = ctx
@@ -292,6 +301,8 @@ async fn serve(ctx: &Context, svc: &Arc<Service>, mut serve: Serve) -> Result<bo
     if let Some(shadows) = &ctx.shadows {
         shadows.submit(&ctx.shadow_outlets, svc.clone(), judged);
     }
+    ctx.metrics
+        .set_service_synced(&ns, &name, std::time::SystemTime::now());
     Ok(true)
 }
 

@@ -56,6 +56,7 @@ use crate::{
     error::Error,
     events::Events,
     judge::Judge,
+    metrics::SyncResult,
     migrate,
     options::RunOptions,
     reconcile::reconcile,
@@ -668,8 +669,12 @@ pub(crate) async fn run(
                 }
             }
             match res {
-                Ok((obj, _)) => debug!(service = %obj, "reconciled"),
+                Ok((obj, _)) => {
+                    metrics.count_sync(SyncResult::Success);
+                    debug!(service = %obj, "reconciled")
+                }
                 Err(kube::runtime::controller::Error::ReconcilerFailed(e, obj)) => {
+                    metrics.count_sync(SyncResult::Error);
                     metrics.count_reconcile_error(e.kind());
                     warn!(service = %obj, error = %e, "reconcile failed")
                 }

@@ -30,11 +30,14 @@
 //! registered, the exposition); `labels.rs` the label values and sets;
 //! `service.rs` the per-Service levels (published endpoints, slices,
 //! abstains, shadow); `counters.rs` the process-wide counters, latencies and
-//! gauges; `guest.rs` the guest failures read from the runtime.
+//! gauges; `guest.rs` the guest failures read from the runtime; `native.rs`
+//! the series that mean what the native controller's
+//! `endpoint_slice_controller_*` mean, under the same names.
 
 mod counters;
 mod guest;
 mod labels;
+mod native;
 mod registry;
 mod service;
 #[cfg(test)]
@@ -42,4 +45,5 @@ mod tests;
 
 pub use guest::{GuestFailure, GuestFailureSource};
 pub use labels::{CleanupKind, ModuleLoad, WriteKind, decision_label, family_label};
+pub use native::{SliceChange, SyncResult};
 pub use registry::{CONTENT_TYPE, Metrics};

@@ -23,6 +23,7 @@ use super::{
         DecisionLabels, ErrorLabels, KindLabels, ModuleLoadLabels, NotJudgedLabels,
         PublishedLabels, ServiceLabels, ShadowLabels, ShadowPortLabels,
     },
+    native::{OperationLabels, ResultLabels, SliceChange, SyncResult, Totals},
 };
 
 /// The `Content-Type` of [`Metrics::encode`]'s output.
@@ -34,6 +35,16 @@ type HistogramFamily<L> = MetricFamily<L, Histogram, fn() -> Histogram>;
 /// 0.5 ms .. ~16 s.
 fn check_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.0005, 2.0, 16))
+}
+
+/// Endpoints added or removed per sync: upstream's buckets, 2 .. 32768.
+fn per_sync_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(2.0, 2.0, 15))
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+struct BuildLabels {
+    version: &'static str,
 }
 
 /// Reconcile latencies: dominated by apiserver round trips; 1 ms .. ~33 s.
@@ -71,9 +82,19 @@ pub struct Metrics {
     pub(super) cache_objects: MetricFamily<KindLabels, Gauge>,
     pub(super) abstain_longest: MetricFamily<ServiceLabels, Gauge<f64, AtomicU64>>,
     pub(super) abstains_expired: Counter,
+    pub(super) service_synced: MetricFamily<ServiceLabels, Gauge<f64, AtomicU64>>,
     pub(super) shadow_differences: MetricFamily<ShadowPortLabels, Gauge>,
     pub(super) shadow_verdicts: MetricFamily<ShadowLabels, Gauge>,
     pub(super) shadow_index: Arc<Mutex<ShadowIndex>>,
+    // The native controller's figures (native.rs).
+    pub(super) endpoints_added_per_sync: Histogram,
+    pub(super) endpoints_removed_per_sync: Histogram,
+    pub(super) endpoints_desired: Gauge,
+    pub(super) num_endpoint_slices: Gauge,
+    pub(super) desired_endpoint_slices: Gauge,
+    pub(super) changes: MetricFamily<OperationLabels, Counter>,
+    pub(super) syncs: MetricFamily<ResultLabels, Counter>,
+    pub(super) native_totals: Arc<Mutex<Totals>>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -180,6 +201,13 @@ impl Metrics {
             Unit::Seconds,
             abstain_longest.clone(),
         );
+        let service_synced = MetricFamily::<ServiceLabels, Gauge<f64, AtomicU64>>::default();
+        registry.register_with_unit(
+            "service_synced_timestamp",
+            "Unix time of the Service's last complete sync (judged, planned, written); the leader syncs every served Service at least once per resyncPeriod",
+            Unit::Seconds,
+            service_synced.clone(),
+        );
         let abstains_expired = Counter::default();
         registry.register(
             "abstains_expired",
@@ -200,12 +228,87 @@ impl Metrics {
             shadow_verdicts.clone(),
         );
 
+        // The native controller's figures, under its names (native.rs).
+        let endpoints_added_per_sync = per_sync_histogram();
+        registry.register(
+            "endpoints_added_per_sync",
+            "Number of endpoints added on each Service sync",
+            endpoints_added_per_sync.clone(),
+        );
+        let endpoints_removed_per_sync = per_sync_histogram();
+        registry.register(
+            "endpoints_removed_per_sync",
+            "Number of endpoints removed on each Service sync",
+            endpoints_removed_per_sync.clone(),
+        );
+        let endpoints_desired = Gauge::default();
+        registry.register(
+            "endpoints_desired",
+            "Number of endpoints desired",
+            endpoints_desired.clone(),
+        );
+        let num_endpoint_slices = Gauge::default();
+        registry.register(
+            "num_endpoint_slices",
+            "Number of EndpointSlices",
+            num_endpoint_slices.clone(),
+        );
+        let desired_endpoint_slices = Gauge::default();
+        registry.register(
+            "desired_endpoint_slices",
+            "Number of EndpointSlices that would exist with perfect endpoint allocation",
+            desired_endpoint_slices.clone(),
+        );
+        let changes = MetricFamily::<OperationLabels, Counter>::default();
+        registry.register(
+            "changes",
+            "Number of EndpointSlice changes (create|update|delete)",
+            changes.clone(),
+        );
+        let syncs = MetricFamily::<ResultLabels, Counter>::default();
+        registry.register(
+            "syncs",
+            "Number of EndpointSlice syncs (success|error)",
+            syncs.clone(),
+        );
+        // Every label value from the start, so 0 reads as 0, not absent.
+        for change in SliceChange::ALL {
+            drop(changes.get_or_create(&OperationLabels {
+                operation: change.as_str(),
+            }));
+        }
+        for result in SyncResult::ALL {
+            drop(syncs.get_or_create(&ResultLabels {
+                result: result.as_str(),
+            }));
+        }
+        let build_info = MetricFamily::<BuildLabels, Gauge>::default();
+        registry.register(
+            "build_info",
+            "Always 1; the version of the running portwise as a label",
+            build_info.clone(),
+        );
+        build_info
+            .get_or_create(&BuildLabels {
+                version: env!("CARGO_PKG_VERSION"),
+            })
+            .set(1);
+
         Self {
+            endpoints_added_per_sync,
+            endpoints_removed_per_sync,
+            endpoints_desired,
+            num_endpoint_slices,
+            desired_endpoint_slices,
+            changes,
+            syncs,
+            native_totals: Arc::default(),
             shadow_differences,
             shadow_verdicts,
             shadow_index: Arc::default(),
             abstain_longest,
             abstains_expired,
+            service_synced,
             registry: Arc::new(registry),
             endpoints_published,
             published_index: Arc::default(),

@@ -73,7 +73,15 @@ impl Metrics {
         service: &str,
         published: &BTreeMap<(String, String), usize>,
         slices: usize,
+        desired_slices: usize,
     ) {
+        self.set_native_share(
+            namespace,
+            service,
+            published.values().sum(),
+            slices,
+            desired_slices,
+        );
         let mut index = self.index();
         let key = (label(namespace), label(service));
         let mut now = HashSet::new();
@@ -106,6 +114,21 @@ impl Metrics {
         }
         drop(index);
         self.set_slices_managed(namespace, service, slices);
+    }
+
+    /// Marks a complete sync of a Service (everything planned was written)
+    /// at `at`: the series a staleness alert watches.
+    pub fn set_service_synced(&self, namespace: &str, service: &str, at: std::time::SystemTime) {
+        let unix = at
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs_f64();
+        self.service_synced
+            .get_or_create(&ServiceLabels {
+                namespace: label(namespace),
+                service: label(service),
+            })
+            .set(unix);
     }
 
     /// Sets the pods of a Service's group that are not judged, every reason
@@ -147,6 +170,7 @@ impl Metrics {
         };
         self.slices_managed.remove(&labels);
         self.abstain_longest.remove(&labels);
+        self.service_synced.remove(&labels);
         for why in NotJudged::ALL {
             self.pods_not_judged.remove(&NotJudgedLabels {
                 namespace: label(namespace),
@@ -156,6 +180,7 @@ impl Metrics {
         }
         drop(index);
         self.forget_shadow(namespace, service);
+        self.forget_native_share(namespace, service);
     }
 
     /// Replaces a Service's shadow series: differing pods per port (every

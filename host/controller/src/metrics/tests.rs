@@ -31,6 +31,14 @@ fn every_family_is_declared_with_its_final_name() {
         ("portwise_reconcile_duration_seconds", "histogram"),
         ("portwise_writes", "counter"),
         ("portwise_leader", "gauge"),
+        ("portwise_endpoints_added_per_sync", "histogram"),
+        ("portwise_endpoints_removed_per_sync", "histogram"),
+        ("portwise_endpoints_desired", "gauge"),
+        ("portwise_num_endpoint_slices", "gauge"),
+        ("portwise_desired_endpoint_slices", "gauge"),
+        ("portwise_changes", "counter"),
+        ("portwise_syncs", "counter"),
+        ("portwise_build_info", "gauge"),
     ] {
         assert!(
             text.contains(&format!("# TYPE {name} {kind}\n")),
@@ -41,6 +49,27 @@ fn every_family_is_declared_with_its_final_name() {
     // Unlabelled series exist from the start, so a scrape can tell 0 from absent.
     assert_eq!(sample(&text, "portwise_name_collisions_total"), Some(0.0));
     assert_eq!(sample(&text, "portwise_leader"), Some(0.0));
+    for series in [
+        r#"portwise_changes_total{operation="create"}"#,
+        r#"portwise_changes_total{operation="update"}"#,
+        r#"portwise_changes_total{operation="delete"}"#,
+        r#"portwise_syncs_total{result="success"}"#,
+        r#"portwise_syncs_total{result="error"}"#,
+        "portwise_endpoints_desired",
+        "portwise_endpoints_added_per_sync_count",
+    ] {
+        assert_eq!(sample(&text, series), Some(0.0), "{series} in\n{text}");
+    }
+    assert_eq!(
+        sample(
+            &text,
+            &format!(
+                r#"portwise_build_info{{version="{}"}}"#,
+                env!("CARGO_PKG_VERSION")
+            )
+        ),
+        Some(1.0)
+    );
     assert_eq!(
         sample(&text, "portwise_reconcile_duration_seconds_count"),
         Some(0.0)
@@ -92,9 +121,10 @@ fn set_service_replaces_ports_and_forget_service_drops_everything() {
         "web",
         &figures(&[("http", "IPv4", 3), ("admin", "IPv4", 1)]),
         2,
+        2,
     );
-    m.set_service("shop", "api", &figures(&[("grpc", "IPv6", 5)]), 1);
-    m.set_service("shop", "web", &figures(&[("http", "IPv4", 2)]), 1);
+    m.set_service("shop", "api", &figures(&[("grpc", "IPv6", 5)]), 1, 1);
+    m.set_service("shop", "web", &figures(&[("http", "IPv4", 2)]), 1, 1);
     let text = m.encode();
     let web_http =
         r#"portwise_endpoints_published{namespace="shop",service="web",port="http",family="IPv4"}"#;
@@ -305,4 +335,92 @@ fn label_values_are_escaped() {
         text.contains(r#"portwise_reconcile_errors_total{kind="a\"b\\c\nd"} 1"#),
         "{text}"
     );
+}
+
+/// The native controller's figures: totals over the Services served,
+/// replaced per Service and dropped with it; per-sync histograms; writes
+/// and syncs by outcome.
+#[test]
+fn native_figures_total_over_services_and_count_by_outcome() {
+    let m = Metrics::new();
+    let figures = |pairs: &[(&str, &str, usize)]| -> BTreeMap<(String, String), usize> {
+        pairs
+            .iter()
+            .map(|(p, f, n)| ((p.to_string(), f.to_string()), *n))
+            .collect()
+    };
+    m.set_service(
+        "shop",
+        "web",
+        &figures(&[("http", "IPv4", 150), ("admin", "IPv4", 0)]),
+        3,
+        3,
+    );
+    m.set_service("shop", "api", &figures(&[("grpc", "IPv6", 5)]), 1, 1);
+    let totals = |m: &Metrics| {
+        let text = m.encode();
+        (
+            sample(&text, "portwise_endpoints_desired"),
+            sample(&text, "portwise_num_endpoint_slices"),
+            sample(&text, "portwise_desired_endpoint_slices"),
+        )
+    };
+    assert_eq!(totals(&m), (Some(155.0), Some(4.0), Some(4.0)));
+    // A Service's figures are replaced, not added again.
+    m.set_service("shop", "web", &figures(&[("http", "IPv4", 90)]), 2, 1);
+    assert_eq!(totals(&m), (Some(95.0), Some(3.0), Some(2.0)));
+    m.forget_service("shop", "web");
+    assert_eq!(totals(&m), (Some(5.0), Some(1.0), Some(1.0)));
+
+    m.observe_sync_plan(3, 0);
+    m.observe_sync_plan(0, 40);
+    m.count_slice_change(SliceChange::Create);
+    m.count_slice_change(SliceChange::Update);
+    m.count_slice_change(SliceChange::Update);
+    m.count_sync(SyncResult::Success);
+    m.count_sync(SyncResult::Error);
+    let text = m.encode();
+    assert_eq!(
+        sample(&text, "portwise_endpoints_added_per_sync_sum"),
+        Some(3.0)
+    );
+    assert_eq!(
+        sample(&text, "portwise_endpoints_added_per_sync_count"),
+        Some(2.0)
+    );
+    assert_eq!(
+        sample(&text, "portwise_endpoints_removed_per_sync_sum"),
+        Some(40.0)
+    );
+    // Upstream's buckets: 40 is above 32, within 64.
+    assert_eq!(
+        sample(
+            &text,
+            r#"portwise_endpoints_removed_per_sync_bucket{le="32.0"}"#
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        sample(&text, r#"portwise_changes_total{operation="update"}"#),
+        Some(2.0)
+    );
+    assert_eq!(
+        sample(&text, r#"portwise_changes_total{operation="delete"}"#),
+        Some(0.0)
+    );
+    assert_eq!(
+        sample(&text, r#"portwise_syncs_total{result="error"}"#),
+        Some(1.0)
+    );
+}
+
+#[test]
+fn a_services_last_sync_is_a_timestamp_dropped_with_it() {
+    let m = Metrics::new();
+    let at = std::time::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+    m.set_service_synced("shop", "web", at);
+    let series = r#"portwise_service_synced_timestamp_seconds{namespace="shop",service="web"}"#;
+    assert_eq!(sample(&m.encode(), series), Some(1_800_000_000.0));
+    m.forget_service("shop", "web");
+    assert_eq!(sample(&m.encode(), series), None);
 }

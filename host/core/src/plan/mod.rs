@@ -252,6 +252,27 @@ pub fn plan(input: &PlanInput) -> Plan {
     let mut applies: Vec<(bool, EndpointSlice)> = Vec::new();
     for p in &plans {
         let g = &p.group;
+        let needed: usize = p
+            .sets
+            .iter()
+            .map(|set| set.desired.len().div_ceil(max))
+            .sum();
+        out.summary.desired_slices += needed.max(1);
+        // What the live slices show, against what this plan publishes, per
+        // (target port, endpoint): the endpoints it adds and removes.
+        let live_keys: Vec<(Option<u16>, EpKey)> = p
+            .live
+            .iter()
+            .flat_map(|s| {
+                let target = slice_target(s);
+                s.endpoints
+                    .iter()
+                    .flatten()
+                    .filter_map(live_key)
+                    .map(move |k| (target, k))
+            })
+            .collect();
+        let mut published: HashSet<(Option<u16>, &EpKey)> = HashSet::new();
         let count = out
             .summary
             .endpoints
@@ -279,6 +300,7 @@ pub fn plan(input: &PlanInput) -> Plan {
                 continue; // no name could be had (Service being deleted)
             };
             *count += c.keys.len();
+            published.extend(c.keys.iter().map(|k| (target, k)));
             wanted.insert(name.to_string());
             if !c.changed && c.live.is_some() {
                 continue; // equal to its live state, as packing found
@@ -318,7 +340,17 @@ pub fn plan(input: &PlanInput) -> Plan {
                 applies.push((gains(live, target, &c.keys), slice));
             }
         }
+        let shown: HashSet<(Option<u16>, &EpKey)> =
+            live_keys.iter().map(|(target, k)| (*target, k)).collect();
+        out.summary.endpoints_added += published.difference(&shown).count();
+        out.summary.endpoints_removed += shown.difference(&published).count();
     }
+    // Slices of ports the Service no longer has: all their endpoints go.
+    out.summary.endpoints_removed += live_by_group
+        .values()
+        .flatten()
+        .map(|s| s.endpoints.iter().flatten().filter_map(live_key).count())
+        .sum::<usize>();
     // Gainers first, then by name (see `Plan::applies`).
     applies.sort_by(|(ga, a), (gb, b)| {
         gb.cmp(ga)

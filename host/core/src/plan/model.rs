@@ -94,4 +94,15 @@ pub struct Summary {
     pub endpoints: BTreeMap<(String, String), usize>,
     /// Slices that exist for the Service once the plan is applied.
     pub slices: usize,
+    /// Slices the Service would need with perfect packing: per (port,
+    /// family), `ceil(endpoints / maxEndpointsPerSlice)` per target port,
+    /// or 1 (the placeholder) when it has none. The native controller's
+    /// `desired_endpoint_slices`, in portwise's layout.
+    pub desired_slices: usize,
+    /// Endpoints this plan publishes that no live slice of their (port,
+    /// family, target port) shows, and live ones it drops: the native
+    /// controller's `endpoints_added_per_sync` / `_removed_per_sync`. An
+    /// endpoint that only changes its conditions is neither.
+    pub endpoints_added: usize,
+    pub endpoints_removed: usize,
 }

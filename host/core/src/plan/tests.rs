@@ -1646,3 +1646,87 @@ fn portless_headless_service_publishes_slices_without_ports() {
     clustered.spec.as_mut().unwrap().cluster_ip = Some("10.96.0.9".into());
     assert!(crate::align::subjects(&Arc::new(clustered), &pods).is_empty());
 }
+
+/// The native controller's per-sync figures, in portwise's layout: added
+/// and removed endpoints against the live slices, desired slices with
+/// perfect packing (a placeholder counts one).
+#[test]
+fn the_summary_counts_what_a_sync_adds_removes_and_needs() {
+    let svc = service(
+        "web",
+        vec![
+            port("http", 80, named("web")),
+            port("https", 443, num(8443)),
+        ],
+        &["IPv4"],
+    );
+    let pods = many_pods(5, false);
+    let mut world = World::default();
+    // 5 on http, none on https: 2 slices of 3 for http, 1 placeholder.
+    let only_http = |svc: &Service, pods: &[Arc<Pod>], out: &[&str]| {
+        judge(svc, pods, |p, port, _| {
+            let n = p.metadata.name.as_deref().unwrap();
+            if port == "http" && !out.contains(&n) {
+                Decision::Include
+            } else {
+                Decision::Exclude
+            }
+        })
+    };
+    let first = world.plan(&svc, &only_http(&svc, &pods, &[]), 3);
+    assert_eq!(
+        (
+            first.summary.endpoints_added,
+            first.summary.endpoints_removed,
+            first.summary.desired_slices,
+            first.summary.slices
+        ),
+        (5, 0, 3, 3)
+    );
+    world.apply(&first);
+    // Steady: nothing added or removed.
+    let again = world.plan(&svc, &only_http(&svc, &pods, &[]), 3);
+    assert_eq!(
+        (
+            again.summary.endpoints_added,
+            again.summary.endpoints_removed
+        ),
+        (0, 0)
+    );
+    // Two leave http, one joins https: 1 added, 2 removed; http fits one
+    // slice now, https has a member instead of its placeholder.
+    let judged = judge(&svc, &pods, |p, port, _| {
+        let n = p.metadata.name.as_deref().unwrap();
+        let yes = match port {
+            "http" => !["p0000", "p0001"].contains(&n),
+            _ => n == "p0004",
+        };
+        if yes {
+            Decision::Include
+        } else {
+            Decision::Exclude
+        }
+    });
+    let change = world.plan(&svc, &judged, 3);
+    assert_eq!(
+        (
+            change.summary.endpoints_added,
+            change.summary.endpoints_removed,
+            change.summary.desired_slices
+        ),
+        (1, 2, 2)
+    );
+    world.apply(&change);
+    // A port removed from the Service: its endpoints count as removed.
+    let http_only = service("web", vec![port("http", 80, named("web"))], &["IPv4"]);
+    let judged = only_http(&http_only, &pods, &["p0000", "p0001"]);
+    let dropped = world.plan(&http_only, &judged, 3);
+    assert_eq!(
+        (
+            dropped.summary.endpoints_added,
+            dropped.summary.endpoints_removed,
+            dropped.summary.desired_slices
+        ),
+        (0, 1, 1)
+    );
+}

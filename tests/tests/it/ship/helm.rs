@@ -1395,3 +1395,106 @@ fn base64(bytes: &[u8]) -> String {
     use base64::Engine as _;
     base64::engine::general_purpose::STANDARD.encode(bytes)
 }
+
+/// The monitoring values: the ServiceMonitor scrapes the metrics Service's
+/// port with the Service's own labels kept, the PrometheusRule is
+/// files/rules.yaml exactly (what promtool tests, ship::alerts), the
+/// dashboard ConfigMap is files/dashboard.json exactly, all off by default,
+/// and a ServiceMonitor without the Service it scrapes is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn helm_chart_renders_its_monitoring() -> Result<()> {
+    if portwise_tests::deferred::skip(&["helm"], "ship::helm::helm_chart_renders_its_monitoring") {
+        return Ok(());
+    }
+    tokio::task::spawn_blocking(|| -> Result<()> {
+        let defaults = rendered(&[])?;
+        for kind in ["ServiceMonitor/", "PrometheusRule/", "ConfigMap/portwise-system/portwise-dashboard"] {
+            ensure!(
+                !defaults.keys().any(|k| k.starts_with(kind)),
+                "{kind} rendered by default"
+            );
+        }
+        let on = rendered(&[
+            "--set",
+            "metrics.serviceMonitor.enabled=true",
+            "--set",
+            "metrics.serviceMonitor.labels.release=prom",
+            "--set",
+            "metrics.serviceMonitor.interval=15s",
+            "--set",
+            "metrics.prometheusRule.enabled=true",
+            "--set",
+            "metrics.grafanaDashboard.enabled=true",
+            "--set",
+            "metrics.grafanaDashboard.namespace=monitoring",
+        ])?;
+        let sm = object(&on, "ServiceMonitor/portwise-system/portwise")?;
+        expect_eq(&sm["apiVersion"], &json!("monitoring.coreos.com/v1"))?;
+        expect_eq(&sm["metadata"]["labels"]["release"], &json!("prom"))?;
+        let svc = object(&on, "Service/portwise-system/portwise-metrics")?;
+        // Every label the ServiceMonitor selects by is on the metrics Service.
+        let selected = sm["spec"]["selector"]["matchLabels"]
+            .as_object()
+            .context("ServiceMonitor without matchLabels")?;
+        ensure!(!selected.is_empty(), "ServiceMonitor selects everything");
+        for (k, v) in selected {
+            expect_eq(&svc["metadata"]["labels"][k], v)?;
+        }
+        expect_eq(
+            &sm["spec"]["namespaceSelector"]["matchNames"],
+            &json!([NAMESPACE]),
+        )?;
+        expect_eq(
+            &sm["spec"]["endpoints"],
+            &json!([{"port": "metrics", "path": "/metrics", "interval": "15s", "honorLabels": true}]),
+        )?;
+        expect_eq(&svc["spec"]["ports"][0]["name"], &json!("metrics"))?;
+
+        let rule = object(&on, "PrometheusRule/portwise-system/portwise")?;
+        let file = std::fs::read_to_string(repo().join("deploy/helm/files/rules.yaml"))?;
+        let rules = parse_docs(&file)?
+            .into_iter()
+            .next()
+            .context("files/rules.yaml is empty")?;
+        expect_eq(&rule["spec"], &rules)?;
+        let alerts = rules["groups"][0]["rules"]
+            .as_array()
+            .map(Vec::len)
+            .unwrap_or_default();
+        expect_eq(alerts, 7)?;
+
+        let dash = object(&on, "ConfigMap/monitoring/portwise-dashboard")?;
+        expect_eq(&dash["metadata"]["labels"]["grafana_dashboard"], &json!("1"))?;
+        let shipped: Value = serde_json::from_str(
+            dash["data"]["portwise.json"]
+                .as_str()
+                .context("no portwise.json in the dashboard ConfigMap")?,
+        )?;
+        let file: Value = serde_json::from_str(&std::fs::read_to_string(
+            repo().join("deploy/helm/files/dashboard.json"),
+        )?)?;
+        expect_eq(&shipped, &file)?;
+
+        template_refused(
+            &[
+                "--set",
+                "metrics.serviceMonitor.enabled=true",
+                "--set",
+                "metrics.service.enabled=false",
+            ],
+            "metrics.serviceMonitor.enabled needs metrics.service.enabled",
+        )?;
+        // The schema refuses what the Prometheus Operator would not take.
+        template_refused(
+            &[
+                "--set",
+                "metrics.serviceMonitor.enabled=true",
+                "--set",
+                "metrics.serviceMonitor.interval=often",
+            ],
+            "interval",
+        )?;
+        Ok(())
+    })
+    .await?
+}

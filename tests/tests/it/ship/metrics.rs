@@ -177,6 +177,45 @@ async fn metrics_agree_with_the_live_slices() -> Result<()> {
         Slices::Exactly(8.0),
     )
     .await?;
+    // The native controller's figures, under its names: 14 endpoints in 8
+    // slices, 8 with perfect packing (2 per slice: 4 → 2, 3 → 2, per
+    // family), all 14 added by the syncs so far, in 8 creates.
+    wait_for(SETTLE, || async {
+        let m = pw.scrape().await?;
+        let value = |name: &str, labels: &[(&str, &str)]| m.value(name, labels);
+        expect_eq(
+            (
+                value("portwise_endpoints_desired", &[])?,
+                value("portwise_num_endpoint_slices", &[])?,
+                value("portwise_desired_endpoint_slices", &[])?,
+                value("portwise_endpoints_added_per_sync_sum", &[])?,
+                value("portwise_endpoints_removed_per_sync_sum", &[])?,
+                value("portwise_changes_total", &[("operation", "create")])?,
+                value("portwise_changes_total", &[("operation", "delete")])?,
+            ),
+            (
+                Some(14.0),
+                Some(8.0),
+                Some(8.0),
+                Some(14.0),
+                Some(0.0),
+                Some(8.0),
+                Some(0.0),
+            ),
+        )?;
+        let syncs = value("portwise_syncs_total", &[("result", "success")])?.unwrap_or(0.0);
+        ensure!(syncs >= 1.0, "no successful sync counted: {syncs}");
+        // The tests share the workspace's version with the binary.
+        expect_eq(
+            value(
+                "portwise_build_info",
+                &[("version", env!("CARGO_PKG_VERSION"))],
+            )?,
+            Some(1.0),
+        )?;
+        Ok(())
+    })
+    .await?;
 
     // p3 serves http too, p1 turns unready (leaves both
     // ports), p4 goes away.
@@ -284,6 +323,14 @@ async fn metrics_agree_with_the_live_slices() -> Result<()> {
             left.is_empty(),
             "series left for a deleted Service: {left:?}"
         );
+        // ... and its share of the totals.
+        expect_eq(
+            (
+                m.value("portwise_endpoints_desired", &[])?,
+                m.value("portwise_num_endpoint_slices", &[])?,
+            ),
+            (Some(0.0), Some(0.0)),
+        )?;
         Ok(())
     })
     .await?;
@@ -311,6 +358,46 @@ async fn metrics_agree_with_the_live_slices() -> Result<()> {
         undocumented.is_empty(),
         "served but not in docs/operations.md's metrics table: {undocumented:?}"
     );
+
+    // Every metric the alerts (deploy/helm/files/rules.yaml) and the
+    // dashboard (files/dashboard.json) read is served: a renamed metric
+    // would leave an alert that can never fire.
+    let families: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    for file in ["rules.yaml", "dashboard.json"] {
+        let body =
+            std::fs::read_to_string(super::support::repo().join("deploy/helm/files").join(file))?;
+        let mut named: Vec<&str> = body
+            .match_indices("portwise_")
+            .map(|(at, _)| {
+                let rest = &body[at..];
+                let end = rest
+                    .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                    .unwrap_or(rest.len());
+                &rest[..end]
+            })
+            .collect();
+        named.sort_unstable();
+        named.dedup();
+        ensure!(named.len() >= 5, "{file} names only {named:?}");
+        let unknown: Vec<&&str> = named
+            .iter()
+            .filter(|name| {
+                let stem = ["_total", "_bucket", "_sum", "_count"]
+                    .iter()
+                    .find_map(|suffix| name.strip_suffix(suffix))
+                    .unwrap_or(name);
+                !families.contains(name) && !families.contains(&stem)
+            })
+            .collect();
+        ensure!(
+            unknown.is_empty(),
+            "{file} reads metrics portwise does not serve: {unknown:?} (served: {families:?})"
+        );
+    }
     pw.check_running()?;
     pw.stop().await?;
     Ok(())

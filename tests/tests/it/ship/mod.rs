@@ -7,6 +7,7 @@
 //! Lease `portwise-system/portwise`) are applied idempotently and only the
 //! ServiceAccount test uses that Lease.
 
+mod alerts;
 mod ha;
 mod helm;
 mod image;
