@@ -15,6 +15,14 @@ fn sample(text: &str, series: &str) -> Option<f64> {
     })
 }
 
+/// `(port, family, endpoints)` rows as `Metrics::set_service` takes them.
+fn figures(pairs: &[(&str, &str, usize)]) -> BTreeMap<(String, String), usize> {
+    pairs
+        .iter()
+        .map(|(p, f, n)| ((p.to_string(), f.to_string()), *n))
+        .collect()
+}
+
 #[test]
 fn every_family_is_declared_with_its_final_name() {
     let text = Metrics::new().encode();
@@ -110,12 +118,6 @@ fn published_endpoints_and_slices_are_gauges_per_service_port_family() {
 #[test]
 fn set_service_replaces_ports_and_forget_service_drops_everything() {
     let m = Metrics::new();
-    let figures = |pairs: &[(&str, &str, usize)]| -> BTreeMap<(String, String), usize> {
-        pairs
-            .iter()
-            .map(|(p, f, n)| ((p.to_string(), f.to_string()), *n))
-            .collect()
-    };
     m.set_service(
         "shop",
         "web",
@@ -343,12 +345,6 @@ fn label_values_are_escaped() {
 #[test]
 fn native_figures_total_over_services_and_count_by_outcome() {
     let m = Metrics::new();
-    let figures = |pairs: &[(&str, &str, usize)]| -> BTreeMap<(String, String), usize> {
-        pairs
-            .iter()
-            .map(|(p, f, n)| ((p.to_string(), f.to_string()), *n))
-            .collect()
-    };
     m.set_service(
         "shop",
         "web",
