@@ -348,6 +348,10 @@ pub struct AuditEvent {
     pub name: String,
     pub code: Option<i64>,
     pub stage: String,
+    /// When the apiserver received the request (`requestReceivedTimestamp`):
+    /// a request sent just before a process froze lands after the freeze,
+    /// and this tells it from one sent after the process resumed.
+    pub received: Option<k8s_openapi::jiff::Timestamp>,
 }
 
 impl AuditEvent {
@@ -403,6 +407,9 @@ impl Audit {
                 name: s(&ev["objectRef"]["name"]),
                 code: ev["responseStatus"]["code"].as_i64(),
                 stage: s(&ev["stage"]),
+                received: ev["requestReceivedTimestamp"]
+                    .as_str()
+                    .and_then(|t| t.parse().ok()),
             };
             let id = s(&ev["auditID"]);
             match e.stage.as_str() {

@@ -9,10 +9,10 @@
 //
 //	config: {label: app.example.com/serve, path: /healthz, timeoutMs: 1000}
 //
-// It is a main package of the Go module in guests/go (module
-// portwise/guests/go), and uses its helper package portwise, which wraps the
-// bindings that guests/go/build generates and ends the pod and Service
-// borrows before Check returns. See README.md.
+// It is a module of its own (go.mod), on the helper package portwise of
+// portwise's guests/go module, which wraps the committed bindings and ends
+// the pod and Service borrows before Check returns. ./build makes the
+// component. See README.md.
 package main
 
 import (

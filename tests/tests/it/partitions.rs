@@ -17,7 +17,7 @@ use std::{
 };
 
 use anyhow::{Context, Result, ensure};
-use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::{api::coordination::v1::Lease, jiff::Timestamp};
 use kube::Api;
 use portwise_tests::{
     faults::*,
@@ -86,6 +86,18 @@ impl Replica {
             .filter(AuditEvent::is_write)
             .partition(|e| e.resource != "leases"))
     }
+}
+
+/// When the Lease's current holder acquired it (its `acquireTime`).
+async fn lease_acquired(ns: &TestNs) -> Result<Timestamp> {
+    let leases: Api<Lease> = Api::namespaced(ns.client(), "portwise-system");
+    leases
+        .get("portwise")
+        .await?
+        .spec
+        .and_then(|s| s.acquire_time)
+        .map(|t| t.0)
+        .context("the Lease has no acquireTime")
 }
 
 async fn holder(ns: &TestNs) -> Result<Option<String>> {
@@ -359,6 +371,10 @@ async fn a_frozen_leader_writes_nothing_after_it_resumes() -> Result<()> {
         listeners.remove(0).stop();
         until_leads(&ns, &b, LEASE + SLACK * 2).await?;
         let took_over = frozen.elapsed();
+        // From here on a holds nothing. A request a sent just before the
+        // freeze may land after it, while a still held the Lease: that one
+        // is a leader's write, not a resumed one's.
+        let b_acquired = lease_acquired(&ns).await?;
         wait_for(SETTLE, || async {
             expect_eq(http_members(&ns).await?, names(&["p0", "p1", "p2"]))
         })
@@ -377,10 +393,19 @@ async fn a_frozen_leader_writes_nothing_after_it_resumes() -> Result<()> {
         tokio::time::sleep(Duration::from_secs(8)).await;
 
         let (a_writes, a_lease_writes) = a.writes(&audit)?;
+        let after_b = |e: &AuditEvent| e.received.is_none_or(|t| t >= b_acquired);
+        let in_flight = a_writes
+            .iter()
+            .chain(&a_lease_writes)
+            .filter(|e| !after_b(e))
+            .count();
+        let a_writes: Vec<_> = a_writes.into_iter().filter(after_b).collect();
+        let a_lease_writes: Vec<_> = a_lease_writes.into_iter().filter(after_b).collect();
         let log = a.proc.current_logs();
         println!(
-            "frozen at 0: b led after {took_over:?}; a resumed after {thawed:?}; since the \
-             freeze the audit log has {} writes by a ({} to its Lease, codes {:?})",
+            "frozen at 0: b led after {took_over:?}; a resumed after {thawed:?}; {in_flight} \
+             writes of a sent before the freeze landed while it still held the Lease; after b \
+             acquired it the audit log has {} writes by a ({} to its Lease, codes {:?})",
             a_writes.len() + a_lease_writes.len(),
             a_lease_writes.len(),
             a_lease_writes.iter().map(|e| e.code).collect::<Vec<_>>()

@@ -395,7 +395,76 @@ fn the_rust_template_builds_outside_the_repository() {
         String::from_utf8_lossy(&out.stderr)
     );
     let built = target.join("wasm32-wasip2/release/my_checker.wasm");
-    let t = Template::of("rust", built);
+    replays_the_recordings(&Template::of("rust", built));
+}
+
+/// The Go template outside this repository: the template and portwise's
+/// `guests/go` module (the helper package, its committed bindings and WIT)
+/// copied side by side, the template's `replace` lines pointed at the copy,
+/// and built by the template's own `build` with Go, wasm-tools and the
+/// adapter alone (no binding generator). The component gives the committed
+/// recordings' verdicts.
+#[test]
+fn the_go_template_builds_outside_the_repository() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let tools = std::env::var_os("PORTWISE_TOOLS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".cache/portwise/tools")
+        });
+    let wasm_tools = tools.join("bin/wasm-tools");
+    let adapter = std::fs::read_dir(tools.join("adapter"))
+        .ok()
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.extension().is_some_and(|x| x == "wasm"))
+        .unwrap_or_else(|| {
+            panic!(
+                "no preview1 adapter under {}: run guests/build go first",
+                tools.display()
+            )
+        });
+    assert!(
+        wasm_tools.exists(),
+        "{} is missing: run guests/build go first",
+        wasm_tools.display()
+    );
+    let outside = tempfile::Builder::new()
+        .prefix("my-go-checker-")
+        .tempdir()
+        .unwrap();
+    copy_tree(&repo.join("guests/go"), &outside.path().join("portwise-go"));
+    let checker = outside.path().join("my-checker");
+    copy_tree(&repo.join("guests/templates/go"), &checker);
+    let go_mod = checker.join("go.mod");
+    let text = std::fs::read_to_string(&go_mod).unwrap();
+    let pointed = text.replace("=> ../../go", "=> ../portwise-go");
+    assert_eq!(
+        pointed.matches("=> ../portwise-go").count(),
+        2,
+        "the template's go.mod no longer has its two replace lines:\n{text}"
+    );
+    std::fs::write(&go_mod, pointed).unwrap();
+    let built = outside.path().join("my-checker.wasm");
+    let out = Command::new(checker.join("build"))
+        .arg(&built)
+        .current_dir(outside.path())
+        .env("WASM_TOOLS", &wasm_tools)
+        .env("ADAPTER", &adapter)
+        .output()
+        .expect("run the template's build");
+    assert!(
+        out.status.success(),
+        "the copied Go template does not build outside the repository:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    replays_the_recordings(&Template::of("go", built));
+}
+
+/// A component built from a copied template gives the committed
+/// recordings' verdicts.
+fn replays_the_recordings(t: &Template) {
     let pod = t.file("pod.yaml");
     for (name, want) in [("http", &HTTP), ("tcp", &TCP)] {
         let run = t.replay(name, &pod, &t.file(&format!("probes-{name}.json")));

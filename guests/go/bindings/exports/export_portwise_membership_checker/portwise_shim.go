@@ -1,5 +1,6 @@
-// Code copied by guests/go/build into the generated export package
-// (bindings/exports/export_portwise_membership_checker). The generated
+// Hand-written, inside the generated export package
+// (bindings/exports/export_portwise_membership_checker, which wit-bindgen go
+// leaves to us; guests/go/build keeps this file when it regenerates). The generated
 // wasmexport entry points call ValidateConfig and Check in this package; they
 // forward to the checker registered with portwise.Register, so that checker
 // code lives in an ordinary package of its own.
