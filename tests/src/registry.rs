@@ -58,6 +58,8 @@ pub struct Registry {
     addr: SocketAddr,
     bin: PathBuf,
     child: Option<Child>,
+    /// USER's password today ([`Registry::rotate_password`]).
+    password: String,
 }
 
 impl Registry {
@@ -91,6 +93,7 @@ impl Registry {
             addr,
             bin,
             child: None,
+            password: PASSWORD.to_string(),
         };
         reg.start_again().await?;
         Ok(reg)
@@ -136,6 +139,22 @@ impl Registry {
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+
+    /// Gives USER a new password, as an operator rotates a credential: a
+    /// new htpasswd, and the registry restarted on it (so that the old
+    /// password is refused from now on, whether or not the registry would
+    /// notice the file change). Pushes use the new password.
+    pub async fn rotate_password(&mut self, password: &str) -> Result<()> {
+        let hash = bcrypt::hash(password, 5)?;
+        std::fs::write(self.dir.path().join("htpasswd"), format!("{USER}:{hash}\n"))?;
+        self.password = password.to_string();
+        self.stop().await?;
+        self.start_again().await
+    }
+
+    fn basic(&self) -> RegistryAuth {
+        RegistryAuth::Basic(USER.into(), self.password.clone())
     }
 
     /// Stops the registry (its storage stays).
@@ -259,7 +278,7 @@ impl Registry {
         const EMPTY: &str = "application/vnd.oci.empty.v1+json";
         let client = self.client()?;
         let subject: Reference = format!("{}/{repo}@sha256:{subject_hex}", self.host()).parse()?;
-        let auth = RegistryAuth::Basic(USER.into(), PASSWORD.into());
+        let auth = self.basic();
         client
             .auth(&subject, &auth, RegistryOperation::Push)
             .await
@@ -327,7 +346,7 @@ impl Registry {
         const EMPTY: &str = "application/vnd.oci.empty.v1+json";
         let client = self.client()?;
         let at: Reference = format!("{}/{repo}:{tag}", self.host()).parse()?;
-        let auth = RegistryAuth::Basic(USER.into(), PASSWORD.into());
+        let auth = self.basic();
         client
             .auth(&at, &auth, oci_client::RegistryOperation::Push)
             .await
@@ -359,7 +378,7 @@ impl Registry {
     ) -> Result<String> {
         let client = self.client()?;
         let reference: Reference = format!("{}/{repo}:{tag}", self.host()).parse()?;
-        let auth = RegistryAuth::Basic(USER.into(), PASSWORD.into());
+        let auth = self.basic();
         client
             .push(&reference, &layers, config, &auth, None)
             .await

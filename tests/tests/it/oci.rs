@@ -7,6 +7,8 @@
 //! the forms it stores signatures in) serve, unsigned or wrongly signed ones
 //! are refused while the running portwise keeps serving its own, and the
 //! cache is verified again, offline, against the keys of each start.
+//! Credentials rotated under a running portwise (the registry's password,
+//! then its Secret volume) reach the next pull of its restarted container.
 
 use std::{collections::BTreeSet, path::Path, time::Duration};
 
@@ -28,6 +30,33 @@ fn python_guest() -> Result<Vec<u8>> {
 
 fn sha256(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
+}
+
+/// `wasm` pushed as `repo:tag` under a config blob of its own (`variant`):
+/// the same component under another manifest digest.
+async fn push_variant(
+    reg: &Registry,
+    repo: &str,
+    tag: &str,
+    wasm: &[u8],
+    variant: &str,
+) -> Result<String> {
+    reg.push_layers(
+        repo,
+        tag,
+        vec![ImageLayer::new(
+            wasm.to_vec(),
+            registry::WASM_LAYER_MEDIA_TYPE.to_string(),
+            None,
+        )],
+        Config::new(
+            format!(r#"{{"architecture":"wasm","os":"wasip2","variant":"{variant}"}}"#)
+                .into_bytes(),
+            registry::WASM_CONFIG_MEDIA_TYPE.to_string(),
+            None,
+        ),
+    )
+    .await
 }
 
 /// The config: port `http` decided by the guest at `module`, `admin` by
@@ -431,22 +460,14 @@ async fn signed_modules_serve_and_unsigned_or_wrongly_signed_ones_are_refused() 
     // The same component under another manifest (its config differs): a
     // signature is of a manifest digest, whatever repository holds it, and
     // the pull cache is keyed by that digest.
-    let legacy = reg
-        .push_layers(
-            "guests/ready-role-legacy",
-            "v1",
-            vec![ImageLayer::new(
-                ready_role.clone(),
-                registry::WASM_LAYER_MEDIA_TYPE.to_string(),
-                None,
-            )],
-            Config::new(
-                br#"{"architecture":"wasm","os":"wasip2","variant":"legacy-signed"}"#.to_vec(),
-                registry::WASM_CONFIG_MEDIA_TYPE.to_string(),
-                None,
-            ),
-        )
-        .await?;
+    let legacy = push_variant(
+        &reg,
+        "guests/ready-role-legacy",
+        "v1",
+        &ready_role,
+        "legacy-signed",
+    )
+    .await?;
     ensure!(legacy != digest);
     cosign.sign(
         &reg,
@@ -783,17 +804,11 @@ async fn junk_beside_a_real_signature_does_not_block_the_module() -> Result<()> 
     cosign.sign(&reg, repo, &digest, &release, Form::Bundle)?;
     let module = reg.module(repo, &digest);
     let config = |key: &Path| {
-        config_with(
-            &format!(
-                "{{perPort: {{ports: {{http: {{wasm: {{module: '{module}', \
-                 config: {{roles: [primary], path: /ready}}}}}}}}, fallback: podReady}}}}"
-            ),
-            &format!(
-                "registryAuth: {}\nregistryCA: {}\nmoduleSignatures: {{keys: [{}]}}\n",
-                auth.display(),
-                reg.ca_file().display(),
-                key.display()
-            ),
+        role_config(
+            &reg,
+            &module,
+            &auth,
+            &format!("moduleSignatures: {{keys: [{}]}}\n", key.display()),
         )
     };
 
@@ -829,6 +844,152 @@ async fn junk_beside_a_real_signature_does_not_block_the_module() -> Result<()> 
     ensure!(
         served == 0,
         "the 2 MiB junk layer was downloaded ({served} bytes)"
+    );
+    pw.check_running()?;
+    Ok(())
+}
+
+/// Writes a Secret volume holding `config.json` into `dir` the way the
+/// kubelet does (its AtomicWriter): the content in a fresh directory,
+/// `..data` switched to it by one atomic rename, and `config.json` a symlink
+/// through `..data`. A reader sees the old file or the new one, never a mix.
+/// `write` fills the new directory's `config.json`. Returns the path a
+/// config names (`DIR/config.json`).
+fn write_secret_volume(
+    dir: &Path,
+    generation: u32,
+    write: impl FnOnce(&Path) -> Result<()>,
+) -> Result<std::path::PathBuf> {
+    use std::os::unix::fs::symlink;
+    std::fs::create_dir_all(dir)?;
+    let data = format!("..2026_12_03_00_00_{generation:02}.000000001");
+    std::fs::create_dir(dir.join(&data))?;
+    write(&dir.join(&data).join("config.json"))?;
+    let tmp = dir.join("..data_tmp");
+    let _ = std::fs::remove_file(&tmp);
+    symlink(&data, &tmp)?;
+    std::fs::rename(&tmp, dir.join("..data"))?;
+    let file = dir.join("config.json");
+    if std::fs::symlink_metadata(&file).is_err() {
+        symlink("..data/config.json", &file)?;
+    }
+    Ok(file)
+}
+
+/// Port `http` decided by ready-role from `module` (role `primary`), with
+/// `auth` as the credentials and `extra` config keys.
+fn role_config(reg: &Registry, module: &str, auth: &Path, extra: &str) -> String {
+    config_with(
+        &format!(
+            "{{perPort: {{ports: {{http: {{wasm: {{module: '{module}', \
+             config: {{roles: [primary], path: /ready}}}}}}}}, fallback: podReady}}}}"
+        ),
+        &format!(
+            "registryAuth: {}\nregistryCA: {}\n{extra}",
+            auth.display(),
+            reg.ca_file().display()
+        ),
+    )
+}
+
+/// Registry credentials rotate under a running portwise. The Docker config
+/// is a Secret volume, updated the way the kubelet updates one (an atomic
+/// `..data` swap). The registry's password changes: the running portwise
+/// keeps serving what it pulled (it needs the registry only to pull), and a
+/// pull with the old Secret is refused, naming the user. Then the Secret is
+/// rotated in place, and the next pull of a new digest, by the same
+/// container restarted on the same mount (no new Pod), succeeds: the file is
+/// read at every pull, and nothing caches the credentials.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rotated_registry_credentials_reach_the_next_pull_without_a_new_pod() -> Result<()> {
+    if portwise_tests::deferred::skip(
+        &["registry"],
+        "oci::rotated_registry_credentials_reach_the_next_pull_without_a_new_pod",
+    ) {
+        return Ok(());
+    }
+    const ROTATED: &str = "rotated-s3cret-for-tests";
+    let Setup {
+        ns, mut reg, work, ..
+    } = setup("oci-rotate").await?;
+    let secret = work.path().join("registry-secret");
+    let auth = write_secret_volume(&secret, 1, |p| {
+        reg.write_auth(p, registry::USER, registry::PASSWORD)
+    })?;
+    let ready_role = std::fs::read(guests_dir().join("ready-role.wasm"))?;
+    let v1 = reg.push("guests/ready-role", "v1", &ready_role).await?;
+    let cache = work.path().join("cache");
+
+    let ips: Vec<_> = (0..2).map(|_| next_ips()).collect();
+    let listeners = [
+        HttpListener::start(ips[0].v4, 8080).await?,
+        HttpListener::start(ips[1].v4, 8080).await?,
+    ];
+    listeners[0].set_body("{\"role\": \"primary\"}");
+    listeners[1].set_body("{\"role\": \"replica\"}");
+    let mut pw = Scenario::new(&ns)
+        .service(service("web").annotation(GROUP_KEY, "g").port("http", 8080))
+        .pods(
+            ["a", "b"]
+                .iter()
+                .zip(&ips)
+                .map(|(name, ip)| pod(name).annotation(GROUP_KEY, "g").ips(ip.v4())),
+        )
+        .config(&role_config(
+            &reg,
+            &reg.module("guests/ready-role", &v1),
+            &auth,
+            "",
+        ))
+        .with_portwise(|l| {
+            l.binary()
+                .args(&["--cache-dir", &cache.display().to_string()])
+        })
+        .start()
+        .await?;
+    wait_for(Duration::from_secs(90), || async {
+        expect_eq(members(&ns, "web", "http").await?, set(&["a"]))
+    })
+    .await?;
+
+    // The registry's password rotates; a new digest is published under it.
+    reg.rotate_password(ROTATED).await?;
+    let v2 = push_variant(&reg, "guests/ready-role", "v2", &ready_role, "v2").await?;
+    ensure!(v2 != v1);
+    let v2_config = role_config(&reg, &reg.module("guests/ready-role", &v2), &auth, "");
+    // The Secret still holds the old password: a pull is refused, by name.
+    let out = run_refused(&ns, &v2_config, &work.path().join("c-old")).await?;
+    ensure!(
+        out.contains(registry::USER) && out.contains("refused") && out.contains(&v2),
+        "the pull with the old Secret was not refused clearly:\n{out}"
+    );
+    // The running portwise needs no registry to go on deciding.
+    listeners[1].set_body("{\"role\": \"primary\"}");
+    wait_for(Duration::from_secs(60), || async {
+        expect_eq(members(&ns, "web", "http").await?, set(&["a", "b"]))
+    })
+    .await?;
+    pw.check_running()?;
+
+    // The Secret rotates in place; the same container, restarted on the
+    // same mount with the new digest, pulls it.
+    let rotated = write_secret_volume(&secret, 2, |p| reg.write_auth(p, registry::USER, ROTATED))?;
+    ensure!(rotated == auth);
+    listeners[0].set_body("{\"role\": \"replica\"}");
+    pw.restart_with(&v2_config).await?;
+    wait_for(Duration::from_secs(90), || async {
+        expect_eq(members(&ns, "web", "http").await?, set(&["b"]))
+    })
+    .await?;
+    let logs = pw.current_logs();
+    ensure!(
+        logs.contains("pulled module serving") && logs.contains(&v2),
+        "the restart did not pull the new digest:\n{logs}"
+    );
+    ensure!(
+        reg.logs()
+            .contains(&format!("/v2/guests/ready-role/manifests/sha256:{v2}")),
+        "the registry never served the new digest's manifest"
     );
     pw.check_running()?;
     Ok(())
