@@ -22,11 +22,13 @@
 //! - Deletes carry the uid our view holds as a precondition, so a
 //!   re-created object is never deleted by mistake; no GET is needed.
 //!
-//! Failures are contained per slice set. The planner moves endpoints only
-//! between slices of one (Service port, address family), and that is also
-//! what consumers merge, so a failed apply holds back the remaining applies
-//! and deletes of its own (port, family): writing them could drop endpoints
-//! whose new slice was just refused. Writes of other (port, family) pairs go
+//! Failures are contained per slice set. The planner moves endpoints
+//! between slices of one (Service port, address family), which is what
+//! consumers merge, or, for ports that share a target port, between a
+//! port's slices and the slices those ports share; so a failed apply holds
+//! back the remaining applies and deletes of its own (port, family), and a
+//! failed shared slice (several ports) holds back all of them: writing them
+//! could drop endpoints whose new slice was just refused. Writes of other (port, family) pairs go
 //! ahead, so one refused slice (a 422, say) leaves only its own set stale.
 //! The planner puts the slices that gain endpoints first, so the writes made
 //! before a refusal never drop an endpoint either.
@@ -244,6 +246,11 @@ impl Seen {
 pub struct Writes {
     applies: Vec<(EndpointSlice, Option<Seen>)>,
     deletes: Vec<(String, Option<Seen>)>,
+    /// Applied again after the deletes, each onto what its apply wrote
+    /// (the planner's `finishes`: a move between slices ends with the
+    /// slice that took the endpoint in, for Cilium, see
+    /// `portwise_core::plan::MOVING_IN_ANNOTATION`).
+    finishes: Vec<EndpointSlice>,
 }
 
 impl Writes {
@@ -263,7 +270,14 @@ impl Writes {
                 .iter()
                 .map(|n| (n.clone(), view(n).map(|v| Seen::of(&v))))
                 .collect(),
+            finishes: Vec::new(),
         }
+    }
+
+    /// With the writes that finish the plan's moves, made last.
+    pub fn finishing(mut self, finishes: &[EndpointSlice]) -> Self {
+        self.finishes = finishes.to_vec();
+        self
     }
 }
 
@@ -374,6 +388,8 @@ async fn write(
     let mut held = Held::default();
     let mut failed = Vec::new();
     let mut held_back = Vec::new();
+    // What each successful apply wrote onto: the uid of the object.
+    let mut written_uids: HashMap<String, Option<String>> = HashMap::new();
     for (slice, seen) in &writes.applies {
         let name = slice.name_any();
         let set = set_of(slice);
@@ -399,6 +415,7 @@ async fn write(
                 debug!(namespace = ns, slice = %name, "applied EndpointSlice");
                 echoes.applied(&written);
                 drop(flight);
+                written_uids.insert(name.clone(), written.uid());
                 recent.remember(ns, &name, written);
             }
             Err(source) => {
@@ -441,6 +458,33 @@ async fn write(
         echoes.deleted(ns, name, seen.uid.clone());
         drop(flight);
         recent.remember_delete(ns, name, seen.uid.clone());
+    }
+    for slice in &writes.finishes {
+        let name = slice.name_any();
+        // Only onto the object its apply wrote; an apply that failed or
+        // was held back leaves nothing to finish.
+        let Some(uid) = written_uids.get(&name) else {
+            continue;
+        };
+        if held.holds(set_of(slice).as_ref()) {
+            held_back.push(name);
+            continue;
+        }
+        let mut slice = slice.clone();
+        slice.metadata.uid = uid.clone();
+        let flight = echoes.writing(ns, &name);
+        match api.apply(&slice, true).await {
+            Ok(written) => {
+                metrics.count_write(WriteKind::Apply);
+                metrics.count_slice_change(SliceChange::Update);
+                debug!(namespace = ns, slice = %name, "finished a move into EndpointSlice");
+                echoes.applied(&written);
+                drop(flight);
+                recent.remember(ns, &name, written);
+            }
+            // The next reconcile sees the annotation and writes it off.
+            Err(source) => failed.push(Error::Apply { name, source }),
+        }
     }
     Error::of(failed, held_back)
 }

@@ -222,7 +222,8 @@ async fn serve(ctx: &Context, svc: &Arc<Service>, mut serve: Serve) -> Result<bo
     if !ctx.is_leader() {
         return Ok(false);
     }
-    let writes = Writes::new(&plan.applies, &plan.deletes, |n| ctx.slice_by_name(&ns, n));
+    let writes = Writes::new(&plan.applies, &plan.deletes, |n| ctx.slice_by_name(&ns, n))
+        .finishing(&plan.finishes);
     let written = ctx.writer.execute(&ns, &writes, &ctx.metrics).await;
     // A change held back by a failed write stays new for the retry, so it
     // keeps its date.

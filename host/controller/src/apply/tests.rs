@@ -675,3 +675,73 @@ fn a_shown_write_missing_from_the_cache_is_gone() {
     assert!(recent.overlay_with(NS, "web-http", None, &echoes).is_none());
     assert!(recent.names(NS).is_empty());
 }
+
+// ---- moves between slices finish last (issue 26) ------------------------
+
+/// `web: 80→8080` {a, b} and `alt: 8080→8080` {b}: b sits in the shared
+/// slice; then b leaves alt, so it moves into web's slice.
+#[tokio::test]
+async fn a_move_is_finished_after_the_delete_of_the_slice_it_left() {
+    use portwise_core::{
+        membership::Decision,
+        plan::{MOVING_IN_ANNOTATION, testutil::judge},
+    };
+    let svc = service(
+        "colo",
+        vec![port("web", 80, num(8080)), port("alt", 8080, num(8080))],
+        &["IPv4"],
+    );
+    let pods = many_pods(2, false);
+    let members = |alt_has_b: bool| {
+        judge(&svc, &pods, move |p, port, _| {
+            let b = p.metadata.name.as_deref() == Some("p0001");
+            if port == "web" || (alt_has_b && b) {
+                Decision::Include
+            } else {
+                Decision::Exclude
+            }
+        })
+    };
+    let mut before = World::default();
+    before.apply(&before.plan(&svc, &members(true), 100));
+    assert!(before.slices.contains_key("colo-alt.web"));
+    let plan = before.plan(&svc, &members(false), 100);
+    assert_eq!(plan.finishes.len(), 1);
+
+    let fake = Fake::new(before.slices.values().map(|s| (**s).clone()));
+    let recent = Recent::default();
+    let writes = Writes::new(&plan.applies, &plan.deletes, fake.view()).finishing(&plan.finishes);
+    write_fresh(&fake, &recent, &writes).await.unwrap();
+    assert_eq!(
+        fake.calls(),
+        vec![
+            "apply colo-web",
+            // alt is left without endpoints: its placeholder
+            "apply colo-alt (no force)",
+            "delete colo-alt.web",
+            "apply colo-web"
+        ],
+        "the slice taking b in is written again after the one it left"
+    );
+    let web = fake.get_slice("colo-web").unwrap();
+    assert!(
+        web.annotations().get(MOVING_IN_ANNOTATION).is_none(),
+        "the finish removes the marker: {:?}",
+        web.annotations()
+    );
+    assert_eq!(web.endpoints.as_ref().map(Vec::len), Some(2));
+
+    // A refused first write leaves nothing to finish, and nothing is lost:
+    // the slice b left is held back too.
+    let fake = Fake::new(before.slices.values().map(|s| (**s).clone())).refusing(&["colo-web"]);
+    let writes = Writes::new(&plan.applies, &plan.deletes, fake.view()).finishing(&plan.finishes);
+    write_fresh(&fake, &Recent::default(), &writes)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        fake.calls(),
+        vec!["apply colo-web", "apply colo-alt (no force)"],
+        "the shared slice's delete is held back, and nothing is finished"
+    );
+    assert!(fake.get_slice("colo-alt.web").is_some());
+}

@@ -32,10 +32,16 @@ static PORTLESS: ServicePort = ServicePort {
     target_port: None,
 };
 
-/// A (Service port, family): one or more slice sets, one per target port.
+/// A (Service ports, family): one or more slice sets, one per target port.
+///
+/// Usually one Service port. Ports that resolve to the same target port
+/// number and protocol on a pod form shared groups instead: one per set of
+/// those ports that an endpoint backs together (see [`share_targets`]).
 pub(super) struct Group<'a> {
-    pub(super) sp: &'a ServicePort,
-    pub(super) name: String,
+    /// The Service ports its slices carry, in the Service's order.
+    pub(super) ports: Vec<&'a ServicePort>,
+    /// Their names, sorted: the group's identity.
+    pub(super) names: Vec<String>,
     pub(super) family: Family,
     /// Stem of the primary set and of the placeholder.
     pub(super) base: String,
@@ -43,11 +49,16 @@ pub(super) struct Group<'a> {
     pub(super) placeholder_target: Option<u16>,
     /// A port-less headless Service's group: its slices carry `ports: []`.
     pub(super) portless: bool,
+    /// Whether the group keeps a placeholder when it has no endpoints: a
+    /// Service port does when it publishes no endpoint in any group (so
+    /// that consumers see the port), a shared group never (it exists for
+    /// its endpoints).
+    pub(super) keeps_placeholder: bool,
 }
 
 impl Group<'_> {
     pub(super) fn key(&self) -> GroupKey {
-        (self.name.clone(), self.family)
+        (self.names.clone(), self.family)
     }
 }
 
@@ -89,12 +100,13 @@ pub(super) fn groups(svc: &Service) -> Vec<Group<'_>> {
     if align::is_portless_headless(svc) {
         for &family in &families {
             groups.push(Group {
-                sp: &PORTLESS,
-                name: String::new(),
+                ports: vec![&PORTLESS],
+                names: vec![String::new()],
                 family,
                 base: naming::portless_base_name(svc_name, family),
                 placeholder_target: Some(0),
                 portless: true,
+                keeps_placeholder: true,
             });
         }
     }
@@ -110,16 +122,115 @@ pub(super) fn groups(svc: &Service) -> Vec<Group<'_>> {
         }
         for &family in &families {
             groups.push(Group {
-                sp,
-                name: name.clone(),
+                ports: vec![sp],
+                names: vec![name.clone()],
                 family,
                 base: naming::base_name(svc_name, &name, sp.port, family),
                 placeholder_target: placeholder_target(sp),
                 portless: false,
+                keeps_placeholder: true,
             });
         }
     }
     groups
+}
+
+/// Desired endpoints per group, then per target port.
+pub(super) type Desired = HashMap<GroupKey, BTreeMap<u16, BTreeMap<EpKey, Endpoint>>>;
+
+/// Moves the endpoints that back several Service ports at one target port
+/// number and protocol out of those ports' groups, into a shared group per
+/// set of ports they back, and adds those groups to `groups`.
+///
+/// Why: a consumer may key a backend by its address and port alone.
+/// Cilium does (one backend per (Service, IP:port/protocol), holding the
+/// port names of the slice that last wrote it, and released when any slice
+/// drops it), so with a slice set per port, a pod behind `web: 80→8080`
+/// and `alt: 8080→8080` backed one of them only, whichever slice was
+/// written last. Within one slice the ports sharing a number are merged,
+/// so publishing such an endpoint once, in a slice that lists every port
+/// it backs, is read alike by every consumer. Ports with a target of their
+/// own keep a slice set each.
+pub(super) fn share_targets<'a>(svc: &Service, groups: &mut Vec<Group<'a>>, desired: &mut Desired) {
+    let svc_name = svc.metadata.name.as_deref().unwrap_or_default();
+    // (family, target, protocol) -> endpoint -> the ports (by group index)
+    // that publish it there.
+    let mut shared: BTreeMap<(Family, u16, &str), BTreeMap<EpKey, Vec<usize>>> = BTreeMap::new();
+    for (i, g) in groups.iter().enumerate() {
+        if g.portless || g.names.len() != 1 {
+            continue;
+        }
+        let proto = align::protocol(g.ports[0].protocol.as_deref());
+        for (target, eps) in desired.get(&g.key()).into_iter().flatten() {
+            let at = shared.entry((g.family, *target, proto)).or_default();
+            for k in eps.keys() {
+                at.entry(k.clone()).or_default().push(i);
+            }
+        }
+    }
+    let mut new_groups: BTreeMap<GroupKey, Vec<usize>> = BTreeMap::new();
+    for ((family, target, _), eps) in shared {
+        for (k, ports) in eps.into_iter().filter(|(_, p)| p.len() > 1) {
+            let mut names: Vec<String> =
+                ports.iter().map(|&i| groups[i].names[0].clone()).collect();
+            names.sort();
+            let mut ep = None;
+            for &i in &ports {
+                let key = groups[i].key();
+                let Some(sets) = desired.get_mut(&key) else {
+                    continue;
+                };
+                if let Some(set) = sets.get_mut(&target) {
+                    ep = set.remove(&k).or(ep);
+                    if set.is_empty() {
+                        sets.remove(&target);
+                    }
+                }
+            }
+            let Some(ep) = ep else { continue };
+            let key = (names, family);
+            new_groups.entry(key.clone()).or_insert(ports);
+            desired
+                .entry(key)
+                .or_default()
+                .entry(target)
+                .or_default()
+                .insert(k, ep);
+        }
+    }
+    for ((names, family), ports) in new_groups {
+        let mut ports: Vec<&ServicePort> = ports.iter().map(|&i| groups[i].ports[0]).collect();
+        // The Service's order, which `groups` follows.
+        let order = |sp: &&ServicePort| {
+            groups
+                .iter()
+                .position(|g| std::ptr::eq(g.ports[0], *sp))
+                .unwrap_or(usize::MAX)
+        };
+        ports.sort_by_key(order);
+        let base = naming::shared_base_name(svc_name, &names, family);
+        groups.push(Group {
+            ports,
+            names,
+            family,
+            base,
+            placeholder_target: None,
+            portless: false,
+            keeps_placeholder: false,
+        });
+    }
+    // A port keeps a placeholder only when no group publishes it.
+    let published: HashSet<(&str, Family)> = desired
+        .iter()
+        .filter(|(_, sets)| sets.values().any(|eps| !eps.is_empty()))
+        .flat_map(|((names, family), _)| names.iter().map(move |n| (n.as_str(), *family)))
+        .collect();
+    for g in groups
+        .iter_mut()
+        .filter(|g| g.names.len() == 1 && !g.portless)
+    {
+        g.keeps_placeholder = !published.contains(&(g.names[0].as_str(), g.family));
+    }
 }
 
 impl GroupPlan<'_> {
@@ -129,11 +240,12 @@ impl GroupPlan<'_> {
     /// target agrees (a `--p<target>` name keeps its target, so names stay
     /// truthful).
     pub(super) fn choose_placeholder(&mut self, used: &mut BTreeSet<String>, deleting: bool) {
-        if self
-            .sets
-            .iter()
-            .flat_map(|s| &s.chunks)
-            .any(|c| !c.keys.is_empty())
+        if !self.group.keeps_placeholder
+            || self
+                .sets
+                .iter()
+                .flat_map(|s| &s.chunks)
+                .any(|c| !c.keys.is_empty())
         {
             return;
         }

@@ -6,7 +6,7 @@ use std::net::IpAddr;
 use k8s_openapi::{
     api::{
         core::v1::Service,
-        discovery::v1::{Endpoint, EndpointSlice},
+        discovery::v1::{Endpoint, EndpointPort, EndpointSlice},
     },
     apimachinery::pkg::apis::meta::v1::ObjectMeta,
 };
@@ -55,15 +55,32 @@ pub(super) fn slice_family(slice: &EndpointSlice) -> Option<Family> {
     }
 }
 
-/// (Service port name, family) of a live slice, when it has the one-port
-/// shape portwise writes.
+/// (Service port names, family) of a live slice, when it has a shape
+/// portwise writes: one port, or several that share a number and protocol
+/// (a shared target port, see [`super`]), or none (a port-less Service).
 pub(super) fn slice_group(slice: &EndpointSlice) -> Option<GroupKey> {
     let family = slice_family(slice)?;
     match slice.ports.as_deref() {
-        Some([p]) => Some((p.name.clone().unwrap_or_default(), family)),
+        Some([p]) => Some((vec![p.name.clone().unwrap_or_default()], family)),
         // A port-less Service's slice (the apiserver may drop the empty list).
-        None | Some([]) => Some((String::new(), family)),
-        _ => None,
+        None | Some([]) => Some((vec![String::new()], family)),
+        Some(ports @ [first, ..]) => {
+            let same = |p: &&EndpointPort| {
+                p.port == first.port
+                    && p.protocol.as_deref().unwrap_or("TCP")
+                        == first.protocol.as_deref().unwrap_or("TCP")
+            };
+            if !ports.iter().all(|p| same(&p)) {
+                return None;
+            }
+            let mut names: Vec<String> = ports
+                .iter()
+                .map(|p| p.name.clone().unwrap_or_default())
+                .collect();
+            names.sort();
+            names.dedup();
+            (names.len() == ports.len()).then_some((names, family))
+        }
     }
 }
 
@@ -76,8 +93,12 @@ pub(super) fn slice_target(slice: &EndpointSlice) -> Option<u16> {
     }
 }
 
-/// (Service port name, family).
-pub(super) type GroupKey = (String, Family);
+/// (Service port names, sorted; family): the ports a slice carries. One
+/// name for a port with a target of its own; several for the ports of a
+/// shared target port that an endpoint backs together.
+pub(super) type GroupKey = (Vec<String>, Family);
+/// (Service port name, family): what consumers merge per Service port.
+pub(super) type PortKey = (String, Family);
 /// An endpoint's identity within a set: its address and its pod's name.
 pub(super) type EpKey = (IpAddr, String);
 

@@ -5,7 +5,14 @@
 //! - **One slice set per (Service port, family, target port).** Colocated
 //!   Services serve different pods per port, and a named `targetPort` may
 //!   resolve to different numbers on different pods mid-rollout, so a slice
-//!   carries exactly one port.
+//!   carries one port.
+//! - **Except where ports share a target port** (`web: 80→8080` and
+//!   `alt: 8080→8080`): an endpoint backing several of them is published
+//!   once, in a slice listing all the ports it backs there (one set per
+//!   such set of ports, `group::share_targets`), because Cilium keys a
+//!   backend by address and port number and keeps the port names of one
+//!   slice only. A pod whose set of ports there changes moves between
+//!   slices, and a move is finished by one more write ([`moves`]).
 //! - **Churn.** Like upstream, endpoints stay in the slice they already sit
 //!   in; new ones go to slices that are being rewritten anyway, then to the
 //!   fullest slice they fit in, and only then to a new slice. One pod
@@ -36,7 +43,8 @@
 //!
 //! One file a job: this one runs the passes of [`plan()`]; `model.rs` is
 //! what goes in and comes out; `live.rs` reads the live slices; `settle.rs`
-//! settles abstentions; `group.rs` is a (port, family) and its sets;
+//! settles abstentions; `group.rs` is a (ports, family) and its sets;
+//! `moves.rs` orders and finishes moves between slices;
 //! `pack.rs` packs a set into slices; `namer.rs` names new slices (after
 //! the scheme of [`naming`]); [`object`] builds the objects, [`diff`]
 //! compares them and [`trigger`] dates them; [`legacy`] is the `v1/Endpoints`
@@ -46,6 +54,7 @@ pub mod diff;
 mod group;
 mod live;
 mod model;
+mod moves;
 mod namer;
 pub mod naming;
 pub mod object;
@@ -68,6 +77,7 @@ pub use live::is_ours;
 pub use model::{
     Collision, Judged, MAX_ENDPOINTS_PER_SLICE, Member, Plan, PlanInput, Summary, ZoneLookup,
 };
+pub use moves::MOVING_IN_ANNOTATION;
 pub use object::{HEADLESS_LABEL, MANAGED_BY_LABEL, SERVICE_NAME_LABEL};
 pub use trigger::{TRIGGER_TIME_ANNOTATION, TriggerMemory, Triggers};
 pub use v1_endpoints::{
@@ -76,8 +86,11 @@ pub use v1_endpoints::{
 };
 
 use crate::align::{address_type, protocol};
-use group::{Group, GroupPlan, SetPlan, gains, group_changes, primary_target};
-use live::{EpKey, GroupKey, live_key, slice_group, slice_target};
+use crate::membership::Family;
+use group::{
+    Desired, Group, GroupPlan, SetPlan, gains, group_changes, primary_target, share_targets,
+};
+use live::{EpKey, GroupKey, PortKey, live_key, slice_group, slice_target};
 use namer::Namer;
 use pack::{Chunk, pack};
 use settle::settle;
@@ -107,28 +120,36 @@ pub fn plan(input: &PlanInput) -> Plan {
     }
 
     // The (port, family) groups the Service asks for.
-    let groups = group::groups(svc);
-    let wanted_groups: HashSet<GroupKey> = groups.iter().map(Group::key).collect();
+    let mut groups = group::groups(svc);
+    let wanted_ports: HashSet<PortKey> = groups
+        .iter()
+        .map(|g| (g.names[0].clone(), g.family))
+        .collect();
 
     // Settle abstentions against what the live slices show.
-    let members = settle(input, &mine, &wanted_groups);
+    let members = settle(input, &mine, &wanted_ports);
     let (dating, trigger_memory) = trigger::Dating::new(
         svc,
         input.triggers,
         input.judged.iter().map(|j| &*j.pod),
         mine.is_empty(),
     );
-    let mut desired: HashMap<GroupKey, BTreeMap<u16, BTreeMap<EpKey, Endpoint>>> = HashMap::new();
+    let mut desired = Desired::new();
     for m in &members {
         let ep = object::endpoint(svc, hints, &m.pod, m.address, input.zones);
         let key = (m.address, m.pod.metadata.name.clone().unwrap_or_default());
         desired
-            .entry((m.port.name.clone(), m.family))
+            .entry((vec![m.port.name.clone()], m.family))
             .or_default()
             .entry(m.port.target)
             .or_default()
             .entry(key)
             .or_insert(ep);
+    }
+    // Ports sharing a target port publish such endpoints together; not
+    // while the Service is being deleted, which can create no slice.
+    if !deleting {
+        share_targets(svc, &mut groups, &mut desired);
     }
 
     let labels = object::slice_labels(svc, manager);
@@ -146,12 +167,15 @@ pub fn plan(input: &PlanInput) -> Plan {
             ports: Some(if g.portless {
                 Vec::new()
             } else {
-                vec![EndpointPort {
-                    name: Some(g.name.clone()),
-                    port: target.map(i32::from),
-                    protocol: Some(protocol(g.sp.protocol.as_deref()).to_string()),
-                    app_protocol: g.sp.app_protocol.clone(),
-                }]
+                g.ports
+                    .iter()
+                    .map(|sp| EndpointPort {
+                        name: Some(sp.name.clone().unwrap_or_default()),
+                        port: target.map(i32::from),
+                        protocol: Some(protocol(sp.protocol.as_deref()).to_string()),
+                        app_protocol: sp.app_protocol.clone(),
+                    })
+                    .collect()
             }),
             endpoints: Some(endpoints),
         };
@@ -250,6 +274,8 @@ pub fn plan(input: &PlanInput) -> Plan {
     let mut wanted: BTreeSet<String> = BTreeSet::new();
     // (gains an endpoint, slice)
     let mut applies: Vec<(bool, EndpointSlice)> = Vec::new();
+    // (port, family, target, endpoint) this plan publishes.
+    let mut published: HashSet<(String, Family, Option<u16>, EpKey)> = HashSet::new();
     for p in &plans {
         let g = &p.group;
         let needed: usize = p
@@ -257,27 +283,17 @@ pub fn plan(input: &PlanInput) -> Plan {
             .iter()
             .map(|set| set.desired.len().div_ceil(max))
             .sum();
-        out.summary.desired_slices += needed.max(1);
-        // What the live slices show, against what this plan publishes, per
-        // (target port, endpoint): the endpoints it adds and removes.
-        let live_keys: Vec<(Option<u16>, EpKey)> = p
-            .live
-            .iter()
-            .flat_map(|s| {
-                let target = slice_target(s);
-                s.endpoints
-                    .iter()
-                    .flatten()
-                    .filter_map(live_key)
-                    .map(move |k| (target, k))
-            })
-            .collect();
-        let mut published: HashSet<(Option<u16>, &EpKey)> = HashSet::new();
-        let count = out
-            .summary
-            .endpoints
-            .entry((g.name.clone(), address_type(g.family).to_string()))
-            .or_insert(0);
+        out.summary.desired_slices += if g.keeps_placeholder {
+            needed.max(1)
+        } else {
+            needed
+        };
+        for name in &g.names {
+            out.summary
+                .endpoints
+                .entry((name.clone(), address_type(g.family).to_string()))
+                .or_insert(0);
+        }
         // The group's endpoints whose publication changes (computed when a
         // write needs dating).
         let mut changes: Option<HashSet<EpKey>> = None;
@@ -299,8 +315,17 @@ pub fn plan(input: &PlanInput) -> Plan {
             else {
                 continue; // no name could be had (Service being deleted)
             };
-            *count += c.keys.len();
-            published.extend(c.keys.iter().map(|k| (target, k)));
+            for n in &g.names {
+                *out.summary
+                    .endpoints
+                    .entry((n.clone(), address_type(g.family).to_string()))
+                    .or_insert(0) += c.keys.len();
+                published.extend(
+                    c.keys
+                        .iter()
+                        .map(|k| (n.clone(), g.family, target, k.clone())),
+                );
+            }
             wanted.insert(name.to_string());
             if !c.changed && c.live.is_some() {
                 continue; // equal to its live state, as packing found
@@ -340,28 +365,36 @@ pub fn plan(input: &PlanInput) -> Plan {
                 applies.push((gains(live, target, &c.keys), slice));
             }
         }
-        let shown: HashSet<(Option<u16>, &EpKey)> =
-            live_keys.iter().map(|(target, k)| (*target, k)).collect();
-        out.summary.endpoints_added += published.difference(&shown).count();
-        out.summary.endpoints_removed += shown.difference(&published).count();
     }
-    // Slices of ports the Service no longer has: all their endpoints go.
-    out.summary.endpoints_removed += live_by_group
-        .values()
-        .flatten()
-        .map(|s| s.endpoints.iter().flatten().filter_map(live_key).count())
-        .sum::<usize>();
+    // What the live slices show, against what this plan publishes, per
+    // (port, family, target port, endpoint): the endpoints it adds and
+    // removes. An endpoint moving between groups of a port is neither.
+    let mut shown: HashSet<(String, Family, Option<u16>, EpKey)> = HashSet::new();
+    for s in mine.values() {
+        let Some((names, family)) = slice_group(s) else {
+            continue;
+        };
+        let target = slice_target(s);
+        for k in s.endpoints.iter().flatten().filter_map(live_key) {
+            for n in &names {
+                shown.insert((n.clone(), family, target, k.clone()));
+            }
+        }
+    }
+    out.summary.endpoints_added += published.difference(&shown).count();
+    out.summary.endpoints_removed += shown.difference(&published).count();
     // Gainers first, then by name (see `Plan::applies`).
     applies.sort_by(|(ga, a), (gb, b)| {
         gb.cmp(ga)
             .then_with(|| a.metadata.name.cmp(&b.metadata.name))
     });
-    out.applies = applies.into_iter().map(|(_, s)| s).collect();
+    out.applies = moves::order(applies.into_iter().map(|(_, s)| s).collect(), &mine).0;
     out.deletes = mine
         .keys()
         .filter(|n| !wanted.contains(*n))
         .cloned()
         .collect();
+    out.finishes = moves::mark_moves(&mut out.applies, &mine, &out.deletes);
     out.summary.slices = wanted.len();
     out.collisions = namer.collisions;
     out.members = members;

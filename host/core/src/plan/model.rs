@@ -68,6 +68,11 @@ pub struct Plan {
     pub applies: Vec<EndpointSlice>,
     /// Names of owned slices that are no longer wanted. Sorted.
     pub deletes: Vec<String>,
+    /// Written last, after the deletes: the applies that took in an
+    /// endpoint another slice gives up, again, without the
+    /// `portwise.io/moving-in` annotation their first write carries (see
+    /// `moves.rs`: Cilium releases a backend when any slice drops it).
+    pub finishes: Vec<EndpointSlice>,
     /// Names we wanted but someone else holds.
     pub collisions: Vec<Collision>,
     pub summary: Summary,

@@ -32,6 +32,17 @@ pub fn base_name(service: &str, port_name: &str, port: i32, family: Family) -> S
     s
 }
 
+/// `<svc>-<name>.<name>…[--ipv6]`: the base of a shared group's slices
+/// (ports sharing a target port, names sorted). Port and Service names
+/// cannot hold a dot, so no single port's name can be read this way.
+pub fn shared_base_name(service: &str, port_names: &[String], family: Family) -> String {
+    let mut s = format!("{service}-{}", port_names.join("."));
+    if family == Family::V6 {
+        s.push_str("--ipv6");
+    }
+    s
+}
+
 /// The base name of a port-less headless Service's slices: `<service>-noports`
 /// (`--ipv6` for IPv6), so that it cannot be read as a port number.
 pub fn portless_base_name(service: &str, family: Family) -> String {
@@ -102,6 +113,15 @@ mod tests {
         assert_eq!(chunk_name(&s, 1), "web-http--ipv6--p8081");
         assert_eq!(chunk_name(&s, 2), "web-http--ipv6--p8081--2");
         assert_eq!(chunk_name("web-http", 12), "web-http--12");
+        let shared = ["alt".to_string(), "web".to_string()];
+        assert_eq!(
+            shared_base_name("colo", &shared, Family::V4),
+            "colo-alt.web"
+        );
+        assert_eq!(
+            shared_base_name("colo", &shared, Family::V6),
+            "colo-alt.web--ipv6"
+        );
     }
 
     #[test]

@@ -8,7 +8,7 @@ use std::{
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 
 use super::{
-    live::{EpKey, GroupKey, slice_group},
+    live::{EpKey, PortKey, slice_group},
     model::{Judged, Member, PlanInput},
 };
 use crate::{align, membership::Decision};
@@ -19,17 +19,21 @@ use crate::{align, membership::Decision};
 pub(super) fn settle(
     input: &PlanInput,
     mine: &BTreeMap<String, Arc<EndpointSlice>>,
-    wanted_groups: &HashSet<GroupKey>,
+    wanted_ports: &HashSet<PortKey>,
 ) -> Vec<Member> {
     // (port, family, address, pod name) -> pod uid, as published.
-    let mut published: HashMap<(GroupKey, EpKey), Option<String>> = HashMap::new();
+    let mut published: HashMap<(PortKey, EpKey), Option<String>> = HashMap::new();
     for s in mine.values() {
-        let Some(g) = slice_group(s) else { continue };
+        let Some((names, family)) = slice_group(s) else {
+            continue;
+        };
         for ep in s.endpoints.iter().flatten() {
             let Some(r) = &ep.target_ref else { continue };
             let Some(pod) = &r.name else { continue };
             for a in ep.addresses.iter().filter_map(|a| align::parse_ip(a)) {
-                published.insert((g.clone(), (a, pod.clone())), r.uid.clone());
+                for name in &names {
+                    published.insert(((name.clone(), family), (a, pod.clone())), r.uid.clone());
+                }
             }
         }
     }
@@ -53,10 +57,10 @@ pub(super) fn settle(
         Decision::Exclude => 0,
     };
     let mut order: Vec<(&Judged, Decision)> = Vec::new();
-    let mut index: HashMap<(GroupKey, EpKey), usize> = HashMap::new();
+    let mut index: HashMap<(PortKey, EpKey), usize> = HashMap::new();
     for j in input.judged {
         let g = (j.port.name.clone(), j.family);
-        if !wanted_groups.contains(&g) || align::family_of(j.address) != j.family {
+        if !wanted_ports.contains(&g) || align::family_of(j.address) != j.family {
             continue;
         }
         let key = (

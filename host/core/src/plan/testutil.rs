@@ -213,6 +213,7 @@ impl World {
                 next.metadata.labels = Some(labels);
                 let mut annotations = live.metadata.annotations.clone().unwrap_or_default();
                 annotations.remove(TRIGGER_TIME_ANNOTATION);
+                annotations.remove(super::MOVING_IN_ANNOTATION);
                 annotations.extend(s.metadata.annotations.clone().unwrap_or_default());
                 next.metadata.annotations = (!annotations.is_empty()).then_some(annotations);
                 let mut refs: Vec<OwnerReference> =
@@ -232,6 +233,12 @@ impl World {
                 self.slices.remove(d).is_some(),
                 "deleting a slice that does not exist: {d}"
             );
+        }
+        if !plan.finishes.is_empty() {
+            self.apply(&Plan {
+                applies: plan.finishes.clone(),
+                ..Plan::default()
+            });
         }
     }
 
@@ -259,16 +266,22 @@ pub fn addresses(s: &EndpointSlice) -> Vec<String> {
 pub fn published(world: &World, svc: &Service) -> HashMap<(String, String), Vec<(IpAddr, String)>> {
     let mut out: HashMap<(String, String), Vec<(IpAddr, String)>> = HashMap::new();
     for s in world.owned(svc) {
-        let port = s.ports.as_ref().unwrap()[0]
-            .name
-            .clone()
-            .unwrap_or_default();
+        // A port-less slice counts under "".
+        let ports: Vec<String> = match s.ports.as_deref() {
+            None | Some([]) => vec![String::new()],
+            Some(ports) => ports
+                .iter()
+                .map(|p| p.name.clone().unwrap_or_default())
+                .collect(),
+        };
         for e in s.endpoints.iter().flatten() {
             let ip = align::parse_ip(&e.addresses[0]).unwrap();
             let pod = e.target_ref.as_ref().unwrap().name.clone().unwrap();
-            out.entry((port.clone(), s.address_type.clone()))
-                .or_default()
-                .push((ip, pod));
+            for port in &ports {
+                out.entry((port.clone(), s.address_type.clone()))
+                    .or_default()
+                    .push((ip, pod.clone()));
+            }
         }
     }
     out
