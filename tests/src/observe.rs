@@ -12,7 +12,10 @@ use std::{
 };
 
 use anyhow::{Context, Result, bail, ensure};
-use k8s_openapi::api::{core::v1::Event, discovery::v1::EndpointSlice};
+use k8s_openapi::api::{
+    core::v1::Event,
+    discovery::v1::{EndpointPort, EndpointSlice},
+};
 use kube::api::ListParams;
 
 use crate::{MANAGED_BY, MANAGED_BY_LABEL, SERVICE_NAME_LABEL, TestNs};
@@ -133,21 +136,27 @@ pub async fn endpoints_by_port(ns: &TestNs, svc: &str) -> Result<ByPort> {
 pub(crate) fn group_by_port(slices: &[EndpointSlice]) -> ByPort {
     let mut out = ByPort::new();
     for s in slices {
-        let port = s
+        // Every port a slice lists (several when they share a target
+        // port); a port-less slice counts under "".
+        let mut ports: Vec<String> = s
             .ports
             .iter()
             .flatten()
-            .next()
-            .and_then(|p| p.name.clone())
-            .unwrap_or_default();
-        let set = out.entry((port, s.address_type.clone())).or_default();
-        for e in s.endpoints.iter().flatten() {
-            let who = e
-                .target_ref
-                .as_ref()
-                .and_then(|r| r.name.clone())
-                .unwrap_or_else(|| e.addresses.join(","));
-            set.insert(who);
+            .map(|p| p.name.clone().unwrap_or_default())
+            .collect();
+        if ports.is_empty() {
+            ports.push(String::new());
+        }
+        for port in ports {
+            let set = out.entry((port, s.address_type.clone())).or_default();
+            for e in s.endpoints.iter().flatten() {
+                let who = e
+                    .target_ref
+                    .as_ref()
+                    .and_then(|r| r.name.clone())
+                    .unwrap_or_else(|| e.addresses.join(","));
+                set.insert(who);
+            }
         }
     }
     out
@@ -180,8 +189,14 @@ pub struct EndpointView {
 pub async fn endpoint_views(ns: &TestNs, svc: &str) -> Result<Vec<EndpointView>> {
     let mut out = Vec::new();
     for s in slices_for(ns, svc).await? {
-        let port = s.ports.iter().flatten().next().cloned().unwrap_or_default();
-        for e in s.endpoints.iter().flatten() {
+        let mut ports: Vec<EndpointPort> = s.ports.clone().unwrap_or_default();
+        if ports.is_empty() {
+            ports.push(EndpointPort::default());
+        }
+        for (port, e) in ports
+            .iter()
+            .flat_map(|p| s.endpoints.iter().flatten().map(move |e| (p, e)))
+        {
             let cond = e.conditions.clone().unwrap_or_default();
             let tr = e.target_ref.clone().unwrap_or_default();
             let hints = e.hints.clone();
@@ -240,13 +255,16 @@ pub async fn endpoint_of(
 }
 
 /// Structural promises that hold for every slice portwise publishes for
-/// `svc` at any time: labels, controller owner reference, exactly one port,
-/// size bound, no address twice within one (port, family, target) set.
+/// `svc` at any time: labels, controller owner reference, one port (or
+/// several sharing one number and protocol), size bound, no address twice
+/// within one (port, family, target) set, and no (address, number,
+/// protocol) in two slices (what Cilium keys a backend by).
 pub async fn slice_invariants(ns: &TestNs, svc: &str, max_per_slice: usize) -> Result<()> {
     let service = ns.get_service(svc).await?;
     let uid = service.metadata.uid.clone().unwrap_or_default();
     let slices = slices_for(ns, svc).await?;
     let mut seen: BTreeMap<(String, String, Option<i32>), BTreeSet<String>> = BTreeMap::new();
+    let mut backends: BTreeMap<(String, String, Option<i32>, String), String> = BTreeMap::new();
     for s in &slices {
         let name = s.metadata.name.clone().unwrap_or_default();
         let labels = s.metadata.labels.clone().unwrap_or_default();
@@ -267,9 +285,13 @@ pub async fn slice_invariants(ns: &TestNs, svc: &str, max_per_slice: usize) -> R
             "{name}: no controller owner reference to Service {svc} ({uid}): {owners:?}"
         );
         let ports = s.ports.clone().unwrap_or_default();
+        let protocol = |p: &EndpointPort| p.protocol.clone().unwrap_or_else(|| "TCP".into());
         ensure!(
-            ports.len() == 1,
-            "{name}: expected exactly one port, got {ports:?}"
+            !ports.is_empty()
+                && ports
+                    .iter()
+                    .all(|p| p.port == ports[0].port && protocol(p) == protocol(&ports[0])),
+            "{name}: expected one port, or several sharing a number and protocol, got {ports:?}"
         );
         let eps = s.endpoints.clone().unwrap_or_default();
         ensure!(
@@ -277,18 +299,33 @@ pub async fn slice_invariants(ns: &TestNs, svc: &str, max_per_slice: usize) -> R
             "{name}: {} endpoints > {max_per_slice}",
             eps.len()
         );
-        let key = (
-            ports[0].name.clone().unwrap_or_default(),
-            s.address_type.clone(),
-            ports[0].port,
-        );
-        let set = seen.entry(key.clone()).or_default();
+        for p in &ports {
+            let key = (
+                p.name.clone().unwrap_or_default(),
+                s.address_type.clone(),
+                p.port,
+            );
+            let set = seen.entry(key.clone()).or_default();
+            for e in &eps {
+                for a in &e.addresses {
+                    ensure!(
+                        set.insert(a.clone()),
+                        "{name}: address {a} published twice for {key:?}"
+                    );
+                }
+            }
+        }
         for e in &eps {
             for a in &e.addresses {
-                ensure!(
-                    set.insert(a.clone()),
-                    "{name}: address {a} published twice for {key:?}"
+                let key = (
+                    s.address_type.clone(),
+                    a.clone(),
+                    ports[0].port,
+                    protocol(&ports[0]),
                 );
+                if let Some(other) = backends.insert(key.clone(), name.clone()) {
+                    ensure!(other == name, "{key:?} is in slices {other} and {name}");
+                }
             }
         }
     }

@@ -162,6 +162,105 @@ async fn kube_proxy_routes_each_port_to_its_members_iptables() -> Result<()> {
 
 /// A dual-stack ClusterIP: each family's address reaches only that
 /// family's members.
+/// Two Service ports on one target port (issue 26): `web: 80→8080` and
+/// `alt: 8090→8080`. A pod backing both is published once, in a slice
+/// listing both ports; kube-proxy still routes each port to exactly its
+/// members through every change of who backs which, and the slices keep
+/// each (address, port number) in one slice, which Cilium needs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_ports_on_one_target_port_route_to_their_own_members() -> Result<()> {
+    let cp = ControlPlane::shared().await?;
+    let ns = TestNs::new(cp, "kp-shared-target").await?;
+    let svc = service("colo")
+        .annotation(GROUP_KEY, "colo")
+        .port_to("web", 80, serde_json::json!(8080))
+        .port_to("alt", 8090, serde_json::json!(8080));
+    let expected = |web: &[&str], alt: &[&str]| by_port([(("web", V4), web), (("alt", V4), alt)]);
+    let _pw = Scenario::new(&ns)
+        .service(svc)
+        .pods(
+            [("a", "web"), ("b", "web,alt"), ("c", "alt")].map(|(n, ports)| {
+                seed_pod(n, ports)
+                    .annotation(GROUP_KEY, "colo")
+                    .ips(next_ips().v4())
+            }),
+        )
+        .config(&config(SEED_MEMBERSHIP))
+        .expect("colo", expected(&["a", "b"], &["b", "c"]))
+        .start()
+        .await?;
+    let _servers = serve(&ns, &["a", "b", "c"], &[8080]).await?;
+    let proxy = KubeProxy::start(cp, ProxyMode::Nftables).await?;
+    let web = service_addr(&ns, "colo", 80, false).await?;
+    let alt = service_addr(&ns, "colo", 8090, false).await?;
+    let routed = |addr, pods: &'static [&'static str]| {
+        let proxy = &proxy;
+        async move {
+            expect_answers(addr, pods, ROUTED)
+                .await
+                .with_context(|| format!("kube-proxy log:\n{}", proxy.log_tail()))
+        }
+    };
+    let shared_slices = || async {
+        let slices = slices_for(&ns, "colo").await?;
+        Ok::<_, anyhow::Error>(
+            slices
+                .iter()
+                .filter(|s| s.ports.as_ref().is_some_and(|p| p.len() == 2))
+                .map(|s| s.metadata.name.clone().unwrap_or_default())
+                .collect::<Vec<_>>(),
+        )
+    };
+    routed(web, &["a", "b"]).await?;
+    routed(alt, &["b", "c"]).await?;
+    let layout: Vec<(String, Vec<String>)> = slices_for(&ns, "colo")
+        .await?
+        .iter()
+        .map(|s| {
+            (
+                s.metadata.name.clone().unwrap_or_default(),
+                s.ports
+                    .iter()
+                    .flatten()
+                    .map(|p| format!("{}:{:?}", p.name.clone().unwrap_or_default(), p.port))
+                    .collect(),
+            )
+        })
+        .collect();
+    ensure!(
+        shared_slices().await? == vec!["colo-alt.web".to_string()],
+        "b backs both ports on 8080, so one slice lists both: {layout:?}"
+    );
+    slice_invariants(&ns, "colo", 100).await?;
+
+    // The sequence the Cilium test walks too; each step checked by traffic.
+    let steps: [(&str, &str, &[&str], &[&str]); 5] = [
+        ("b", "web", &["a", "b"], &["c"]),
+        ("b", "web,alt", &["a", "b"], &["b", "c"]),
+        ("b", "alt", &["a"], &["b", "c"]),
+        ("c", "web,alt", &["a", "c"], &["b", "c"]),
+        ("a", "alt", &["c"], &["a", "b", "c"]),
+    ];
+    for (pod, ports, on_web, on_alt) in steps {
+        ns.annotate_pod(pod, PORTS_KEY, Some(ports)).await?;
+        expect_endpoints(&ns, "colo", expected(on_web, on_alt))
+            .await
+            .with_context(|| format!("{pod} now backs {ports}"))?;
+        routed(web, on_web).await?;
+        routed(alt, on_alt).await?;
+        slice_invariants(&ns, "colo", 100).await?;
+        ensure!(
+            slices_for(&ns, "colo").await?.iter().all(|s| s
+                .metadata
+                .annotations
+                .as_ref()
+                .is_none_or(|a| !a.contains_key("portwise.io/moving-in"))),
+            "a move left its marker behind"
+        );
+    }
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dual_stack_cluster_ip_reaches_each_family_members() -> Result<()> {
     let cp = ControlPlane::shared().await?;
