@@ -306,3 +306,65 @@ async fn own_writes_trigger_no_reconcile_and_other_writers_do() -> Result<()> {
     pw.check_running()?;
     Ok(())
 }
+
+/// Two ports on one target port (issue 26, docs/semantics.md): a pod that
+/// backs both sits in the shared slice. Leaving both ports (readiness) and
+/// coming back costs one write each, as for any pod; leaving one of the
+/// ports moves it to the other port's slice: the slice taking it in, the delete of the shared
+/// slice it left, and the taker once more to finish the move (3 writes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_move_between_port_sets_costs_three_writes_and_a_flip_one() -> Result<()> {
+    let cp = ControlPlane::shared().await?;
+    let ns = TestNs::new(cp, "move-writes").await?;
+    let svc = service("colo")
+        .annotation(GROUP_KEY, "colo")
+        .port_to("web", 80, serde_json::json!(8080))
+        .port_to("alt", 8090, serde_json::json!(8080));
+    let expected = |web: &[&str], alt: &[&str]| by_port([(("web", V4), web), (("alt", V4), alt)]);
+    let _pw = Scenario::new(&ns)
+        .service(svc)
+        .pods(
+            [("a", "web"), ("b", "web,alt"), ("c", "alt")].map(|(n, ports)| {
+                seed_pod(n, ports)
+                    .annotation(GROUP_KEY, "colo")
+                    .ips(next_ips().v4())
+            }),
+        )
+        .config(&config(SEED_MEMBERSHIP))
+        .expect("colo", expected(&["a", "b"], &["b", "c"]))
+        .start()
+        .await?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+
+    let counter = WriteCounter::start(&ns).await?;
+    ns.set_ready("b", false).await?;
+    expect_endpoints(&ns, "colo", expected(&["a"], &["c"])).await?;
+    ns.set_ready("b", true).await?;
+    expect_endpoints(&ns, "colo", expected(&["a", "b"], &["b", "c"])).await?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    counter
+        .expect(2, "b leaving both ports and coming back")
+        .await?;
+
+    let counter = WriteCounter::start(&ns).await?;
+    ns.annotate_pod("b", PORTS_KEY, Some("web")).await?;
+    expect_endpoints(&ns, "colo", expected(&["a", "b"], &["c"])).await?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    counter.expect(3, "b moving from web+alt to web").await?;
+    if let Ok(ws) = counter.writes() {
+        let shape: Vec<(String, String)> = ws
+            .iter()
+            .map(|w| (w.verb.clone(), w.name.clone()))
+            .collect();
+        expect_eq(
+            shape,
+            vec![
+                ("patch".to_string(), "colo-web".to_string()),
+                ("delete".to_string(), "colo-alt.web".to_string()),
+                ("patch".to_string(), "colo-web".to_string()),
+            ],
+        )?;
+    }
+    slice_invariants(&ns, "colo", 100).await?;
+    Ok(())
+}
