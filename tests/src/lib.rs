@@ -25,6 +25,7 @@
 //! else may we send packets to private addresses.
 
 mod addresses;
+pub mod cilium;
 pub mod consumers;
 mod control_plane;
 #[cfg(feature = "registry")]

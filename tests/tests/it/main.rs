@@ -9,6 +9,7 @@ mod bad_targets;
 mod caches;
 mod checkers;
 mod chunking;
+mod cilium;
 mod collisions;
 mod conditions;
 mod config;
