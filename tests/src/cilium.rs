@@ -17,11 +17,12 @@
 //!   negative control). The cgroup is bind-mounted for the agent: given a
 //!   plain directory, Cilium mounts a fresh cgroup2 hierarchy there, which
 //!   is the *root* cgroup, and would translate every process on the machine.
-//! - **A veth** `pwcil0` (never `eth0`) with the node address, as
+//! - **A veth** `pwcil0` (never `eth0`) with the node addresses, as
 //!   `--devices`.
-//! - **Pod CIDR 10.245.0.0/24**, outside 10.244/16: Cilium routes its pod
-//!   CIDR via `cilium_host`, which would beat the namespace's local route for
-//!   the test pods' addresses.
+//! - **Dual-stack, pod CIDRs 10.245.0.0/24 and fd00:10:245::/112**, outside
+//!   the test pods' 10.244/16 and fd00:10:244::/64: Cilium routes its pod
+//!   CIDRs via `cilium_host`, which would beat the namespace's local routes
+//!   for the test pods' addresses.
 //! - **clang-19 and llc-19** (tests/setup) first on its PATH as `clang` and
 //!   `llc`: Cilium compiles its data path at start and needs clang >= 18.1;
 //!   the system `clang` stays 14 (the C guests).
@@ -35,7 +36,7 @@
 
 use std::{
     fs::File,
-    net::{IpAddr, Ipv4Addr, SocketAddr},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
@@ -62,9 +63,13 @@ use crate::{
 pub const CILIUM_NODE: &str = "portwise-cilium-node";
 /// The node's address (tests/netns puts it on lo; the veth gets it too).
 pub const NODE_IP4: Ipv4Addr = Ipv4Addr::new(10, 240, 0, 1);
+pub const NODE_IP6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x10, 0x240, 0, 0, 0, 0, 1);
 /// The Node's pod CIDR: outside 10.244/16 (see the module docs).
+/// The agent runs dual-stack: the IPv6 ones are outside fd00:10:244::/64.
 const POD_CIDR: &str = "10.245.0.0/24";
+const POD_CIDR6: &str = "fd00:10:245::/112";
 const NATIVE_ROUTING_CIDR: &str = "10.245.0.0/16";
+const NATIVE_ROUTING_CIDR6: &str = "fd00:10:245::/64";
 /// The veth the agent takes as its device, and its peer.
 const DEVICE: &str = "pwcil0";
 const DEVICE_PEER: &str = "pwcil0p";
@@ -307,6 +312,18 @@ impl CiliumAgent {
             "ip",
             &["addr", "add", &format!("{NODE_IP4}/24"), "dev", DEVICE],
         )?;
+        run(
+            "ip",
+            &[
+                "-6",
+                "addr",
+                "add",
+                &format!("{NODE_IP6}/64"),
+                "dev",
+                DEVICE,
+                "nodad",
+            ],
+        )?;
 
         let path = format!(
             "{}:{}",
@@ -342,12 +359,15 @@ exec "$@""#;
                 "--kube-proxy-replacement=true",
                 "--bpf-lb-sock=true",
                 "--enable-ipv4=true",
-                "--enable-ipv6=false",
+                "--enable-ipv6=true",
                 "--routing-mode=native",
                 &format!("--ipv4-native-routing-cidr={NATIVE_ROUTING_CIDR}"),
+                &format!("--ipv6-native-routing-cidr={NATIVE_ROUTING_CIDR6}"),
                 "--enable-ipv4-masquerade=false",
+                "--enable-ipv6-masquerade=false",
                 "--ipam=kubernetes",
                 "--k8s-require-ipv4-pod-cidr=true",
+                "--k8s-require-ipv6-pod-cidr=true",
                 "--enable-l7-proxy=false",
                 "--enable-envoy-config=false",
                 "--enable-hubble=false",
@@ -644,17 +664,27 @@ async fn apply_crds(cp: &ControlPlane, dir: &Path) -> Result<()> {
     Ok(())
 }
 
-/// The Node the agent runs as: its pod CIDR is where Cilium's IPAM takes
-/// its router address from.
+/// The Node the agent runs as: its pod CIDRs are where Cilium's IPAM takes
+/// its router addresses from. They are immutable: a Node with others (a
+/// control plane kept from an older version of this file) is replaced.
 async fn ensure_cilium_node(cp: &ControlPlane) -> Result<()> {
     let nodes: Api<Node> = Api::all(cp.client().await?);
+    let want = vec![POD_CIDR.to_string(), POD_CIDR6.to_string()];
+    if let Some(old) = nodes.get_opt(CILIUM_NODE).await?
+        && old.spec.and_then(|s| s.pod_cidrs) != Some(want.clone())
+    {
+        nodes
+            .delete(CILIUM_NODE, &Default::default())
+            .await
+            .context("replacing Cilium's Node")?;
+    }
     let node: Node = serde_json::from_value(json!({
         "apiVersion": "v1",
         "kind": "Node",
         "metadata": { "name": CILIUM_NODE, "labels": {
             "kubernetes.io/hostname": CILIUM_NODE,
         }},
-        "spec": { "podCIDR": POD_CIDR, "podCIDRs": [POD_CIDR] },
+        "spec": { "podCIDR": POD_CIDR, "podCIDRs": want },
     }))?;
     match nodes.create(&PostParams::default(), &node).await {
         Ok(_) => {}
@@ -667,6 +697,7 @@ async fn ensure_cilium_node(cp: &ControlPlane) -> Result<()> {
             &PatchParams::default(),
             &Patch::Merge(json!({ "status": { "addresses": [
                 { "type": "InternalIP", "address": NODE_IP4.to_string() },
+                { "type": "InternalIP", "address": NODE_IP6.to_string() },
                 { "type": "Hostname", "address": CILIUM_NODE },
             ]}})),
         )

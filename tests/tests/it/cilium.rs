@@ -3,13 +3,6 @@
 //! pod listens on every port and answers with its own name, and a client
 //! inside Cilium's cgroup connects through the ClusterIP, so only the
 //! slices, as Cilium reads them, can explain who answers.
-//!
-//! Dual-stack is not covered here: it needs the agent run with IPv6 (an
-//! IPv6 pod CIDR outside fd00:10:244::/64 on the Node, an IPv6 native
-//! routing CIDR, an IPv6 node address on the veth), a second set of
-//! failure modes to work out, while the family split is portwise's and
-//! kube-proxy's dual-stack test already checks it by traffic
-//! (consumers::dual_stack_cluster_ip_reaches_each_family_members).
 
 use std::{
     net::{IpAddr, SocketAddr},
@@ -54,8 +47,12 @@ async fn serve(ns: &TestNs, pods: &[&str], ports: &[u16]) -> Result<Vec<NameServ
 }
 
 async fn service_addr(ns: &TestNs, svc: &str, port: u16) -> Result<SocketAddr> {
+    service_addr_of(ns, svc, port, false).await
+}
+
+async fn service_addr_of(ns: &TestNs, svc: &str, port: u16, v6: bool) -> Result<SocketAddr> {
     let svc = ns.get_service(svc).await?;
-    Ok(SocketAddr::new(cluster_ip(&svc, false)?, port))
+    Ok(SocketAddr::new(cluster_ip(&svc, v6)?, port))
 }
 
 fn figure(what: &str, took: Duration) {
@@ -249,6 +246,60 @@ async fn terminating_members_are_only_a_fallback() -> Result<()> {
     }
     figure(
         "cilium::terminating_members_are_only_a_fallback",
+        t0.elapsed(),
+    );
+    Ok(())
+}
+
+/// A dual-stack ClusterIP: each family's address reaches only that
+/// family's members (the agent runs dual-stack).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dual_stack_cluster_ip_reaches_each_family_members() -> Result<()> {
+    if skipped("dual_stack_cluster_ip_reaches_each_family_members") {
+        return Ok(());
+    }
+    let t0 = Instant::now();
+    let cp = ControlPlane::shared().await?;
+    let ns = TestNs::new(cp, "cilium-dual").await?;
+    let (both, v4, v6) = (next_ips(), next_ips(), next_ips());
+    let _pw = Scenario::new(&ns)
+        .service(
+            service("web")
+                .annotation(GROUP_KEY, "g")
+                .dual_stack()
+                .port("http", 8080),
+        )
+        .pod(pod("both").annotation(GROUP_KEY, "g").ips(both.dual()))
+        .pod(pod("four").annotation(GROUP_KEY, "g").ips(v4.v4()))
+        .pod(pod("six").annotation(GROUP_KEY, "g").ips(v6.v6()))
+        .expect(
+            "web",
+            by_port([
+                (("http", V4), &["both", "four"][..]),
+                (("http", V6), &["both", "six"][..]),
+            ]),
+        )
+        .start()
+        .await?;
+    let _servers = serve(&ns, &["both", "four", "six"], &[8080]).await?;
+    let cilium = CiliumAgent::start(cp).await?;
+    let addr4 = service_addr_of(&ns, "web", 8080, false).await?;
+    let addr6 = service_addr_of(&ns, "web", 8080, true).await?;
+    cilium
+        .expect_answers(addr4, &["both", "four"], ROUTED)
+        .await?;
+    cilium
+        .expect_answers(addr6, &["both", "six"], ROUTED)
+        .await?;
+
+    // A family's change shows in that family only: four leaves.
+    ns.set_ready("four", false).await?;
+    cilium.expect_answers(addr4, &["both"], ROUTED).await?;
+    cilium
+        .expect_answers(addr6, &["both", "six"], ROUTED)
+        .await?;
+    figure(
+        "cilium::dual_stack_cluster_ip_reaches_each_family_members",
         t0.elapsed(),
     );
     Ok(())
