@@ -199,15 +199,8 @@ pub(super) fn share_targets<'a>(svc: &Service, groups: &mut Vec<Group<'a>>, desi
         }
     }
     for ((names, family), ports) in new_groups {
-        let mut ports: Vec<&ServicePort> = ports.iter().map(|&i| groups[i].ports[0]).collect();
-        // The Service's order, which `groups` follows.
-        let order = |sp: &&ServicePort| {
-            groups
-                .iter()
-                .position(|g| std::ptr::eq(g.ports[0], *sp))
-                .unwrap_or(usize::MAX)
-        };
-        ports.sort_by_key(order);
+        // Group indices were collected in `groups`' order: the Service's.
+        let ports: Vec<&ServicePort> = ports.iter().map(|&i| groups[i].ports[0]).collect();
         let base = naming::shared_base_name(svc_name, &names, family);
         groups.push(Group {
             ports,
