@@ -18,9 +18,10 @@
 //!    native slice is right; then start the release `portwise` binary and do
 //!    the same. Both thus make a cold sync of an identical, settled state;
 //! 4. steady state, churn, probes, WebAssembly, as the rows say;
-//! 5. row 8 (last, so that its kube-proxy Node and objects touch no other
+//! 5. row 8 (late, so that its kube-proxy Node and objects touch no other
 //!    row): one upstream kube-proxy routes a native and a portwise Service,
-//!    and readiness flips are timed until the traffic shows them.
+//!    and readiness flips are timed until the traffic shows them; row 10
+//!    does the same with Cilium's agent as the data path.
 //!
 //! Requests per client come from the apiserver's audit log (a policy that
 //! records every request at Metadata level), split by User-Agent.
@@ -48,6 +49,7 @@ use kube::{
 use portwise_tests::{
     ControlPlane, GROUP_KEY, HttpListener, MANAGED_BY_LABEL, Metrics, NATIVE_MANAGER, Portwise,
     SERVICE_NAME_LABEL, TcpListener, TestNs,
+    cilium::{CILIUM_NODE, CiliumAgent},
     consumers::{KubeProxy, NameServer, PROXY_NODE, ProxyMode, cluster_ip, expect_answers},
     faults::{proc_cpu_time, proc_memory_kib},
     pod, service,
@@ -100,7 +102,7 @@ impl Knobs {
         let rows = std::env::var("BENCH_ROWS")
             .ok()
             .map(|s| s.split(',').filter_map(|r| r.trim().parse().ok()).collect())
-            .unwrap_or_else(|| (1..=9).collect());
+            .unwrap_or_else(|| (1..=10).collect());
         let out = match std::env::var("BENCH_OUT") {
             Ok(s) if s.is_empty() || s == "-" => None,
             Ok(s) => Some(PathBuf::from(s)),
@@ -2353,51 +2355,218 @@ async fn reach(addr: SocketAddr, victim: &str) -> Reach {
     }
 }
 
+/// Where a row-8 prober runs: in the bench process (kube-proxy translates
+/// every process of the namespace), or as a child process moved into a
+/// cgroup first (Cilium's socket LB translates only the processes of its
+/// cgroup, and a cgroup holds processes, not threads).
+#[derive(Clone, Debug)]
+enum ProbeFrom {
+    Bench,
+    Cgroup(PathBuf),
+}
+
+/// CLOCK_MONOTONIC in nanoseconds: what `Instant` reads on Linux, and the
+/// same clock in every process, so the child prober's times can be put on
+/// the bench's own `Instant`s.
+fn mono_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid out-pointer; CLOCK_MONOTONIC always exists on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// An `Instant` and the monotonic clock read together, to convert between
+/// the two.
+#[derive(Clone, Copy)]
+struct ClockBase {
+    at: Instant,
+    ns: u64,
+}
+
+impl ClockBase {
+    fn now() -> Self {
+        Self {
+            at: Instant::now(),
+            ns: mono_ns(),
+        }
+    }
+    fn to_ns(self, t: Instant) -> u64 {
+        self.ns + t.saturating_duration_since(self.at).as_nanos() as u64
+    }
+    fn to_instant(self, ns: u64) -> Instant {
+        if ns >= self.ns {
+            self.at + Duration::from_nanos(ns - self.ns)
+        } else {
+            self.at - Duration::from_nanos(self.ns - ns)
+        }
+    }
+}
+
+type Record = Arc<dyn Fn(Instant, Reach) + Send + Sync>;
+
 /// Opens a new connection to `addr` every [`PROBE_EVERY`], each on its own
-/// task (a dropped SYN must not hold up the next probe), and logs when each
-/// called `connect` and what it met.
+/// task (a dropped SYN must not hold up the next probe), and records when
+/// each called `connect` and what it met, until `stop`.
+fn probe_loop(
+    addr: SocketAddr,
+    victim: Arc<str>,
+    stop: Arc<AtomicBool>,
+    in_flight: Arc<AtomicUsize>,
+    record: Record,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(PROBE_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        while !stop.load(Ordering::Relaxed) {
+            tick.tick().await;
+            // At most DROPPED_AFTER / PROBE_EVERY wait on dropped
+            // SYNs; the bound only guards against a stalled runtime.
+            if in_flight.load(Ordering::Relaxed) > 2000 {
+                continue;
+            }
+            in_flight.fetch_add(1, Ordering::Relaxed);
+            let (record, in_flight, victim) = (record.clone(), in_flight.clone(), victim.clone());
+            tokio::spawn(async move {
+                let at = Instant::now();
+                let r = reach(addr, &victim).await;
+                record(at, r);
+                in_flight.fetch_sub(1, Ordering::Relaxed);
+            });
+        }
+    })
+}
+
+/// `bench --probe ADDR VICTIM`: the prober as a process of its own, which
+/// the bench starts inside Cilium's cgroup (row 10). Prints one line per
+/// probe, `<CLOCK_MONOTONIC ns at connect> <Reach>`, until its stdin
+/// closes, then waits for the probes in flight.
+fn probe_main(addr: &str, victim: &str) -> ExitCode {
+    let Ok(addr) = addr.parse::<SocketAddr>() else {
+        eprintln!("bench --probe: not an address: {addr}");
+        return ExitCode::from(2);
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    rt.block_on(async {
+        let base = ClockBase::now();
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(u64, Reach)>();
+        let stop = Arc::new(AtomicBool::new(false));
+        let in_flight = Arc::new(AtomicUsize::new(0));
+        let record: Record = Arc::new(move |at, r| {
+            let _ = tx.send((base.to_ns(at), r));
+        });
+        let task = probe_loop(addr, victim.into(), stop.clone(), in_flight.clone(), record);
+        let writer = tokio::spawn(async move {
+            use tokio::io::AsyncWriteExt;
+            let mut out = tokio::io::stdout();
+            while let Some((ns, r)) = rx.recv().await {
+                if out
+                    .write_all(format!("{ns} {r:?}\n").as_bytes())
+                    .await
+                    .is_err()
+                {
+                    break;
+                }
+                let _ = out.flush().await;
+            }
+        });
+        let mut stdin = tokio::io::stdin();
+        let mut buf = [0u8; 64];
+        while matches!(stdin.read(&mut buf).await, Ok(n) if n > 0) {}
+        stop.store(true, Ordering::Relaxed);
+        let _ = task.await;
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while in_flight.load(Ordering::Relaxed) > 0 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        // Every sender (the loop's tasks) is gone: the writer drains and ends.
+        let _ = tokio::time::timeout(Duration::from_secs(5), writer).await;
+    });
+    ExitCode::SUCCESS
+}
+
+fn parse_reach(s: &str) -> Option<Reach> {
+    Some(match s {
+        "Victim" => Reach::Victim,
+        "Other" => Reach::Other,
+        "Refused" => Reach::Refused,
+        "Dropped" => Reach::Dropped,
+        "Failed" => Reach::Failed,
+        _ => return None,
+    })
+}
+
+/// New connections to a ClusterIP, one every [`PROBE_EVERY`] (see
+/// [`probe_loop`]), from the bench process or from a child in a cgroup
+/// ([`ProbeFrom`]), with a log of when each called `connect` and what it met.
 struct Prober {
     log: Arc<Mutex<Vec<(Instant, Reach)>>>,
     in_flight: Arc<AtomicUsize>,
     stop: Arc<AtomicBool>,
     task: tokio::task::JoinHandle<()>,
+    /// The child prober (cgroup), its stdin kept open until `finish`.
+    child: Option<(Child, tokio::process::ChildStdin)>,
 }
 
 impl Prober {
-    fn start(addr: SocketAddr, victim: &str) -> Self {
+    fn start(addr: SocketAddr, victim: &str, from: &ProbeFrom) -> Result<Self> {
         let log = Arc::new(Mutex::new(Vec::new()));
         let in_flight = Arc::new(AtomicUsize::new(0));
         let stop = Arc::new(AtomicBool::new(false));
-        let victim: Arc<str> = victim.into();
-        let task = tokio::spawn({
-            let (log, in_flight, stop) = (log.clone(), in_flight.clone(), stop.clone());
-            async move {
-                let mut tick = tokio::time::interval(PROBE_EVERY);
-                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-                while !stop.load(Ordering::Relaxed) {
-                    tick.tick().await;
-                    // At most DROPPED_AFTER / PROBE_EVERY wait on dropped
-                    // SYNs; the bound only guards against a stalled runtime.
-                    if in_flight.load(Ordering::Relaxed) > 2000 {
-                        continue;
-                    }
-                    in_flight.fetch_add(1, Ordering::Relaxed);
-                    let (log, in_flight, victim) = (log.clone(), in_flight.clone(), victim.clone());
-                    tokio::spawn(async move {
-                        let at = Instant::now();
-                        let r = reach(addr, &victim).await;
-                        log.lock().unwrap().push((at, r));
-                        in_flight.fetch_sub(1, Ordering::Relaxed);
-                    });
-                }
+        let (task, child) = match from {
+            ProbeFrom::Bench => {
+                let log = log.clone();
+                let record: Record = Arc::new(move |at, r| log.lock().unwrap().push((at, r)));
+                let task = probe_loop(addr, victim.into(), stop.clone(), in_flight.clone(), record);
+                (task, None)
             }
-        });
-        Self {
+            ProbeFrom::Cgroup(cgroup) => {
+                // `sh` moves itself into the cgroup, then execs the prober,
+                // which inherits it (as tests/src/cilium.rs's client does).
+                let mut child = tokio::process::Command::new("sh")
+                    .arg("-c")
+                    .arg(r#"echo $$ >"$0" || exit 97; exec "$@""#)
+                    .arg(cgroup.join("cgroup.procs"))
+                    .arg(std::env::current_exe()?)
+                    .args(["--probe", &addr.to_string(), victim])
+                    .stdin(Stdio::piped())
+                    .stdout(Stdio::piped())
+                    .kill_on_drop(true)
+                    .spawn()
+                    .context("starting the prober in Cilium's cgroup")?;
+                let stdin = child.stdin.take().context("the prober's stdin")?;
+                let stdout = child.stdout.take().context("the prober's stdout")?;
+                let base = ClockBase::now();
+                let log = log.clone();
+                let task = tokio::spawn(async move {
+                    use tokio::io::AsyncBufReadExt;
+                    let mut lines = tokio::io::BufReader::new(stdout).lines();
+                    while let Ok(Some(line)) = lines.next_line().await {
+                        let parsed = line.split_once(' ').and_then(|(ns, r)| {
+                            Some((base.to_instant(ns.parse().ok()?), parse_reach(r)?))
+                        });
+                        match parsed {
+                            Some(p) => log.lock().unwrap().push(p),
+                            None => eprintln!("bench: the prober printed {line:?}"),
+                        }
+                    }
+                });
+                (task, Some((child, stdin)))
+            }
+        };
+        Ok(Self {
             log,
             in_flight,
             stop,
             task,
-        }
+            child,
+        })
     }
 
     /// The probes finished so far, by start.
@@ -2408,15 +2577,15 @@ impl Prober {
     }
 
     /// Waits until the last [`SETTLED_RUN`] finished probes (by start) all
-    /// started after `since` and met `want`.
-    async fn settled(&self, want: Reach, since: Instant, within: Duration) -> Result<()> {
+    /// started after `since` and met one of `want`.
+    async fn settled(&self, want: &[Reach], since: Instant, within: Duration) -> Result<()> {
         let deadline = Instant::now() + within;
         loop {
             let v = self.completed();
             if v.len() >= SETTLED_RUN
                 && v[v.len() - SETTLED_RUN..]
                     .iter()
-                    .all(|(at, r)| *r == want && *at >= since)
+                    .all(|(at, r)| want.contains(r) && *at >= since)
             {
                 return Ok(());
             }
@@ -2436,12 +2605,27 @@ impl Prober {
     /// Stops probing and returns every probe, once the last has finished.
     async fn finish(mut self) -> Vec<(Instant, Reach)> {
         self.stop.store(true, Ordering::Relaxed);
+        if let Some((mut child, stdin)) = self.child.take() {
+            // EOF on its stdin stops the child; it prints its last probes
+            // and exits, which ends the reader.
+            drop(stdin);
+            let _ = tokio::time::timeout(Duration::from_secs(15), &mut self.task).await;
+            let _ = tokio::time::timeout(Duration::from_secs(5), child.wait()).await;
+            return self.completed();
+        }
         let _ = (&mut self.task).await;
         let deadline = Instant::now() + Duration::from_secs(5);
         while self.in_flight.load(Ordering::Relaxed) > 0 && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         self.completed()
+    }
+}
+
+impl Drop for Prober {
+    fn drop(&mut self) {
+        // A flip that failed drops its prober unfinished: stop its loop.
+        self.stop.store(true, Ordering::Relaxed);
     }
 }
 
@@ -2473,17 +2657,22 @@ struct DpSide<'a> {
     victim: String,
     victim_ip: String,
     all: BTreeSet<String>,
+    /// What a connection meets while the victim is no member: kube-proxy
+    /// drops the SYN (a `Local` Service without a local endpoint); Cilium's
+    /// socket LB fails the `connect` itself.
+    gone: &'static [Reach],
+    from: ProbeFrom,
 }
 
 /// Flips the victim's readiness and times it: the slice by the bench's
 /// watch, the data path by connections through the ClusterIP.
 async fn datapath_flip(side: &DpSide<'_>, ready: bool) -> Result<Flip> {
-    let (old, new) = if ready {
-        (Reach::Dropped, Reach::Victim)
+    let (old, new): (&[Reach], &[Reach]) = if ready {
+        (side.gone, &[Reach::Victim])
     } else {
-        (Reach::Victim, Reach::Dropped)
+        (&[Reach::Victim], side.gone)
     };
-    let prober = Prober::start(side.addr, &side.victim);
+    let prober = Prober::start(side.addr, &side.victim, &side.from)?;
     // The old rules must hold when the flip starts.
     prober
         .settled(old, Instant::now(), Duration::from_secs(30))
@@ -2505,10 +2694,14 @@ async fn datapath_flip(side: &DpSide<'_>, ready: bool) -> Result<Flip> {
     let log = prober.finish().await;
     let slice = slice.with_context(|| format!("{}: the slice", side.client))?;
     routed.with_context(|| format!("{}: the data path", side.client))?;
-    let last_old = log.iter().filter(|(_, r)| *r == old).map(|p| p.0).max();
+    let last_old = log
+        .iter()
+        .filter(|(_, r)| old.contains(r))
+        .map(|p| p.0)
+        .max();
     let first_new = log
         .iter()
-        .filter(|(at, r)| *r == new && last_old.is_none_or(|l| *at > l))
+        .filter(|(at, r)| new.contains(r) && last_old.is_none_or(|l| *at > l))
         .map(|p| p.0)
         .min()
         .context("no probe met the new rules")?;
@@ -2518,7 +2711,8 @@ async fn datapath_flip(side: &DpSide<'_>, ready: bool) -> Result<Flip> {
     let anomalies = log
         .iter()
         .filter(|(at, r)| {
-            (*r != old && *r != new) || (*r == new && last_old.is_some_and(|l| *at < l))
+            (!old.contains(r) && !new.contains(r))
+                || (new.contains(r) && last_old.is_some_and(|l| *at < l))
         })
         .count();
     let ms = |t: Instant| t.saturating_duration_since(t0).as_secs_f64() * 1000.0;
@@ -2555,6 +2749,103 @@ fn ms(x: f64) -> String {
     }
 }
 
+/// A flip row's detail: per controller and direction, the PATCH, the
+/// slice, the routing and the data path's part, p50 / p99.
+fn flip_table(results: &[Vec<Flip>; 2], path: &str) -> String {
+    let [nat, pw] = results;
+    let routed = |f: &Flip| f.routed;
+    let slice = |f: &Flip| f.slice;
+    let path_part = |f: &Flip| f.routed - f.slice;
+    let mut table = format!(
+        "| controller | flip | flips | PATCH returned, p50 | slice seen, p50 / p99 | routed, p50 / p99 | {path} part (routed − slice), p50 / p99 | bracket, p50 / max | probes out of order |\n\
+         |---|---|---|---|---|---|---|---|---|\n",
+    );
+    for (client, v) in [("portwise", pw), ("native", nat)] {
+        for (dir, sel) in [
+            ("→ NotReady", Some(false)),
+            ("→ Ready", Some(true)),
+            ("all", None),
+        ] {
+            let v: Vec<&Flip> = v
+                .iter()
+                .filter(|f| sel.is_none_or(|r| f.ready == r))
+                .collect();
+            let c = |f: fn(&Flip) -> f64| v.iter().map(|x| f(x)).collect::<Vec<f64>>();
+            let two = |xs: Vec<f64>| format!("{} / {}", ms(pct(&xs, 0.5)), ms(pct(&xs, 0.99)));
+            let _ = writeln!(
+                table,
+                "| {client} | {dir} | {} | {} | {} | {} | {} | {} / {} | {} |",
+                v.len(),
+                ms(pct(&c(|f| f.patch), 0.5)),
+                two(c(slice)),
+                two(c(routed)),
+                two(c(path_part)),
+                ms(pct(&c(|f| f.bracket), 0.5)),
+                ms(pct(&c(|f| f.bracket), 1.0)),
+                v.iter().map(|f| f.anomalies).sum::<usize>(),
+            );
+        }
+    }
+    table
+}
+
+/// The data path a flip row times: kube-proxy (row 8), or Cilium's
+/// socket LB (row 10).
+#[derive(Clone, Copy)]
+enum DataPath<'a> {
+    KubeProxy(&'a KubeProxy),
+    Cilium(&'a CiliumAgent),
+}
+
+impl DataPath<'_> {
+    /// The Node whose pods the data path routes to (`internalTrafficPolicy:
+    /// Local`).
+    fn node(self) -> &'static str {
+        match self {
+            DataPath::KubeProxy(_) => PROXY_NODE,
+            DataPath::Cilium(_) => CILIUM_NODE,
+        }
+    }
+    fn probe_from(self) -> ProbeFrom {
+        match self {
+            DataPath::KubeProxy(_) => ProbeFrom::Bench,
+            DataPath::Cilium(agent) => ProbeFrom::Cgroup(agent.cgroup().to_path_buf()),
+        }
+    }
+    /// What a connection meets while the Service has no local member.
+    fn gone(self) -> &'static [Reach] {
+        match self {
+            DataPath::KubeProxy(_) => &[Reach::Dropped],
+            // Socket LB decides at `connect()`: no SYN is sent, the call
+            // fails; which errno is Cilium's business, not the bench's.
+            DataPath::Cilium(_) => &[Reach::Refused, Reach::Dropped, Reach::Failed],
+        }
+    }
+    async fn expect_answers(self, addr: SocketAddr, pods: &[&str]) -> Result<()> {
+        let within = Duration::from_secs(60);
+        match self {
+            DataPath::KubeProxy(_) => expect_answers(addr, pods, within).await.map(drop),
+            DataPath::Cilium(agent) => agent.expect_answers(addr, pods, within).await.map(drop),
+        }
+    }
+    fn name(self) -> &'static str {
+        match self {
+            DataPath::KubeProxy(_) => "kube-proxy",
+            DataPath::Cilium(_) => "Cilium",
+        }
+    }
+}
+
+/// What a flip row measured, for its report.
+struct FlipRun {
+    /// Native's flips, then portwise's.
+    results: [Vec<Flip>; 2],
+    requests: Requests,
+    services: usize,
+    /// kube-proxy's IPv4 syncs during the flips, and their seconds (row 8).
+    syncs: Option<(f64, f64)>,
+}
+
 impl Bench {
     /// Row 8: from a pod's readiness flip to kube-proxy routing by it, one
     /// kube-proxy for a native and a portwise Service of the same shape.
@@ -2567,21 +2858,61 @@ impl Bench {
         // kube-proxy first: it creates its Node, and the native controller
         // leaves out a pod whose Node it does not know.
         let proxy = KubeProxy::start(self.cp, ProxyMode::Nftables).await?;
-        let res = self.row8_with(&proxy, flips, per).await;
-        if res.is_err() {
-            eprintln!("bench: row 8: kube-proxy's log ends:\n{}", proxy.log_tail());
+        let res = self.flip_row(DataPath::KubeProxy(&proxy), flips, per).await;
+        match res {
+            Ok(run) => {
+                self.row8_report(flips, per, &run);
+                Ok(())
+            }
+            Err(e) => {
+                eprintln!("bench: row 8: kube-proxy's log ends:\n{}", proxy.log_tail());
+                Err(e)
+            }
         }
-        res
     }
 
-    async fn row8_with(&mut self, proxy: &KubeProxy, flips: usize, per: usize) -> Result<()> {
-        let native_ns = TestNs::new(self.cp, "bench-dp-native").await?;
-        let portwise_ns = TestNs::new(self.cp, "bench-dp-portwise").await?;
+    /// Row 10: row 8 with Cilium's agent (kube-proxy replacement, socket
+    /// LB; tests/src/cilium.rs) as the data path instead of kube-proxy.
+    async fn row10(&mut self) -> Result<()> {
+        let flips = self.knobs.datapath_flips.max(2);
+        let per = self.knobs.pods_per_service.max(2);
+        eprintln!(
+            "bench: row 10: Cilium (socket LB), two Services × {per} pods, {flips} flips each"
+        );
+        // Like kube-proxy, the agent creates its Node before any pod is
+        // placed on it.
+        let agent = CiliumAgent::start(self.cp).await?;
+        let res = self.flip_row(DataPath::Cilium(&agent), flips, per).await;
+        match res {
+            Ok(run) => {
+                self.row10_report(flips, per, &run, agent.ready_after);
+                Ok(())
+            }
+            Err(e) => {
+                eprintln!("bench: row 10: the agent's log ends:\n{}", agent.log_tail());
+                Err(e)
+            }
+        }
+    }
+
+    /// Rows 8 and 10: a native and a portwise Service of the same shape,
+    /// their node-local pod's readiness flipped in turns, each flip timed
+    /// until `path` routes by it.
+    async fn flip_row(&mut self, path: DataPath<'_>, flips: usize, per: usize) -> Result<FlipRun> {
+        let (native_prefix, portwise_prefix, row_id) = match path {
+            DataPath::KubeProxy(_) => ("bench-dp-native", "bench-dp-portwise", "row8"),
+            DataPath::Cilium(_) => ("bench-cilium-native", "bench-cilium-portwise", "row10"),
+        };
+        let native_ns = TestNs::new(self.cp, native_prefix).await?;
+        let portwise_ns = TestNs::new(self.cp, portwise_prefix).await?;
         self.ensure_nodes(&native_ns).await?;
         let base = 2
             * (self.knobs.services * self.knobs.pods_per_service + self.knobs.big_pods + 500)
             + self.knobs.probe_pods
-            + 200;
+            + 200
+            // Row 10's pods after row 8's, whose servers are gone but whose
+            // pods and slices may still be held.
+            + if matches!(path, DataPath::Cilium(_)) { 2 * per } else { 0 };
         let ng = groups("dp", 1, per, base).remove(0);
         let pg = groups("dp", 1, per, base + per).remove(0);
         let mut servers = Vec::new();
@@ -2598,9 +2929,10 @@ impl Bench {
             };
             ns.create_service(svc).await?;
             for (j, (name, ip)) in g.pods.iter().enumerate() {
-                // Pod 0 on kube-proxy's node, the others one per bench Node.
+                // Pod 0 on the data path's node, the others one per bench
+                // Node.
                 let node = if j == 0 {
-                    PROXY_NODE.to_string()
+                    path.node().to_string()
                 } else {
                     self.nodes[j % self.nodes.len()].clone()
                 };
@@ -2631,7 +2963,7 @@ impl Bench {
         let mut portwise = spawn_portwise(
             self.cp,
             &self.work,
-            "row8",
+            row_id,
             &portwise_config("", "podReady"),
             &[portwise_ns.name()],
             &[],
@@ -2652,8 +2984,8 @@ impl Bench {
                 let addr =
                     SocketAddr::new(cluster_ip(&ns.get_service(&g.service).await?, false)?, 80);
                 let (victim, victim_ip) = &g.pods[0];
-                // Before any flip: only the proxy node's pod answers.
-                expect_answers(addr, &[victim.as_str()], Duration::from_secs(60))
+                // Before any flip: only the data path node's pod answers.
+                path.expect_answers(addr, &[victim.as_str()])
                     .await
                     .with_context(|| format!("{client}: routed before the flips"))?;
                 sides.push(DpSide {
@@ -2665,6 +2997,8 @@ impl Bench {
                     victim: victim.clone(),
                     victim_ip: victim_ip.to_string(),
                     all: g.pods.iter().map(|(_, ip)| ip.to_string()).collect(),
+                    gone: path.gone(),
+                    from: path.probe_from(),
                 });
             }
             let services = Api::<Service>::all(native_ns.client())
@@ -2678,7 +3012,10 @@ impl Bench {
                     &[("ip_family", "IPv4")],
                 )
             };
-            let m0 = proxy.metrics().await?;
+            let m0 = match path {
+                DataPath::KubeProxy(proxy) => Some(proxy.metrics().await?),
+                DataPath::Cilium(_) => None,
+            };
             tokio::time::sleep(FLIP_GAP).await;
             let audit = self.bcp.audit();
             let a0 = audit.offset();
@@ -2693,7 +3030,8 @@ impl Bench {
                     portwise.check_alive()?;
                     let f = datapath_flip(&sides[k], ready).await?;
                     eprintln!(
-                        "bench:   {} flip {}/{flips} ({}): slice {}, routed {} (±{})",
+                        "bench:   {} {} flip {}/{flips} ({}): slice {}, routed {} (±{})",
+                        path.name(),
                         sides[k].client,
                         i + 1,
                         if ready { "ready" } else { "unready" },
@@ -2707,65 +3045,69 @@ impl Bench {
                 }
             }
             let req = audit.settled_between(a0).await?;
-            let m1 = proxy.metrics().await?;
-            let syncs = sync_metric(&m1, "count") - sync_metric(&m0, "count");
-            let sync_secs = sync_metric(&m1, "sum") - sync_metric(&m0, "sum");
-            Ok::<_, anyhow::Error>((results, req, services, syncs, sync_secs))
+            let syncs = match (path, m0) {
+                (DataPath::KubeProxy(proxy), Some(m0)) => {
+                    let m1 = proxy.metrics().await?;
+                    Some((
+                        sync_metric(&m1, "count") - sync_metric(&m0, "count"),
+                        sync_metric(&m1, "sum") - sync_metric(&m0, "sum"),
+                    ))
+                }
+                _ => None,
+            };
+            Ok::<_, anyhow::Error>(FlipRun {
+                results,
+                requests: req,
+                services,
+                syncs,
+            })
         }
         .await;
         stop_portwise(&mut portwise).await;
         native.stop().await;
         drop(servers);
-        let (results, req, services, syncs, sync_secs) = res?;
-        self.row8_report(flips, per, &results, &req, services, syncs, sync_secs);
-        Ok(())
+        res
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn row8_report(
-        &mut self,
-        flips: usize,
-        per: usize,
-        results: &[Vec<Flip>; 2],
-        req: &Requests,
-        services: usize,
-        syncs: f64,
-        sync_secs: f64,
-    ) {
-        let [nat, pw] = results;
+    /// A flip row's four figures (routed p50 and p99 against native, with
+    /// the goal; the split into publication and data path) in the table.
+    fn flip_figures(&mut self, label: &str, path: &str, run: &FlipRun) {
+        let [nat, pw] = &run.results;
         let col = |v: &[Flip], f: fn(&Flip) -> f64| v.iter().map(f).collect::<Vec<f64>>();
         let routed = |f: &Flip| f.routed;
         let slice = |f: &Flip| f.slice;
-        let proxy_part = |f: &Flip| f.routed - f.slice;
-        let label = format!(
-            "8 pod change to data path (one kube-proxy, nftables; {flips} readiness flips each)"
-        );
+        let path_part = |f: &Flip| f.routed - f.slice;
+        let flips = pw.len();
         for (what, f, p, goal) in [
             (
-                "status patch → kube-proxy routes by it (first connection), p50",
+                format!("status patch → {path} routes by it (first connection), p50"),
                 routed as fn(&Flip) -> f64,
                 0.5,
                 true,
             ),
-            ("same, p99 (of 30: the slowest)", routed, 0.99, true),
             (
-                "of which slice publication (patch → slice seen by a watch), p50",
+                format!("same, p99 (of {flips}: the slowest)"),
+                routed,
+                0.99,
+                true,
+            ),
+            (
+                "of which slice publication (patch → slice seen by a watch), p50".into(),
                 slice,
                 0.5,
                 false,
             ),
             (
-                "of which kube-proxy (slice seen → routed), p50",
-                proxy_part,
+                format!("of which {path} (slice seen → routed), p50"),
+                path_part,
                 0.5,
                 false,
             ),
         ] {
-            let what = what.replace("of 30", &format!("of {flips}"));
             let (a, b) = (pct(&col(pw, f), p), pct(&col(nat, f), p));
             let r = ratio(a, b);
             self.report.row(
-                &label,
+                label,
                 &what,
                 ms(a),
                 ms(b),
@@ -2777,37 +3119,17 @@ impl Bench {
                 },
             );
         }
+    }
 
-        let mut table = String::from(
-            "| controller | flip | flips | PATCH returned, p50 | slice seen, p50 / p99 | routed, p50 / p99 | kube-proxy part (routed − slice), p50 / p99 | bracket, p50 / max | probes out of order |\n\
-             |---|---|---|---|---|---|---|---|---|\n",
+    fn row8_report(&mut self, flips: usize, per: usize, run: &FlipRun) {
+        let label = format!(
+            "8 pod change to data path (one kube-proxy, nftables; {flips} readiness flips each)"
         );
-        for (client, v) in [("portwise", pw), ("native", nat)] {
-            for (dir, sel) in [
-                ("→ NotReady", Some(false)),
-                ("→ Ready", Some(true)),
-                ("all", None),
-            ] {
-                let v: Vec<&Flip> = v
-                    .iter()
-                    .filter(|f| sel.is_none_or(|r| f.ready == r))
-                    .collect();
-                let c = |f: fn(&Flip) -> f64| v.iter().map(|x| f(x)).collect::<Vec<f64>>();
-                let two = |xs: Vec<f64>| format!("{} / {}", ms(pct(&xs, 0.5)), ms(pct(&xs, 0.99)));
-                let _ = writeln!(
-                    table,
-                    "| {client} | {dir} | {} | {} | {} | {} | {} | {} / {} | {} |",
-                    v.len(),
-                    ms(pct(&c(|f| f.patch), 0.5)),
-                    two(c(slice)),
-                    two(c(routed)),
-                    two(c(proxy_part)),
-                    ms(pct(&c(|f| f.bracket), 0.5)),
-                    ms(pct(&c(|f| f.bracket), 1.0)),
-                    v.iter().map(|f| f.anomalies).sum::<usize>(),
-                );
-            }
-        }
+        self.flip_figures(&label, "kube-proxy", run);
+        let table = flip_table(&run.results, "kube-proxy");
+        let services = run.services;
+        let req = &run.requests;
+        let (syncs, sync_secs) = run.syncs.unwrap_or((0.0, 0.0));
         let mean_sync = if syncs > 0.0 {
             ms(sync_secs / syncs * 1000.0)
         } else {
@@ -2865,11 +3187,59 @@ impl Bench {
         );
         self.report.section("Row 8: pod change to data path", body);
     }
+
+    fn row10_report(&mut self, flips: usize, per: usize, run: &FlipRun, agent_ready: Duration) {
+        let label = format!(
+            "10 pod change to Cilium's data path (cilium-agent v1.20.2, socket LB; {flips} \
+             readiness flips each)"
+        );
+        self.flip_figures(&label, "Cilium", run);
+        let table = flip_table(&run.results, "Cilium");
+        let req = &run.requests;
+        let body = format!(
+            "Row 8's protocol with Cilium as the data path instead of kube-proxy: a real \
+             cilium-agent (tests/cilium/build, v1.20.2; kube-proxy replacement with socket load \
+             balancing, confined to a cgroup2 sub-cgroup of its own; tests/src/cilium.rs), ready \
+             {} after its start, runs as Node `{CILIUM_NODE}` against the same apiserver. Two \
+             Services of the same shape (80 → 8080, {per} pods, `internalTrafficPolicy: Local`, \
+             pod 0 on Cilium's Node, the others on the bench Nodes), one native with \
+             `spec.selector`, one selector-less judged by portwise (`membership: podReady`), \
+             each pod a real TCP server answering with its name. Each flip makes the Node's pod \
+             NotReady or Ready again, {flips} times per Service, in turns.\n\n\
+             **How connections are made.** Socket LB rewrites `connect()` only for the \
+             processes of Cilium's cgroup, so the prober is a child process (`bench --probe`) \
+             moved into that cgroup; it opens a new connection every {} ms and reports each \
+             `connect`'s CLOCK_MONOTONIC time and outcome, which the bench puts on its own clock \
+             (the same clock). While the pod is no member, socket LB fails the `connect` itself \
+             (no local backend), so any refusal or failure counts as the old or new state; an \
+             answer by another pod is out of order. Everything else (settling after \
+             {SETTLED_RUN} probes in a row, brackets, the slice seen by the bench's own watch) is \
+             as in row 8.\n\n{table}\n\
+             EndpointSlice writes during the flips (audit log): portwise {}, native {} (one per \
+             flip expected).",
+            secs(agent_ready),
+            PROBE_EVERY.as_millis(),
+            req.slice_writes("portwise"),
+            req.slice_writes("native"),
+        );
+        self.report
+            .section("Row 10: pod change to Cilium's data path", body);
+    }
 }
 
 // ---- main ------------------------------------------------------------------------------------
 
 fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("--probe") {
+        return match &args[2..] {
+            [addr, victim] => probe_main(addr, victim),
+            _ => {
+                eprintln!("usage: bench --probe ADDR VICTIM");
+                ExitCode::from(2)
+            }
+        };
+    }
     let knobs = Knobs::from_env();
     let work = match tempfile::Builder::new().prefix("portwise-bench.").tempdir() {
         Ok(t) => t.keep(),
@@ -2989,6 +3359,17 @@ async fn run(knobs: Knobs, bcp: BenchCp, work: PathBuf, machine: String) -> Resu
     {
         b.report
             .not_measured("8 pod change to data path", "all", &format!("{e:#}"));
+    }
+    // After row 8: the agent takes the data path from kube-proxy (one at a
+    // time in a namespace).
+    if b.knobs.row(10)
+        && let Err(e) = b.row10().await
+    {
+        b.report.not_measured(
+            "10 pod change to Cilium's data path",
+            "all",
+            &format!("{e:#}"),
+        );
     }
     // Last: its 100k pods would weigh on every later row.
     if b.knobs.row(9)
