@@ -4,8 +4,9 @@
 //! A cold `.ci/run` must finish within its budget on two cores
 //! (docs/build-times.md, "The budget"). Helm, the registry, cosign,
 //! promtool and the image's release musl build are a third of a cold run's
-//! CPU and serve a few tests, and cilium-agent (`cilium`, about 1,250 CPU-s
-//! cold) serves the Cilium tests, so on a machine that has not built them yet `./test` does not
+//! CPU and serve a few tests, cilium-agent (`cilium`, about 1,250 CPU-s
+//! cold) serves the Cilium tests and pilot-discovery (`istiod`) the istiod
+//! tests, so on a machine that has not built them yet `./test` does not
 //! build them before the suite: it lists them in `PORTWISE_DEFERRED`, builds
 //! them after the suite for the next run, and prints which tests did not
 //! run and why. Every test that needs one of them asks [`skip`] first.

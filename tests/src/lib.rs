@@ -34,6 +34,7 @@ pub mod deferred;
 pub mod faults;
 mod identity;
 mod image_build;
+pub mod istiod;
 mod listeners;
 mod namespace;
 mod objects;

@@ -18,6 +18,7 @@ mod demo;
 mod dual_stack;
 mod endpoint_fields;
 mod faults;
+mod istiod;
 mod leader_election;
 mod legacy_endpoints;
 mod migration;
