@@ -52,6 +52,9 @@ fn plan(module: &str) -> (Value, &'static str) {
         "ready-role.wasm" => (json!({"roles": ["primary"]}), "HTTP GET loopback"),
         "python-tier-check.wasm" => (json!({"tiers": ["frontend"]}), "label (no tier)"),
         "js-drain-check.wasm" => (Value::Null, "drain annotation"),
+        // Not shipped: host/wasm/benches/js-empty-check.js, the floor under
+        // any JavaScript checker (built and measured by hand, see there).
+        "js-empty-check.wasm" => (Value::Null, "nothing (empty check)"),
         "c-port-names.wasm" => (
             json!({"annotation": "app.example.com/ports"}),
             "port not listed",
