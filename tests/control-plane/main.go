@@ -25,6 +25,7 @@ subcommands:
   kubectl             kubectl
   version             print the Kubernetes version this binary was built from
   pki DIR             write CA, serving/client certs and service-account key into DIR
+  client-cert PKI_DIR NAME CN [ORG...]   sign a client cert with DIR's CA
   free-ports [--prefer P] N   print N free loopback TCP ports
   probe [--ca F] [--cert F --key F] URL   GET URL, exit 0 on HTTP 200
 
@@ -59,6 +60,8 @@ func main() {
 		printVersion()
 	case "pki":
 		os.Exit(runPKI(rest))
+	case "client-cert":
+		os.Exit(runClientCert(rest))
 	case "free-ports":
 		os.Exit(runFreePorts(rest))
 	case "probe":

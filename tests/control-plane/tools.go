@@ -267,3 +267,60 @@ func writeKey(path string, key any) error {
 	}
 	return os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), 0o600)
 }
+
+// runClientCert signs a client certificate with the PKI directory's CA:
+//
+//	client-cert PKI_DIR NAME CN [ORG...]   writes PKI_DIR/NAME.crt and NAME.key
+//
+// tests/node/start uses it for the kubelet (CN=system:node:NODE,
+// O=system:nodes: the Node authorizer and NodeRestriction know it by that).
+// An existing pair is kept, like pki's.
+func runClientCert(args []string) int {
+	if len(args) < 3 {
+		fmt.Fprintln(os.Stderr, "usage: client-cert PKI_DIR NAME CN [ORG...]")
+		return 2
+	}
+	dir, name, cn, orgs := args[0], args[1], args[2], args[3:]
+	p := func(f string) string { return filepath.Join(dir, f) }
+	if _, err := os.Stat(p(name + ".key")); err == nil {
+		return 0
+	}
+	if err := signClientCert(p, name, cn, orgs); err != nil {
+		fmt.Fprintf(os.Stderr, "client-cert: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+func signClientCert(p func(string) string, name, cn string, orgs []string) error {
+	caPair, err := tls.LoadX509KeyPair(p("ca.crt"), p("ca.key"))
+	if err != nil {
+		return fmt.Errorf("reading the CA (run pki first): %w", err)
+	}
+	caCert, err := x509.ParseCertificate(caPair.Certificate[0])
+	if err != nil {
+		return err
+	}
+	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return err
+	}
+	now := time.Now().Add(-time.Hour)
+	tmpl := &x509.Certificate{
+		SerialNumber:          serial(),
+		Subject:               pkix.Name{CommonName: cn, Organization: orgs},
+		NotBefore:             now,
+		NotAfter:              now.Add(10 * 365 * 24 * time.Hour),
+		KeyUsage:              x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+		BasicConstraintsValid: true,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, caCert, &k.PublicKey, caPair.PrivateKey)
+	if err != nil {
+		return err
+	}
+	if err := writeCert(p(name+".crt"), der); err != nil {
+		return err
+	}
+	return writeKey(p(name+".key"), k)
+}

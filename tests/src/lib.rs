@@ -37,6 +37,7 @@ mod image_build;
 pub mod istiod;
 mod listeners;
 mod namespace;
+pub mod node;
 mod objects;
 mod observe;
 mod ops;
