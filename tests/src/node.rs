@@ -64,6 +64,21 @@ fn text(what: &str, out: Output) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
+/// `pw-workload connect`'s lines: `ok NAME`, `refused`, `failed WHY`.
+fn parse_answers(out: &str) -> Answers {
+    let mut answers = Answers::default();
+    for line in out.lines() {
+        if let Some(name) = line.strip_prefix("ok ") {
+            *answers.by_pod.entry(name.to_string()).or_default() += 1;
+        } else if line == "refused" {
+            answers.refused += 1;
+        } else {
+            answers.failed += 1;
+        }
+    }
+    answers
+}
+
 impl RealNode {
     /// The node `tests/node/run-suite` started (`PORTWISE_NODE_DIR`).
     pub async fn shared() -> Result<&'static RealNode> {
@@ -240,16 +255,7 @@ impl RealNode {
             &n_text,
             "1000",
         ])?;
-        let mut answers = Answers::default();
-        for line in out.lines() {
-            if let Some(name) = line.strip_prefix("ok ") {
-                *answers.by_pod.entry(name.to_string()).or_default() += 1;
-            } else if line == "refused" {
-                answers.refused += 1;
-            } else {
-                answers.failed += 1;
-            }
-        }
+        let answers = parse_answers(&out);
         if answers.by_pod.values().sum::<usize>() + answers.refused + answers.failed != n {
             bail!(
                 "pw-workload connect printed {} lines for {n} connections:\n{out}",
@@ -388,11 +394,14 @@ pub fn slice_writes_by(audit_log: &Path, user: &str) -> Result<Vec<(String, Stri
     Ok(out)
 }
 
+/// One endpoint of one slice version: pod, ready, serving, terminating.
+pub type EndpointState = (String, bool, bool, bool);
+
 /// Every version of portwise's slices of `ns/svc` seen by a watch from
 /// [`SliceHistory::start`] on: a change that lasts a second (a container
 /// restarted at once) is caught even when no poll would be.
 pub struct SliceHistory {
-    seen: std::sync::Arc<std::sync::Mutex<Vec<Members>>>,
+    seen: std::sync::Arc<std::sync::Mutex<Vec<BTreeMap<String, Vec<EndpointState>>>>>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -410,18 +419,28 @@ impl SliceHistory {
         let task = tokio::spawn(async move {
             let mut stream = std::pin::pin!(watcher(api, cfg).applied_objects());
             while let Some(Ok(s)) = stream.next().await {
-                let ready: Vec<String> = s
+                let states: Vec<EndpointState> = s
                     .endpoints
                     .iter()
                     .flatten()
-                    .filter(|e| e.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true))
-                    .filter_map(|e| e.target_ref.as_ref().and_then(|r| r.name.clone()))
+                    .map(|e| {
+                        let c = e.conditions.clone().unwrap_or_default();
+                        (
+                            e.target_ref
+                                .as_ref()
+                                .and_then(|r| r.name.clone())
+                                .unwrap_or_default(),
+                            c.ready.unwrap_or(true),
+                            c.serving.unwrap_or(true),
+                            c.terminating.unwrap_or(false),
+                        )
+                    })
                     .collect();
                 let by_port = s
                     .ports
                     .iter()
                     .flatten()
-                    .map(|p| (p.name.clone().unwrap_or_default(), ready.clone()))
+                    .map(|p| (p.name.clone().unwrap_or_default(), states.clone()))
                     .collect();
                 sink.lock().expect("history lock").push(by_port);
             }
@@ -430,8 +449,18 @@ impl SliceHistory {
     }
 
     /// Whether some version of a slice listing `port` had ready members
-    /// matching `pred`.
+    /// (sorted pod names) matching `pred`.
     pub fn saw(&self, port: &str, pred: impl Fn(&[String]) -> bool) -> bool {
+        self.saw_endpoints(port, |eps| {
+            let mut ready: Vec<String> = eps.iter().filter(|e| e.1).map(|e| e.0.clone()).collect();
+            ready.sort();
+            pred(&ready)
+        })
+    }
+
+    /// Whether some version of a slice listing `port` had endpoints
+    /// matching `pred`.
+    pub fn saw_endpoints(&self, port: &str, pred: impl Fn(&[EndpointState]) -> bool) -> bool {
         self.seen
             .lock()
             .expect("history lock")
@@ -441,7 +470,7 @@ impl SliceHistory {
     }
 
     /// Everything seen, for a failure message.
-    pub fn versions(&self) -> Vec<Members> {
+    pub fn versions(&self) -> Vec<BTreeMap<String, Vec<EndpointState>>> {
         self.seen.lock().expect("history lock").clone()
     }
 }
@@ -449,5 +478,63 @@ impl SliceHistory {
 impl Drop for SliceHistory {
     fn drop(&mut self) {
         self.task.abort();
+    }
+}
+
+/// Traffic from a client pod for the length of an operation (an upgrade,
+/// a failover, a rollout): `pw-workload connect` in the background, one
+/// connection every `interval`, each answered, refused or failed.
+pub struct Traffic {
+    child: std::process::Child,
+    what: String,
+}
+
+impl RealNode {
+    /// Starts `count` connections to `ip:port` from `ns/pod`, `interval` apart.
+    pub fn traffic(
+        &self,
+        (ns, pod): (&str, &str),
+        (ip, port): (&str, u16),
+        count: usize,
+        interval: Duration,
+    ) -> Result<Traffic> {
+        let args = [
+            "kubectl".to_string(),
+            "-n".into(),
+            ns.into(),
+            "exec".into(),
+            pod.into(),
+            "--".into(),
+            "/pw-workload".into(),
+            "connect".into(),
+            ip.into(),
+            port.to_string(),
+            count.to_string(),
+            "1000".into(),
+            interval.as_millis().to_string(),
+        ];
+        let child = Command::new(self.kubectl_path()?)
+            .args(&args)
+            .env("KUBECONFIG", self.kubeconfig()?)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .context("starting kubectl exec … pw-workload connect")?;
+        Ok(Traffic {
+            child,
+            what: format!("{ip}:{port} from {ns}/{pod}"),
+        })
+    }
+}
+
+impl Traffic {
+    /// Waits for the connections to finish: what they met.
+    pub fn finish(self) -> Result<Answers> {
+        let out = self.child.wait_with_output()?;
+        Ok(parse_answers(&text(
+            &format!("traffic to {}", self.what),
+            out,
+        )?))
     }
 }

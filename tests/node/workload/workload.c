@@ -15,9 +15,10 @@
  *       test fails with `kubectl exec POD -- pw-workload unready`.
  *   pw-workload unready | pw-workload recover
  *       Create or remove /unready (the image has no /tmp).
- *   pw-workload connect HOST PORT COUNT TIMEOUT_MS
+ *   pw-workload connect HOST PORT COUNT TIMEOUT_MS [INTERVAL_MS]
  *       COUNT connections, one line each: "ok NAME", "refused" or
- *       "failed WHY" (the format of tests/src/consumers.rs's clients).
+ *       "failed WHY" (the format of tests/src/consumers.rs's clients),
+ *       INTERVAL_MS apart (default 0): traffic across an upgrade.
  *   pw-workload sleep
  *       Sleep until SIGTERM (a client pod's main process).
  */
@@ -106,9 +107,10 @@ static int serve(int argc, char **argv) {
 }
 
 static int connect_to(int argc, char **argv) {
-	if (argc != 4) return 2;
+	if (argc != 4 && argc != 5) return 2;
 	const char *host = argv[0];
 	int port = atoi(argv[1]), count = atoi(argv[2]), timeout_ms = atoi(argv[3]);
+	int interval_ms = argc == 5 ? atoi(argv[4]) : 0;
 	struct sockaddr_storage ss = {0};
 	socklen_t len;
 	struct sockaddr_in *a4 = (struct sockaddr_in *)&ss;
@@ -123,6 +125,7 @@ static int connect_to(int argc, char **argv) {
 	}
 	struct timeval tv = {.tv_sec = timeout_ms / 1000, .tv_usec = (timeout_ms % 1000) * 1000};
 	for (int i = 0; i < count; i++) {
+		if (i > 0 && interval_ms > 0) usleep(interval_ms * 1000);
 		int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
 		char buf[256];
 		size_t got = 0;
@@ -163,6 +166,6 @@ int main(int argc, char **argv) {
 		while (!terminated) pause();
 		return 0;
 	}
-	fprintf(stderr, "usage: pw-workload serve NAME [--drain S] PORT... | ready | unready | recover | connect HOST PORT COUNT TIMEOUT_MS | sleep\n");
+	fprintf(stderr, "usage: pw-workload serve NAME [--drain S] PORT... | ready | unready | recover | connect HOST PORT COUNT TIMEOUT_MS [INTERVAL_MS] | sleep\n");
 	return 2;
 }

@@ -13,7 +13,7 @@ use crate::support::*;
 /// documented command (`--create-namespace`, then label the namespace for
 /// Pod Security) installs, and the pods run under the chart's restricted
 /// security context, which the labelled namespace then enforces.
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn helm_install_with_create_namespace_runs_two_replicas_and_one_leader() -> Result<()> {
     let node = RealNode::shared().await?;
     let image = node.portwise_image()?;
@@ -111,7 +111,7 @@ async fn helm_install_with_create_namespace_runs_two_replicas_and_one_leader() -
 
 /// `kubectl apply -k deploy/kustomize`: the base creates and labels its
 /// namespace itself, and reaches the same 2/2 with one leader.
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kustomize_base_installs_with_kubectl_apply_k() -> Result<()> {
     let node = RealNode::shared().await?;
     node.portwise_image()?;

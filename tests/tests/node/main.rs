@@ -4,8 +4,11 @@
 //! pods that are real containers, and kube-proxy routing ClusterIP traffic
 //! from a client pod by what it published.
 //!
-//! Run by `tests/node/run-suite` (./test does), one test at a time.
+//! Run by `tests/node/run-suite` (./test does), one test at a time. Each
+//! runs on a multi-threaded runtime: kubectl and helm block their thread,
+//! and a watch (`SliceHistory`) must keep running meanwhile.
 
 mod install;
+mod lifecycle;
 mod publish;
 mod support;

@@ -72,7 +72,7 @@ pub const PORTWISE_SA: &str = "system:serviceaccount:portwise-system:portwise";
 /// to real containers, routed by kube-proxy; and the troubleshooting
 /// command the chart's notes give, run in the pod, says why `b` is not an
 /// https member.
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_cluster_portwise_publishes_each_ports_members_and_kube_proxy_routes_by_them()
 -> Result<()> {
     let node = RealNode::shared().await?;
@@ -132,7 +132,7 @@ async fn in_cluster_portwise_publishes_each_ports_members_and_kube_proxy_routes_
 
 /// A failing readiness probe and a killed container, each seen in the
 /// slices and in the traffic, and their recovery too.
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_probe_and_a_killed_container_leave_and_rejoin() -> Result<()> {
     let node = RealNode::shared().await?;
     helm_install(node, "portwise", &["--set-json", DIAL_MEMBERSHIP])?;
@@ -187,7 +187,7 @@ async fn a_failing_probe_and_a_killed_container_leave_and_rejoin() -> Result<()>
 /// to the last published members (nothing deletes what the Service owns;
 /// the garbage collector removes them with the Service). A new install
 /// takes them over without a write.
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn helm_uninstall_leaves_the_slices_and_a_reinstall_adopts_them_without_a_write() -> Result<()>
 {
     let node = RealNode::shared().await?;

@@ -1,0 +1,446 @@
+//! What happens to a running installation: its modules updated in place,
+//! `helm upgrade` and `helm rollback`, the leader lost, and the workload's
+//! own rollout. Each is watched in the slices, in the apiserver's audit log
+//! (portwise's writes) and in traffic from a client pod.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result, ensure};
+use portwise_tests::{
+    guests_dir,
+    node::{RealNode, SliceHistory, ready_members, slice_writes_by},
+};
+
+use crate::{
+    publish::{PORTWISE_SA, shop},
+    support::*,
+};
+
+/// Writes `module`'s base64 to a file, for `--set-file` (as the chart's
+/// README says: `base64 -w0 NAME.wasm >NAME.b64`).
+fn module_b64(module: &str) -> Result<String> {
+    use base64::Engine as _;
+    let path = guests_dir().join(module);
+    let bytes = std::fs::read(&path)
+        .with_context(|| format!("reading {} (guests/build)", path.display()))?;
+    let out = std::env::temp_dir().join(format!("portwise-node-{}.b64", module.replace('/', "-")));
+    std::fs::write(
+        &out,
+        base64::engine::general_purpose::STANDARD.encode(bytes),
+    )?;
+    Ok(out.display().to_string())
+}
+
+/// The pods of the release, by name.
+fn portwise_pods(node: &RealNode) -> Result<Vec<String>> {
+    let mut pods: Vec<String> = node
+        .kubectl(&[
+            "-n",
+            SYSTEM_NS,
+            "get",
+            "pods",
+            "-l",
+            "app.kubernetes.io/name=portwise",
+            "-o",
+            "name",
+        ])?
+        .lines()
+        .map(str::to_string)
+        .collect();
+    pods.sort();
+    Ok(pods)
+}
+
+const MODULE_MEMBERSHIP: &str = r#"config.membership={"perPort":{"ports":{
+  "http":{"all":["podReady",{"tcpDial":{"timeout":"1s"}}]},
+  "https":{"all":["podReady",{"wasm":{"module":"check.wasm","config":{"label":"shop.example/tls"}}}]}}}}"#;
+
+/// A WebAssembly checker from the chart's modules ConfigMap decides the
+/// https port; a new module in the same ConfigMap reaches the running pods
+/// through the kubelet's atomic `..data` swap, without a restart; a broken
+/// one leaves the previous module deciding.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn modules_from_the_chart_decide_a_port_and_reload_in_place() -> Result<()> {
+    let node = RealNode::shared().await?;
+    // check.wasm v1: the C port-names guest, which includes a pod whose
+    // label lists the port's name. v2: the Rust template, which includes a
+    // labelled pod (any value) whose port answers a dial. a lists https, c
+    // lists "none", b has no label; a and c serve 8443.
+    let v1 = module_b64("c-port-names.wasm")?;
+    let v2 = module_b64("templates/rust-template.wasm")?;
+    let broken = module_b64("hostile/garbage.wasm")?;
+    let compact: String = MODULE_MEMBERSHIP.split_whitespace().collect();
+    helm_install(
+        node,
+        "portwise",
+        &[
+            "--set-json",
+            &compact,
+            "--set-file",
+            &format!("modules.binaryData.check\\.wasm={v1}"),
+        ],
+    )?;
+    two_ready_one_leader(node, "portwise").await?;
+    let shop = shop(node, "shop-modules").await?;
+    for (pod, value) in [("a", "https"), ("c", "none")] {
+        node.kubectl(&[
+            "-n",
+            &shop.ns,
+            "label",
+            "pod",
+            pod,
+            &format!("shop.example/tls={value}"),
+        ])?;
+    }
+    shop.expect(node, &["a", "b"], &["a"]).await?;
+    let pods = portwise_pods(node)?;
+
+    let upgrade = |file: &str| {
+        node.helm(&[
+            "upgrade",
+            "portwise",
+            "deploy/helm",
+            "-n",
+            SYSTEM_NS,
+            "--reuse-values",
+            "--wait",
+            "--set-file",
+            &format!("modules.binaryData.check\\.wasm={file}"),
+        ])
+    };
+    upgrade(&v2)?;
+    // The kubelet swaps the ConfigMap's files within its sync period (10 s
+    // on this node); portwise reloads and re-judges.
+    shop.expect(node, &["a", "b"], &["a", "c"]).await?;
+    ensure!(
+        portwise_pods(node)? == pods,
+        "a module update restarted the pods: {pods:?} -> {:?}",
+        portwise_pods(node)?
+    );
+
+    let writes = slice_writes_by(&node.audit_log(), PORTWISE_SA)?.len();
+    upgrade(&broken)?;
+    let client = node.client();
+    let (_, leader) = ready_replicas_and_leader(node, "portwise")?;
+    portwise_tests::wait_for(Duration::from_secs(60), || async {
+        let logs = node.kubectl(&["-n", SYSTEM_NS, "logs", &leader])?;
+        ensure!(
+            logs.lines()
+                .any(|l| l.contains("check.wasm") && (l.contains("ERROR") || l.contains("WARN"))),
+            "the leader's log does not report the broken check.wasm yet"
+        );
+        Ok(())
+    })
+    .await?;
+    // Past a resync of every verdict (the chart's resyncPeriod is 30 s).
+    tokio::time::sleep(Duration::from_secs(35)).await;
+    let have = ready_members(&client, &shop.ns, "shop").await?;
+    ensure!(
+        have == portwise_tests::node::members([
+            ("http", &["a", "b"][..]),
+            ("https", &["a", "c"][..])
+        ]),
+        "a broken module update changed what was published: {have:?}"
+    );
+    let after = slice_writes_by(&node.audit_log(), PORTWISE_SA)?;
+    ensure!(
+        after.len() == writes,
+        "a broken module update wrote slices: {:?}",
+        &after[writes..]
+    );
+    shop.expect(node, &["a", "b"], &["a", "c"]).await?;
+
+    helm_uninstall(node, "portwise")?;
+    delete_namespace(node, &shop.ns)?;
+    Ok(())
+}
+
+/// `helm upgrade` with a changed config rolls the pods while traffic keeps
+/// flowing and the unchanged slices get no write; `helm rollback` restores
+/// the previous config the same way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn helm_upgrade_and_rollback_roll_the_pods_without_a_write_or_a_failed_connection()
+-> Result<()> {
+    let node = RealNode::shared().await?;
+    helm_install(node, "portwise", &["--set-json", DIAL_MEMBERSHIP])?;
+    two_ready_one_leader(node, "portwise").await?;
+    let shop = shop(node, "shop-upgrade").await?;
+    shop.expect(node, &["a", "b"], &["a", "c"]).await?;
+    let config = || {
+        node.kubectl(&[
+            "-n",
+            SYSTEM_NS,
+            "get",
+            "configmap",
+            "portwise-config",
+            "-o",
+            "jsonpath={.data.config\\.yaml}",
+        ])
+    };
+    ensure!(
+        config()?.contains("resyncPeriod: 30s"),
+        "revision 1's config: {}",
+        config()?
+    );
+
+    for (what, args) in [
+        (
+            "upgrade",
+            vec![
+                "upgrade",
+                "portwise",
+                "deploy/helm",
+                "-n",
+                SYSTEM_NS,
+                "--reuse-values",
+                "--set",
+                "config.resyncPeriod=20s",
+                "--wait",
+            ],
+        ),
+        (
+            "rollback",
+            vec!["rollback", "portwise", "1", "-n", SYSTEM_NS, "--wait"],
+        ),
+    ] {
+        let pods = portwise_pods(node)?;
+        let writes = slice_writes_by(&node.audit_log(), PORTWISE_SA)?.len();
+        // About 20 s of traffic, one connection every 50 ms, across the roll.
+        let traffic = node.traffic(
+            (&shop.ns, "client"),
+            (&shop.ip, 80),
+            400,
+            Duration::from_millis(50),
+        )?;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        node.helm(&args)?;
+        node.kubectl(&[
+            "-n",
+            SYSTEM_NS,
+            "rollout",
+            "status",
+            "deployment/portwise",
+            "--timeout=120s",
+        ])?;
+        two_ready_one_leader(node, "portwise").await?;
+        let answers = traffic.finish()?;
+        ensure!(
+            answers.refused == 0 && answers.failed == 0 && answers.pods() == ["a", "b"],
+            "traffic across helm {what}: {answers:?}"
+        );
+        let now = portwise_pods(node)?;
+        ensure!(
+            now.iter().all(|p| !pods.contains(p)),
+            "helm {what} did not roll the pods: {pods:?} -> {now:?}"
+        );
+        let after = slice_writes_by(&node.audit_log(), PORTWISE_SA)?;
+        ensure!(
+            after.len() == writes,
+            "helm {what} wrote unchanged slices: {:?}",
+            &after[writes..]
+        );
+    }
+    ensure!(
+        config()?.contains("resyncPeriod: 30s"),
+        "helm rollback did not restore the config: {}",
+        config()?
+    );
+    let history = node.helm(&["history", "portwise", "-n", SYSTEM_NS])?;
+    ensure!(history.contains("Rollback to 1"), "helm history: {history}");
+
+    helm_uninstall(node, "portwise")?;
+    delete_namespace(node, &shop.ns)?;
+    Ok(())
+}
+
+/// Deleting the leader pod hands the Lease to the other replica within the
+/// lease duration (the chart's default, 15 s), with no slice write and no
+/// failed connection; the new leader then follows a change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_the_leader_hands_over_without_a_write_or_a_failed_connection() -> Result<()> {
+    let node = RealNode::shared().await?;
+    helm_install(node, "portwise", &["--set-json", DIAL_MEMBERSHIP])?;
+    let (ready, leader) = two_ready_one_leader(node, "portwise").await?;
+    let shop = shop(node, "shop-failover").await?;
+    shop.expect(node, &["a", "b"], &["a", "c"]).await?;
+    let other = ready
+        .iter()
+        .find(|p| **p != leader)
+        .context("a second replica")?
+        .clone();
+    let writes = slice_writes_by(&node.audit_log(), PORTWISE_SA)?.len();
+
+    let traffic = node.traffic(
+        (&shop.ns, "client"),
+        (&shop.ip, 443),
+        200,
+        Duration::from_millis(50),
+    )?;
+    let t0 = tokio::time::Instant::now();
+    node.kubectl(&["-n", SYSTEM_NS, "delete", "pod", &leader, "--wait=false"])?;
+    let took = portwise_tests::wait_for(Duration::from_secs(15), || async {
+        let (_, now) = ready_replicas_and_leader(node, "portwise")?;
+        ensure!(
+            now == other,
+            "the Lease is held by {now:?}, not yet by {other}"
+        );
+        Ok(t0.elapsed())
+    })
+    .await
+    .context("the Lease did not move to the other replica within the lease duration")?;
+    eprintln!("failover: {other} holds the Lease {took:?} after the leader's deletion");
+    let answers = traffic.finish()?;
+    ensure!(
+        answers.refused == 0 && answers.failed == 0 && answers.pods() == ["a", "c"],
+        "traffic across the failover: {answers:?}"
+    );
+    let after = slice_writes_by(&node.audit_log(), PORTWISE_SA)?;
+    ensure!(
+        after.len() == writes,
+        "the failover wrote unchanged slices: {:?}",
+        &after[writes..]
+    );
+
+    // The new leader decides: b's probe fails, b leaves http.
+    node.kubectl(&["-n", &shop.ns, "exec", "b", "--", "/pw-workload", "unready"])?;
+    shop.expect(node, &["a"], &["a", "c"]).await?;
+
+    helm_uninstall(node, "portwise")?;
+    delete_namespace(node, &shop.ns)?;
+    Ok(())
+}
+
+/// A Deployment rollout of a colocated workload: each old pod is published
+/// as terminating (ready false, serving true) while it drains, clients meet
+/// no failed connection, and the slices end with exactly the new pods.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_workload_rollout_keeps_terminating_pods_serving_until_they_go() -> Result<()> {
+    let node = RealNode::shared().await?;
+    helm_install(node, "portwise", &["--set-json", DIAL_MEMBERSHIP])?;
+    two_ready_one_leader(node, "portwise").await?;
+    let ns = "shop-rollout";
+    let image = node.workload_image()?;
+    node.apply(&format!(
+        "{}---\n{}---\n{}",
+        namespace(ns),
+        colocated_service(
+            ns,
+            "shop",
+            "web",
+            &[("http", 80, 8080), ("https", 443, 8443)]
+        ),
+        client_pod(image, ns, "client"),
+    ))?;
+    node.apply(&format!(
+        r#"apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: web, namespace: {ns}}}
+spec:
+  replicas: 2
+  selector: {{matchLabels: {{app: web}}}}
+  strategy: {{rollingUpdate: {{maxSurge: 1, maxUnavailable: 0}}}}
+  template:
+    metadata:
+      labels: {{app: web}}
+      annotations: {{{GROUP_KEY}: web}}
+    spec:
+      terminationGracePeriodSeconds: 10
+      containers:
+      - name: serve
+        image: {image}
+        imagePullPolicy: Never
+        env:
+        - name: POD_NAME
+          valueFrom: {{fieldRef: {{fieldPath: metadata.name}}}}
+        args: ["serve", "$(POD_NAME)", "--drain", "4", "8080", "8443"]
+        readinessProbe:
+          exec: {{command: ["/pw-workload", "ready"]}}
+          periodSeconds: 1
+"#
+    ))?;
+    node.kubectl(&[
+        "-n",
+        ns,
+        "rollout",
+        "status",
+        "deployment/web",
+        "--timeout=120s",
+    ])?;
+    wait_ready(node, ns, &["client"])?;
+    let web_pods = || -> Result<Vec<String>> {
+        // Pods not being deleted: "NAME" alone on the line.
+        let out = node.kubectl(&["-n", ns, "get", "pods", "-l", "app=web", "-o", r#"jsonpath={range .items[*]}{.metadata.name} {.metadata.deletionTimestamp}{"\n"}{end}"#])?;
+        let mut v: Vec<String> = out
+            .lines()
+            .filter(|l| l.split_whitespace().count() == 1)
+            .map(|l| l.trim().to_string())
+            .collect();
+        v.sort();
+        Ok(v)
+    };
+    let old = web_pods()?;
+    let ip = cluster_ip(node, ns, "shop")?;
+    let old_refs: Vec<&str> = old.iter().map(String::as_str).collect();
+    node.expect_answers(
+        (ns, "client"),
+        (&ip, 80),
+        &old_refs,
+        Duration::from_secs(60),
+    )
+    .await?;
+
+    let history = SliceHistory::start(node.client(), ns, "shop");
+    let traffic = node.traffic((ns, "client"), (&ip, 80), 500, Duration::from_millis(50))?;
+    node.kubectl(&["-n", ns, "rollout", "restart", "deployment/web"])?;
+    node.kubectl(&[
+        "-n",
+        ns,
+        "rollout",
+        "status",
+        "deployment/web",
+        "--timeout=120s",
+    ])?;
+    // The old pods drain (4 s) and go.
+    node.kubectl(&[
+        "-n",
+        ns,
+        "wait",
+        "--for=delete",
+        "--timeout=60s",
+        &format!("pod/{}", old[0]),
+        &format!("pod/{}", old[1]),
+    ])?;
+    let new = web_pods()?;
+    ensure!(
+        new.iter().all(|p| !old.contains(p)) && new.len() == 2,
+        "after the rollout: {old:?} -> {new:?}"
+    );
+    let new_refs: Vec<&str> = new.iter().map(String::as_str).collect();
+    let client = node.client();
+    portwise_tests::wait_for(Duration::from_secs(30), || async {
+        let have = ready_members(&client, ns, "shop").await?;
+        let want =
+            portwise_tests::node::members([("http", &new_refs[..]), ("https", &new_refs[..])]);
+        ensure!(have == want, "published {have:?}, want {want:?}");
+        Ok(())
+    })
+    .await?;
+    let answers = traffic.finish()?;
+    ensure!(
+        answers.refused == 0 && answers.failed == 0,
+        "traffic across the rollout: {answers:?}"
+    );
+    for pod in &old {
+        ensure!(
+            history.saw_endpoints("http", |eps| eps.iter().any(
+                |(p, ready, serving, terminating)| p == pod && !ready && *serving && *terminating
+            )),
+            "{pod} was never published as terminating and serving: {:?}",
+            history.versions()
+        );
+    }
+
+    helm_uninstall(node, "portwise")?;
+    delete_namespace(node, ns)?;
+    Ok(())
+}
