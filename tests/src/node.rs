@@ -396,12 +396,14 @@ pub fn slice_writes_by(audit_log: &Path, user: &str) -> Result<Vec<(String, Stri
 
 /// One endpoint of one slice version: pod, ready, serving, terminating.
 pub type EndpointState = (String, bool, bool, bool);
+/// One version of a slice: its endpoints under each port it lists.
+pub type SliceVersion = BTreeMap<String, Vec<EndpointState>>;
 
 /// Every version of portwise's slices of `ns/svc` seen by a watch from
 /// [`SliceHistory::start`] on: a change that lasts a second (a container
 /// restarted at once) is caught even when no poll would be.
 pub struct SliceHistory {
-    seen: std::sync::Arc<std::sync::Mutex<Vec<BTreeMap<String, Vec<EndpointState>>>>>,
+    seen: std::sync::Arc<std::sync::Mutex<Vec<SliceVersion>>>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -470,7 +472,7 @@ impl SliceHistory {
     }
 
     /// Everything seen, for a failure message.
-    pub fn versions(&self) -> Vec<BTreeMap<String, Vec<EndpointState>>> {
+    pub fn versions(&self) -> Vec<SliceVersion> {
         self.seen.lock().expect("history lock").clone()
     }
 }
