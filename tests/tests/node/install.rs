@@ -109,6 +109,56 @@ async fn helm_install_with_create_namespace_runs_two_replicas_and_one_leader() -
     Ok(())
 }
 
+/// The one-command install: `--create-namespace --set namespace.create=true`.
+/// Helm creates the namespace, then takes it over from the chart and
+/// labels it for Pod Security. The chart keeps it on `helm uninstall`
+/// (`helm.sh/resource-policy: keep`): before that, the uninstall deleted
+/// the namespace with Helm's own release records in it and failed with
+/// "Failed to purge the release: release: not found".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn helm_install_can_create_and_label_the_namespace_and_uninstall_cleanly() -> Result<()> {
+    let node = RealNode::shared().await?;
+    node.portwise_image()?;
+    delete_namespace(node, SYSTEM_NS)?;
+    helm_install(node, "portwise", &["--set", "namespace.create=true"])?;
+    let enforce = || {
+        node.kubectl(&[
+            "get",
+            "namespace",
+            SYSTEM_NS,
+            "-o",
+            r#"jsonpath={.metadata.labels.pod-security\.kubernetes\.io/enforce}"#,
+        ])
+    };
+    ensure!(
+        enforce()? == "restricted",
+        "the chart's namespace enforces {:?}",
+        enforce()?
+    );
+    two_ready_one_leader(node, "portwise").await?;
+    let out = node.helm_output(&[
+        "uninstall",
+        "portwise",
+        "-n",
+        SYSTEM_NS,
+        "--wait",
+        "--timeout",
+        "2m",
+    ])?;
+    ensure!(
+        out.status.success(),
+        "helm uninstall of a release that created its namespace: {}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    ensure!(
+        enforce()? == "restricted",
+        "helm uninstall did not keep the namespace"
+    );
+    delete_namespace(node, SYSTEM_NS)?;
+    Ok(())
+}
+
 /// `kubectl apply -k deploy/kustomize`: the base creates and labels its
 /// namespace itself, and reaches the same 2/2 with one leader.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

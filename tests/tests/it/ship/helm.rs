@@ -268,6 +268,14 @@ fn normalize(mut obj: Value) -> Result<Value> {
                 }
             }
         }
+        "Namespace" => {
+            // Helm's own: keep the namespace (and its release records) on
+            // uninstall. The base has no annotations on it.
+            remove_path(
+                &mut obj,
+                &["metadata", "annotations", "helm.sh/resource-policy"],
+            );
+        }
         "Service" if obj["spec"].get("type").is_none() => {
             obj["spec"]["type"] = json!("ClusterIP");
         }
