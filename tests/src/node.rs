@@ -37,7 +37,6 @@ pub struct RealNode {
     /// A Config, not a Client: every `#[tokio::test]` has a runtime of its
     /// own, and a Client's worker dies with the runtime that made it.
     config: kube::Config,
-    helm: PathBuf,
 }
 
 impl std::fmt::Debug for RealNode {
@@ -93,6 +92,11 @@ impl RealNode {
                 "PORTWISE_NODE_DIR is unset: run the node tests with tests/node/run-suite \
              (./test does), which starts a real node inside the test network namespace",
             )?;
+        Self::open(dir).await
+    }
+
+    /// The node `tests/node/start DIR` started.
+    pub async fn open(dir: PathBuf) -> Result<RealNode> {
         let env_text = std::fs::read_to_string(dir.join("env"))
             .with_context(|| format!("reading {}/env (tests/node/start)", dir.display()))?;
         let env: BTreeMap<String, String> = env_text
@@ -108,13 +112,7 @@ impl RealNode {
             &KubeConfigOptions::default(),
         )
         .await?;
-        let helm = built_tool("tests/helm/build")?;
-        Ok(RealNode {
-            dir,
-            env,
-            config,
-            helm,
-        })
+        Ok(RealNode { dir, env, config })
     }
 
     /// A value of the node's env file (tests/node/start).
@@ -216,7 +214,7 @@ impl RealNode {
 
     /// `helm ARGS` whatever it returns.
     pub fn helm_output(&self, args: &[&str]) -> Result<Output> {
-        self.tool(&self.helm, args, None)
+        self.tool(&built_tool("tests/helm/build")?, args, None)
     }
 
     /// `ctr` against the node's containerd, in the CRI's namespace.

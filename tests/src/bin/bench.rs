@@ -102,7 +102,7 @@ impl Knobs {
         let rows = std::env::var("BENCH_ROWS")
             .ok()
             .map(|s| s.split(',').filter_map(|r| r.trim().parse().ok()).collect())
-            .unwrap_or_else(|| (1..=10).collect());
+            .unwrap_or_else(|| (1..=11).collect());
         let out = match std::env::var("BENCH_OUT") {
             Ok(s) if s.is_empty() || s == "-" => None,
             Ok(s) => Some(PathBuf::from(s)),
@@ -3229,6 +3229,246 @@ impl Bench {
 
 // ---- main ------------------------------------------------------------------------------------
 
+// ---- row 11: a Deployment rollout of real pods ------------------------------
+
+/// The real node of row 11 (tests/node/start), stopped on drop; one per
+/// machine at a time (the lock tests/node/run-suite takes).
+struct StartedNode {
+    dir: PathBuf,
+    _lock: std::fs::File,
+}
+
+impl StartedNode {
+    fn start(dir: &Path) -> Result<Self> {
+        let cache = std::env::var_os("PORTWISE_CACHE")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| {
+                PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/portwise")
+            });
+        let lock = std::fs::File::create(cache.join("node.lock"))?;
+        use std::os::fd::AsRawFd as _;
+        // SAFETY: flock on a descriptor this function owns.
+        if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) } != 0 {
+            bail!(
+                "locking {}: {}",
+                cache.join("node.lock").display(),
+                std::io::Error::last_os_error()
+            );
+        }
+        let status = std::process::Command::new(repo_root().join("tests/node/start"))
+            .arg(dir)
+            .stdin(Stdio::null())
+            .status()?;
+        let node = StartedNode {
+            dir: dir.to_path_buf(),
+            _lock: lock,
+        };
+        if !status.success() {
+            bail!("tests/node/start {} failed ({status})", dir.display());
+        }
+        Ok(node)
+    }
+}
+
+impl Drop for StartedNode {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new(repo_root().join("tests/node/stop"))
+            .arg(&self.dir)
+            .stdin(Stdio::null())
+            .status();
+    }
+}
+
+/// The ready endpoints' pods of each Service in `ns`, by Service name.
+async fn ready_pods_by_service(
+    slices: &Api<EndpointSlice>,
+) -> Result<HashMap<String, BTreeSet<String>>> {
+    let mut out: HashMap<String, BTreeSet<String>> = HashMap::new();
+    for s in slices.list(&kube::api::ListParams::default()).await?.items {
+        let Some(svc) = s
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get("kubernetes.io/service-name"))
+            .cloned()
+        else {
+            continue;
+        };
+        let set = out.entry(svc).or_default();
+        for e in s.endpoints.iter().flatten() {
+            if e.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true)
+                && let Some(pod) = e.target_ref.as_ref().and_then(|r| r.name.clone())
+            {
+                set.insert(pod);
+            }
+        }
+    }
+    Ok(out)
+}
+
+impl Bench {
+    /// Row 11: `kubectl rollout restart` of a Deployment of N real pods on
+    /// a real node (tests/node), and how long until each controller's slices
+    /// hold exactly the N new pods as ready: portwise (a selector-less
+    /// Service aligned by annotation, `membership: podReady`) and the
+    /// native controller (a selector twin of it), in the same rollouts.
+    async fn row11(&mut self) -> Result<()> {
+        const NS: &str = "bench-rollout";
+        let pods = env_usize("BENCH_ROLLOUT_PODS", 20).max(2);
+        let runs = self.knobs.fair_runs;
+        eprintln!("bench: row 11: a real node, a Deployment of {pods} pods, {runs} rollouts");
+        let dir = self.work.join("node");
+        let _ = std::fs::remove_dir_all(&dir);
+        let started = StartedNode::start(&dir)?;
+        let node = portwise_tests::node::RealNode::open(dir.clone()).await?;
+        let client = node.client();
+        let image = node.workload_image()?.to_string();
+        node.apply(&format!(
+            r#"apiVersion: v1
+kind: Namespace
+metadata: {{name: {NS}}}
+---
+apiVersion: v1
+kind: Service
+metadata: {{name: native, namespace: {NS}}}
+spec:
+  selector: {{app: web}}
+  ports: [{{name: http, port: 80, targetPort: 8080}}]
+---
+apiVersion: v1
+kind: Service
+metadata: {{name: colocated, namespace: {NS}, annotations: {{{GROUP_KEY}: web}}}}
+spec:
+  ports: [{{name: http, port: 80, targetPort: 8080}}]
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: web, namespace: {NS}}}
+spec:
+  replicas: {pods}
+  selector: {{matchLabels: {{app: web}}}}
+  template:
+    metadata:
+      labels: {{app: web}}
+      annotations: {{{GROUP_KEY}: web}}
+    spec:
+      terminationGracePeriodSeconds: 2
+      containers:
+      - name: serve
+        image: {image}
+        imagePullPolicy: Never
+        args: ["serve", "web", "8080"]
+        readinessProbe:
+          exec: {{command: ["/pw-workload", "ready"]}}
+          periodSeconds: 1
+"#
+        ))?;
+        let mut pw = Portwise::builder(self.cp)
+            .name("portwise-row11")
+            .dir(&self.work)
+            .bin(&release_bin()?)
+            .namespaces(&[NS])
+            .config(&portwise_config("", "podReady"))
+            .identity(Path::new(node.kubeconfig()?))
+            .log_filter("info")
+            .quiet()
+            .start()
+            .await?;
+        let slices: Api<EndpointSlice> = Api::namespaced(client, NS);
+        let res = async {
+            node.kubectl(&[
+                "-n",
+                NS,
+                "rollout",
+                "status",
+                "deployment/web",
+                "--timeout=300s",
+            ])?;
+            let settle = Instant::now();
+            loop {
+                let by = ready_pods_by_service(&slices).await?;
+                let n = |s: &str| by.get(s).map_or(0, |p| p.len());
+                if n("native") == pods && n("colocated") == pods {
+                    break;
+                }
+                if settle.elapsed() > Duration::from_secs(120) {
+                    bail!("the slices never held the {pods} pods before the rollouts: {by:?}");
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            let mut times: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
+            let mut rollout_times = Vec::new();
+            for run in 0..runs {
+                let old = ready_pods_by_service(&slices)
+                    .await?
+                    .remove("native")
+                    .unwrap_or_default();
+                let t0 = Instant::now();
+                node.kubectl(&["-n", NS, "rollout", "restart", "deployment/web"])?;
+                let mut done: [Option<Duration>; 2] = [None, None];
+                while done.iter().any(Option::is_none) {
+                    let by = ready_pods_by_service(&slices).await?;
+                    for (i, svc) in ["colocated", "native"].iter().enumerate() {
+                        let ready = by.get(*svc).cloned().unwrap_or_default();
+                        if done[i].is_none() && ready.len() == pods && ready.is_disjoint(&old) {
+                            done[i] = Some(t0.elapsed());
+                        }
+                    }
+                    if t0.elapsed() > Duration::from_secs(300) {
+                        bail!("rollout {run}: the slices did not follow within 300 s: {done:?}");
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                node.kubectl(&[
+                    "-n",
+                    NS,
+                    "rollout",
+                    "status",
+                    "deployment/web",
+                    "--timeout=300s",
+                ])?;
+                rollout_times.push(t0.elapsed().as_secs_f64());
+                for i in 0..2 {
+                    times[i].push(done[i].expect("recorded").as_secs_f64());
+                }
+                eprintln!(
+                    "bench: row 11: rollout {run}: portwise {:.2} s, native {:.2} s",
+                    times[0][run], times[1][run]
+                );
+            }
+            Ok((times, rollout_times))
+        }
+        .await;
+        stop_portwise(&mut pw).await;
+        drop(started);
+        let (times, rollout_times) = res?;
+        let (p, n) = (median_of(&times[0]), median_of(&times[1]));
+        let each = |xs: &[f64]| {
+            xs.iter()
+                .map(|x| format!("{x:.2}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        self.report.row(
+            "11 rollout",
+            &format!(
+                "`kubectl rollout restart` of {pods} real pods → slices hold exactly the new pods,                  median of {runs} (each run, s: portwise {}; native {})",
+                each(&times[0]),
+                each(&times[1])
+            ),
+            format!("{p:.2} s"),
+            format!("{n:.2} s"),
+            ratio(p, n),
+            Goal::RatioAtMost(1.0),
+        );
+        self.protocol.push(format!(
+            "- **Row 11** runs on a real node (tests/node: kubelet, containerd, CNI bridge, a              control plane in node mode with the native controllers), in a cluster of its own. A              Deployment of {pods} pods (`pw-workload serve`, exec readiness probe every 1 s,              default rolling update: 25 % surge, 25 % unavailable) backs two Services: `native`              with `spec.selector` (the native endpointslice controller) and `colocated` without              one, aligned by `{GROUP_KEY}` (the release `portwise`, as a process, `membership:              podReady`). Each run times, from just before `kubectl rollout restart`, when each              Service's slices first list exactly {pods} ready pods, none of them an old one              (polled every 20 ms). Both follow the same pods in the same rollout. The rollout              itself (`kubectl rollout status` done) took a median of {:.2} s.",
+            median_of(&rollout_times)
+        ));
+        Ok(())
+    }
+}
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
     if args.get(1).map(String::as_str) == Some("--probe") {
@@ -3370,6 +3610,14 @@ async fn run(knobs: Knobs, bcp: BenchCp, work: PathBuf, machine: String) -> Resu
             "all",
             &format!("{e:#}"),
         );
+    }
+    // A cluster of its own with a real node, whose kube-proxy owns the
+    // namespace's data path: after rows 8 and 10.
+    if b.knobs.row(11)
+        && let Err(e) = b.row11().await
+    {
+        b.report
+            .not_measured("11 rollout of real pods", "all", &format!("{e:#}"));
     }
     // Last: its 100k pods would weigh on every later row.
     if b.knobs.row(9)

@@ -135,9 +135,19 @@ async fn modules_from_the_chart_decide_a_port_and_reload_in_place() -> Result<()
     // The Event the docs promise, on portwise's own Pod.
     portwise_tests::wait_for(Duration::from_secs(30), || async {
         let events = node.kubectl(&[
-            "-n", SYSTEM_NS, "get", "events", "--field-selector", "reason=ModuleLoadFailed", "-o", "name",
+            "-n",
+            SYSTEM_NS,
+            "get",
+            "events",
+            "--field-selector",
+            "reason=ModuleLoadFailed",
+            "-o",
+            "name",
         ])?;
-        ensure!(!events.trim().is_empty(), "no ModuleLoadFailed Event in {SYSTEM_NS}");
+        ensure!(
+            !events.trim().is_empty(),
+            "no ModuleLoadFailed Event in {SYSTEM_NS}"
+        );
         Ok(())
     })
     .await?;
