@@ -19,11 +19,25 @@ use crate::{
 /// Writes `module`'s base64 to a file, for `--set-file` (as the chart's
 /// README says: `base64 -w0 NAME.wasm >NAME.b64`).
 fn module_b64(module: &str) -> Result<String> {
+    module_b64_cut(module, usize::MAX, "")
+}
+
+/// `module`'s first `len` bytes, base64, for `--set-file`: a module that
+/// does not compile.
+fn truncated_module_b64(module: &str, len: usize) -> Result<String> {
+    module_b64_cut(module, len, "-truncated")
+}
+
+fn module_b64_cut(module: &str, len: usize, tag: &str) -> Result<String> {
     use base64::Engine as _;
     let path = guests_dir().join(module);
-    let bytes = std::fs::read(&path)
+    let mut bytes = std::fs::read(&path)
         .with_context(|| format!("reading {} (guests/build)", path.display()))?;
-    let out = std::env::temp_dir().join(format!("portwise-node-{}.b64", module.replace('/', "-")));
+    bytes.truncate(len);
+    let out = std::env::temp_dir().join(format!(
+        "portwise-node-{}{tag}.b64",
+        module.replace('/', "-")
+    ));
     std::fs::write(
         &out,
         base64::engine::general_purpose::STANDARD.encode(bytes),
@@ -68,7 +82,10 @@ async fn modules_from_the_chart_decide_a_port_and_reload_in_place() -> Result<()
     // lists "none", b has no label; a and c serve 8443.
     let v1 = module_b64("c-port-names.wasm")?;
     let v2 = module_b64("templates/rust-template.wasm")?;
-    let broken = module_b64("hostile/garbage.wasm")?;
+    // A broken update: the v2 file cut short, as a failed copy leaves it
+    // (hostile/garbage.wasm would not do: it compiles, and only answers
+    // garbage).
+    let broken = truncated_module_b64("templates/rust-template.wasm", 4096)?;
     let compact: String = MODULE_MEMBERSHIP.split_whitespace().collect();
     helm_install(
         node,
