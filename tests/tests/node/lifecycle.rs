@@ -12,7 +12,7 @@ use portwise_tests::{
 };
 
 use crate::{
-    publish::{PORTWISE_SA, shop},
+    publish::{PORTWISE_SA, installed_shop, shop, uninstall_with_shop},
     support::*,
 };
 
@@ -186,9 +186,7 @@ async fn modules_from_the_chart_decide_a_port_and_reload_in_place() -> Result<()
     );
     shop.expect(node, &["a", "b"], &["a", "c"]).await?;
 
-    helm_uninstall(node, "portwise")?;
-    delete_namespace(node, &shop.ns)?;
-    Ok(())
+    uninstall_with_shop(node, &shop)
 }
 
 /// `helm upgrade` with a changed config rolls the pods while traffic keeps
@@ -198,10 +196,7 @@ async fn modules_from_the_chart_decide_a_port_and_reload_in_place() -> Result<()
 async fn helm_upgrade_and_rollback_roll_the_pods_without_a_write_or_a_failed_connection()
 -> Result<()> {
     let node = RealNode::shared().await?;
-    helm_install(node, "portwise", &["--set-json", DIAL_MEMBERSHIP])?;
-    two_ready_one_leader(node, "portwise").await?;
-    let shop = shop(node, "shop-upgrade").await?;
-    shop.expect(node, &["a", "b"], &["a", "c"]).await?;
+    let (shop, _, _) = installed_shop(node, "shop-upgrade").await?;
     let config = || {
         node.kubectl(&[
             "-n",
@@ -284,9 +279,7 @@ async fn helm_upgrade_and_rollback_roll_the_pods_without_a_write_or_a_failed_con
     let history = node.helm(&["history", "portwise", "-n", SYSTEM_NS])?;
     ensure!(history.contains("Rollback to 1"), "helm history: {history}");
 
-    helm_uninstall(node, "portwise")?;
-    delete_namespace(node, &shop.ns)?;
-    Ok(())
+    uninstall_with_shop(node, &shop)
 }
 
 /// Deleting the leader pod hands the Lease to another replica within the
@@ -295,10 +288,7 @@ async fn helm_upgrade_and_rollback_roll_the_pods_without_a_write_or_a_failed_con
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deleting_the_leader_hands_over_without_a_write_or_a_failed_connection() -> Result<()> {
     let node = RealNode::shared().await?;
-    helm_install(node, "portwise", &["--set-json", DIAL_MEMBERSHIP])?;
-    let (ready, leader) = two_ready_one_leader(node, "portwise").await?;
-    let shop = shop(node, "shop-failover").await?;
-    shop.expect(node, &["a", "b"], &["a", "c"]).await?;
+    let (shop, ready, leader) = installed_shop(node, "shop-failover").await?;
     ensure!(
         ready.len() == 2,
         "two replicas before the failover: {ready:?}"
@@ -344,9 +334,7 @@ async fn deleting_the_leader_hands_over_without_a_write_or_a_failed_connection()
     node.kubectl(&["-n", &shop.ns, "exec", "b", "--", "/pw-workload", "unready"])?;
     shop.expect(node, &["a"], &["a", "c"]).await?;
 
-    helm_uninstall(node, "portwise")?;
-    delete_namespace(node, &shop.ns)?;
-    Ok(())
+    uninstall_with_shop(node, &shop)
 }
 
 /// A Deployment rollout of a colocated workload: each old pod is published

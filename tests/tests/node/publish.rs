@@ -66,6 +66,23 @@ impl Shop {
     }
 }
 
+/// Where most node tests start: the chart's portwise judging every port by
+/// readiness and a TCP dial (2/2 Ready, one leader), and the shop in `ns`
+/// published and routed. Returns the shop, the Ready replicas and the leader.
+pub async fn installed_shop(node: &RealNode, ns: &str) -> Result<(Shop, Vec<String>, String)> {
+    helm_install(node, "portwise", &["--set-json", DIAL_MEMBERSHIP])?;
+    let (ready, leader) = two_ready_one_leader(node, "portwise").await?;
+    let shop = shop(node, ns).await?;
+    shop.expect(node, &["a", "b"], &["a", "c"]).await?;
+    Ok((shop, ready, leader))
+}
+
+/// Uninstalls the release and removes the shop's namespace.
+pub fn uninstall_with_shop(node: &RealNode, shop: &Shop) -> Result<()> {
+    helm_uninstall(node, "portwise")?;
+    delete_namespace(node, &shop.ns)
+}
+
 pub const PORTWISE_SA: &str = "system:serviceaccount:portwise-system:portwise";
 
 /// The colocated Service, published by the chart's portwise from TCP dials
@@ -76,10 +93,7 @@ pub const PORTWISE_SA: &str = "system:serviceaccount:portwise-system:portwise";
 async fn in_cluster_portwise_publishes_each_ports_members_and_kube_proxy_routes_by_them()
 -> Result<()> {
     let node = RealNode::shared().await?;
-    helm_install(node, "portwise", &["--set-json", DIAL_MEMBERSHIP])?;
-    two_ready_one_leader(node, "portwise").await?;
-    let shop = shop(node, "shop-publish").await?;
-    shop.expect(node, &["a", "b"], &["a", "c"]).await?;
+    let (shop, _, _) = installed_shop(node, "shop-publish").await?;
 
     let verdicts = node.kubectl(&[
         "-n",
@@ -125,9 +139,7 @@ async fn in_cluster_portwise_publishes_each_ports_members_and_kube_proxy_routes_
         "check --live does not say why b is out of https: {why}"
     );
 
-    helm_uninstall(node, "portwise")?;
-    delete_namespace(node, &shop.ns)?;
-    Ok(())
+    uninstall_with_shop(node, &shop)
 }
 
 /// A failing readiness probe and a killed container, each seen in the
@@ -135,10 +147,7 @@ async fn in_cluster_portwise_publishes_each_ports_members_and_kube_proxy_routes_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_probe_and_a_killed_container_leave_and_rejoin() -> Result<()> {
     let node = RealNode::shared().await?;
-    helm_install(node, "portwise", &["--set-json", DIAL_MEMBERSHIP])?;
-    two_ready_one_leader(node, "portwise").await?;
-    let shop = shop(node, "shop-changes").await?;
-    shop.expect(node, &["a", "b"], &["a", "c"]).await?;
+    let (shop, _, _) = installed_shop(node, "shop-changes").await?;
 
     // b's readiness probe fails: b leaves http (and https had no b).
     node.kubectl(&["-n", &shop.ns, "exec", "b", "--", "/pw-workload", "unready"])?;
@@ -178,9 +187,7 @@ async fn a_failing_probe_and_a_killed_container_leave_and_rejoin() -> Result<()>
         "c rejoined without a restart: restartCount {restarts}"
     );
 
-    helm_uninstall(node, "portwise")?;
-    delete_namespace(node, &shop.ns)?;
-    Ok(())
+    uninstall_with_shop(node, &shop)
 }
 
 /// `helm uninstall` leaves the slices as they were: traffic keeps flowing
@@ -191,10 +198,7 @@ async fn a_failing_probe_and_a_killed_container_leave_and_rejoin() -> Result<()>
 async fn helm_uninstall_leaves_the_slices_and_a_reinstall_adopts_them_without_a_write() -> Result<()>
 {
     let node = RealNode::shared().await?;
-    helm_install(node, "portwise", &["--set-json", DIAL_MEMBERSHIP])?;
-    two_ready_one_leader(node, "portwise").await?;
-    let shop = shop(node, "shop-uninstall").await?;
-    shop.expect(node, &["a", "b"], &["a", "c"]).await?;
+    let (shop, _, _) = installed_shop(node, "shop-uninstall").await?;
     let client = node.client();
     let before = portwise_tests::node::published(&client, &shop.ns, "shop").await?;
 
@@ -231,7 +235,5 @@ async fn helm_uninstall_leaves_the_slices_and_a_reinstall_adopts_them_without_a_
         &writes[writes_before..]
     );
 
-    helm_uninstall(node, "portwise")?;
-    delete_namespace(node, &shop.ns)?;
-    Ok(())
+    uninstall_with_shop(node, &shop)
 }
