@@ -40,7 +40,7 @@ mod namespace;
 pub mod node;
 mod objects;
 mod observe;
-mod ops;
+pub mod ops;
 pub mod partition;
 mod portwise;
 #[cfg(feature = "registry")]

@@ -75,12 +75,20 @@ impl Backoff for WatchBackoff {
 /// Counts watches that have not finished their first list yet. The
 /// controller is ready (`/readyz`) once it reaches zero.
 #[derive(Clone, Debug, Default)]
-pub struct SyncGate(Arc<AtomicUsize>);
+pub struct SyncGate(Arc<GateState>);
+
+#[derive(Debug, Default)]
+pub struct GateState {
+    pending: AtomicUsize,
+    /// Woken when `pending` reaches zero, so that the cold start's first
+    /// reconciles begin at once rather than at the next poll.
+    opened: tokio::sync::Notify,
+}
 
 impl SyncGate {
     /// Registers one more watch that must list before we are synced.
     pub fn register(&self) -> SyncToken {
-        self.0.fetch_add(1, Ordering::SeqCst);
+        self.0.pending.fetch_add(1, Ordering::SeqCst);
         SyncToken {
             gate: self.clone(),
             done: false,
@@ -91,7 +99,21 @@ impl SyncGate {
     }
     /// Watches still listing for the first time.
     pub fn pending(&self) -> usize {
-        self.0.load(Ordering::SeqCst)
+        self.0.pending.load(Ordering::SeqCst)
+    }
+    /// Returns once every registered watch has listed.
+    pub async fn opened(&self) {
+        loop {
+            let notified = self.0.opened.notified();
+            tokio::pin!(notified);
+            // Registered before the check, so a completion in between is
+            // not missed.
+            notified.as_mut().enable();
+            if self.synced() {
+                return;
+            }
+            notified.await;
+        }
     }
 }
 
@@ -106,7 +128,9 @@ impl SyncToken {
     pub fn complete(&mut self) {
         if !self.done {
             self.done = true;
-            self.gate.0.fetch_sub(1, Ordering::SeqCst);
+            if self.gate.0.pending.fetch_sub(1, Ordering::SeqCst) == 1 {
+                self.gate.0.opened.notify_waiters();
+            }
         }
     }
 }
@@ -366,6 +390,31 @@ mod tests {
             .collect();
         assert_eq!(summary, ["+a", "+b", "+c", "+a", "+c", "-b"]);
         assert!(gate.synced());
+    }
+
+    #[tokio::test]
+    async fn the_gate_opens_when_the_last_watch_has_listed_and_not_before() {
+        let gate = SyncGate::default();
+        let (mut a, mut b) = (gate.register(), gate.register());
+        let waiter = tokio::spawn({
+            let gate = gate.clone();
+            async move { gate.opened().await }
+        });
+        a.complete();
+        // Completing twice counts once.
+        a.complete();
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        assert!(!waiter.is_finished(), "opened with a watch still listing");
+        assert_eq!(gate.pending(), 1);
+        b.complete();
+        tokio::time::timeout(std::time::Duration::from_secs(5), waiter)
+            .await
+            .expect("the gate did not open")
+            .unwrap();
+        // Already open: returns at once.
+        tokio::time::timeout(std::time::Duration::from_secs(1), gate.opened())
+            .await
+            .expect("an open gate waits");
     }
 
     /// Per-uid state (a Service's verdicts, warnings) is dropped on the

@@ -80,6 +80,8 @@ pub(crate) struct Context {
     /// unpublished for 10–30 s in `./bench` row 5. Here every Service waits
     /// its turn in arrival order.
     pub(crate) reconcile_slots: Option<Arc<tokio::sync::Semaphore>>,
+    /// When a pod change first asked for each Service's next reconcile.
+    pub(crate) asked: Arc<crate::asked::Asked>,
 }
 
 impl Context {
@@ -148,6 +150,7 @@ impl Context {
         self.policy_warned.lock().unwrap().remove(&uid);
         self.retries.succeeded(&format!("{ns}/{}", svc.name_any()));
         self.trigger_memory.lock().unwrap().remove(&uid);
+        self.asked.forget(&ns, &svc.name_any());
         self.metrics.forget_service(&ns, &svc.name_any());
     }
 

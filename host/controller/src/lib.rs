@@ -24,6 +24,7 @@
 //! Only the elected leader writes.
 
 pub mod apply;
+mod asked;
 pub mod cache;
 mod context;
 mod echo;

@@ -23,7 +23,7 @@ use portwise_core::{
     reconcile::{self as decision, Decision, Once, Release, Requeue, Serve},
 };
 
-use crate::{apply::Writes, context::Context, error::Error, migrate};
+use crate::{apply::Writes, context::Context, error::Error, metrics::ReconcilePhase, migrate};
 
 /// Marks a once-per-transition warning for `uid` as the decision says;
 /// `true` when the Event is due now (raised and not marked before).
@@ -41,7 +41,15 @@ fn latch(marks: &Mutex<HashSet<String>>, uid: &str, once: Once) -> bool {
 /// Reconciles one Service: decide from the caches, then judge its pods per
 /// port and family, plan the slices, write what differs, clean up native
 /// leftovers; or take back what we published.
-pub(crate) async fn reconcile(svc: Arc<Service>, ctx: Arc<Context>) -> Result<Action, Error> {
+///
+/// For its profile: `asked`, how long ago a pod change asked for it (if
+/// one did), and `queued`, how long it then waited for a reconcile slot.
+pub(crate) async fn reconcile(
+    svc: Arc<Service>,
+    ctx: Arc<Context>,
+    asked: Option<Duration>,
+    queued: Duration,
+) -> Result<Action, Error> {
     let started = Instant::now();
     // The span says what triggered it (kube-runtime's reason).
     debug!("reconcile started");
@@ -49,10 +57,13 @@ pub(crate) async fn reconcile(svc: Arc<Service>, ctx: Arc<Context>) -> Result<Ac
         return Ok(Action::await_change());
     }
     // Never plan from a partial cache: a Service seen before its pods would
-    // publish empty slices.
+    // publish empty slices. Once the caches are synced, every Service the
+    // cache holds is triggered at once (`wiring`), so nothing needs
+    // requeueing here; a timed requeue would only add a second reconcile
+    // where it fires beside that trigger.
     if !ctx.synced.synced() {
         debug!(pending = ctx.synced.pending(), "caches not synced yet");
-        return Ok(Action::requeue(Duration::from_millis(250)));
+        return Ok(Action::await_change());
     }
     let ns = svc.namespace().unwrap_or_default();
     let uid = svc.uid().unwrap_or_default();
@@ -143,10 +154,12 @@ pub(crate) async fn reconcile(svc: Arc<Service>, ctx: Arc<Context>) -> Result<Ac
             Ok(requeue)
         }
         Decision::Serve(serve) => {
-            if !self::serve(&ctx, &svc, serve).await? {
+            let mut profile = Profile::new(started, asked, queued);
+            if !self::serve(&ctx, &svc, serve, &mut profile).await? {
                 return Ok(Action::await_change());
             }
             ctx.metrics.observe_reconcile(started.elapsed());
+            profile.report(&ctx, &ns, &svc.name_any());
             Ok(requeue)
         }
     }
@@ -154,7 +167,12 @@ pub(crate) async fn reconcile(svc: Arc<Service>, ctx: Arc<Context>) -> Result<Ac
 
 /// Judges, plans and writes a served Service. `false`: the Lease was lost
 /// while judging, nothing was written.
-async fn serve(ctx: &Context, svc: &Arc<Service>, mut serve: Serve) -> Result<bool, Error> {
+async fn serve(
+    ctx: &Context,
+    svc: &Arc<Service>,
+    mut serve: Serve,
+    profile: &mut Profile,
+) -> Result<bool, Error> {
     let ns = svc.namespace().unwrap_or_default();
     let name = svc.name_any();
     // Dates the changes this reconcile publishes that carry no time of
@@ -166,6 +184,8 @@ async fn serve(ctx: &Context, svc: &Arc<Service>, mut serve: Serve) -> Result<bo
         .judge
         .judge(svc, std::mem::take(&mut serve.subjects), &serve.policy)
         .await;
+    profile.subjects = judged.len();
+    profile.mark(ReconcilePhase::Judge);
 
     // The planner's inputs borrow non-Send closures; keep them out of the
     // awaits below.
@@ -224,7 +244,10 @@ async fn serve(ctx: &Context, svc: &Arc<Service>, mut serve: Serve) -> Result<bo
     }
     let writes = Writes::new(&plan.applies, &plan.deletes, |n| ctx.slice_by_name(&ns, n))
         .finishing(&plan.finishes);
+    profile.writes = plan.applies.len() + plan.deletes.len() + plan.finishes.len();
+    profile.mark(ReconcilePhase::Plan);
     let written = ctx.writer.execute(&ns, &writes, &ctx.metrics).await;
+    profile.mark(ReconcilePhase::Write);
     // A change held back by a failed write stays new for the retry, so it
     // keeps its date.
     if written.is_ok() {
@@ -304,7 +327,83 @@ async fn serve(ctx: &Context, svc: &Arc<Service>, mut serve: Serve) -> Result<bo
     }
     ctx.metrics
         .set_service_synced(&ns, &name, std::time::SystemTime::now());
+    profile.mark(ReconcilePhase::Finish);
     Ok(true)
+}
+
+/// Where one served reconcile's time went: each phase's duration, for
+/// `portwise_reconcile_phase_duration_seconds` and a debug event under the
+/// target `portwise::profile` (one line per reconcile, so a percentile can
+/// be read exactly: `--log-level info,portwise::profile=debug`).
+struct Profile {
+    /// When the current phase began.
+    since: Instant,
+    /// From the pod change to the queue (`ReconcilePhase::Trigger`), if a
+    /// pod change asked for this reconcile.
+    asked: Option<Duration>,
+    /// Every other phase, in order.
+    phases: [(ReconcilePhase, Duration); 5],
+    /// (pod, port, family) verdicts judged.
+    subjects: usize,
+    /// Slice writes planned (applies, deletes and finishes).
+    writes: usize,
+}
+
+impl Profile {
+    fn new(started: Instant, asked: Option<Duration>, queued: Duration) -> Self {
+        use ReconcilePhase::*;
+        let phases = [Queue, Judge, Plan, Write, Finish].map(|p| (p, Duration::ZERO));
+        let mut profile = Profile {
+            since: started,
+            asked,
+            phases,
+            subjects: 0,
+            writes: 0,
+        };
+        profile.phases[0].1 = queued;
+        profile
+    }
+
+    /// Ends `phase` now; the next one begins.
+    fn mark(&mut self, phase: ReconcilePhase) {
+        let now = Instant::now();
+        if let Some(slot) = self.phases.iter_mut().find(|(p, _)| *p == phase) {
+            slot.1 = now - self.since;
+        }
+        self.since = now;
+    }
+
+    fn report(&self, ctx: &Context, ns: &str, name: &str) {
+        if let Some(took) = self.asked {
+            ctx.metrics
+                .observe_reconcile_phase(ReconcilePhase::Trigger, took);
+        }
+        for (phase, took) in self.phases {
+            ctx.metrics.observe_reconcile_phase(phase, took);
+        }
+        let us = |p: ReconcilePhase| {
+            self.phases
+                .iter()
+                .find(|(q, _)| *q == p)
+                .map_or(0, |(_, d)| d.as_micros() as u64)
+        };
+        let total: Duration = self.phases[1..].iter().map(|(_, d)| *d).sum();
+        debug!(
+            target: "portwise::profile",
+            namespace = ns,
+            service = name,
+            subjects = self.subjects,
+            writes = self.writes,
+            trigger_us = self.asked.map(|d| d.as_micros() as u64),
+            queue_us = us(ReconcilePhase::Queue),
+            judge_us = us(ReconcilePhase::Judge),
+            plan_us = us(ReconcilePhase::Plan),
+            write_us = us(ReconcilePhase::Write),
+            finish_us = us(ReconcilePhase::Finish),
+            total_us = total.as_micros() as u64,
+            "reconcile profile"
+        );
+    }
 }
 
 /// Takes back what we published for a Service that left our management:

@@ -311,16 +311,18 @@ pub(crate) async fn run(
     let (trigger_tx, trigger_rx) = unbounded::<ObjectRef<Service>>();
     let pod_groups = Arc::new(GroupIndex::default());
     let (pod_reader, pod_writer) = reflector::store::<Pod>();
+    let asked = Arc::new(crate::asked::Asked::default());
     let pod_stream = {
         let pod_groups = pod_groups.clone();
         let svc_groups = svc_groups.clone();
         let tx = trigger_tx.clone();
         let key = config.pod_key().clone();
+        let asked = asked.clone();
         watch_keyed(&client, &opts.namespaces, &list_cfg, &key, &gate)
             .reflect(pod_writer)
             .for_each(move |ev| {
                 if let Ok(ev) = ev {
-                    on_pod_event(&ev, &key, &pod_groups, &svc_groups, &tx);
+                    on_pod_event(&ev, &key, &pod_groups, &svc_groups, &tx, &asked);
                 } else if let Err(e) = ev {
                     warn!(error = %e, "pod watch");
                 }
@@ -508,6 +510,7 @@ pub(crate) async fn run(
         external_warned: Mutex::default(),
         retries: Default::default(),
         trigger_memory: Mutex::default(),
+        asked,
     });
 
     {
@@ -549,12 +552,17 @@ pub(crate) async fn run(
         let ctx = ctx.clone();
         let mut leader = opts.leader.clone();
         let mut synced_at = Some(started);
+        let (tx, services) = (trigger_tx.clone(), svc_reader.clone());
         tasks.push(tokio::spawn(async move {
             loop {
-                while !ctx.synced.synced() {
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
+                ctx.synced.opened().await;
                 if let Some(at) = synced_at.take() {
+                    // Every Service seen before now was put back by its
+                    // reconcile until the caches are complete; start them
+                    // all now rather than at their next retry.
+                    for svc in services.state() {
+                        let _ = tx.unbounded_send(ObjectRef::from_obj(svc.as_ref()));
+                    }
                     // Cold-start timings (docs/benchmarks.md, row 1b).
                     info!(
                         after_ms = at.elapsed().as_millis() as u64,
@@ -622,9 +630,7 @@ pub(crate) async fn run(
     if let Some(ready) = opts.ready.clone() {
         let gate = gate.clone();
         tokio::spawn(async move {
-            while !gate.synced() {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
+            gate.opened().await;
             ready.set_ready(true);
         });
     }
@@ -696,6 +702,7 @@ fn on_pod_event(
     pod_groups: &GroupIndex,
     svc_groups: &GroupIndex,
     tx: &UnboundedSender<ObjectRef<Service>>,
+    asked: &crate::asked::Asked,
 ) {
     let (pod, group) = match ev {
         watcher::Event::Apply(p) | watcher::Event::InitApply(p) => (p, key_value(&p.metadata, key)),
@@ -711,6 +718,7 @@ fn on_pod_event(
     groups.dedup();
     for g in groups {
         for svc in svc_groups.members(&ns, &g) {
+            asked.mark(&ns, &svc);
             let _ = tx.unbounded_send(ObjectRef::new(&svc).within(&ns));
         }
     }
@@ -738,6 +746,10 @@ fn service_key(svc: &Service) -> String {
 /// no Service starves).
 async fn reconcile_in_turn(svc: Arc<Service>, ctx: Arc<Context>) -> Result<Action, Error> {
     let slots = ctx.reconcile_slots.clone();
+    let asked = ctx
+        .asked
+        .take(&svc.namespace().unwrap_or_default(), &svc.name_any());
+    let queued = std::time::Instant::now();
     let _slot = match &slots {
         Some(slots) => Some(
             slots
@@ -748,7 +760,7 @@ async fn reconcile_in_turn(svc: Arc<Service>, ctx: Arc<Context>) -> Result<Actio
         None => None,
     };
     let key = service_key(&svc);
-    let result = reconcile(svc.clone(), ctx.clone()).await;
+    let result = reconcile(svc.clone(), ctx.clone(), asked, queued.elapsed()).await;
     if result.is_ok() {
         ctx.retries.succeeded(&key);
     }

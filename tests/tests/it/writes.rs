@@ -307,6 +307,92 @@ async fn own_writes_trigger_no_reconcile_and_other_writers_do() -> Result<()> {
     Ok(())
 }
 
+/// The reconcile profile (issue 29): where each reconcile's time went, as
+/// `portwise_reconcile_phase_duration_seconds{phase}` and as one
+/// `portwise::profile` debug line per reconcile. A pod change is timed
+/// from its event (`trigger`); the phases a reconcile goes through add up
+/// to its duration.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_reconcile_reports_where_its_time_went() -> Result<()> {
+    let cp = ControlPlane::shared().await?;
+    let ns = TestNs::new(cp, "profile").await?;
+    ns.create_service(
+        service("web")
+            .annotation(GROUP_KEY, "web")
+            .port("http", 8080),
+    )
+    .await?;
+    ns.create_pods(Vec::from(
+        ["a", "b"].map(|n| pod(n).annotation(GROUP_KEY, "web").ips(next_ips().v4())),
+    ))
+    .await?;
+    let cfg = config("podReady").replace("resyncPeriod: 2s", "resyncPeriod: 10m");
+    let pw = Portwise::builder(cp)
+        .namespace(ns.name())
+        .config(&cfg)
+        .binary()
+        .log_filter("info,portwise::profile=debug")
+        .start()
+        .await?;
+    expect_endpoints(&ns, "web", by_port([(("http", V4), &["a", "b"][..])])).await?;
+    ns.set_ready("b", false).await?;
+    expect_endpoints(&ns, "web", by_port([(("http", V4), &["a"][..])])).await?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    let m = pw.scrape().await?;
+    let phase = |stat: &str, phase: &str| -> Result<f64> {
+        Ok(m.value(
+            &format!("portwise_reconcile_phase_duration_seconds_{stat}"),
+            &[("phase", phase)],
+        )?
+        .unwrap_or(0.0))
+    };
+    let reconciles = m
+        .value("portwise_reconcile_duration_seconds_count", &[])?
+        .unwrap_or(0.0);
+    let total = m
+        .value("portwise_reconcile_duration_seconds_sum", &[])?
+        .unwrap_or(0.0);
+    ensure!(
+        reconciles >= 2.0,
+        "{reconciles} reconciles: the cold start and the flip"
+    );
+    for p in ["queue", "judge", "plan", "write", "finish"] {
+        expect_eq(phase("count", p)?, reconciles)?;
+    }
+    // The flip's pod event asked for a reconcile, and its wait was timed.
+    ensure!(phase("count", "trigger")? >= 1.0, "no trigger timed");
+    ensure!(phase("sum", "trigger")? > 0.0, "a trigger of zero seconds");
+    // Two writes, each an apiserver round trip.
+    ensure!(phase("sum", "write")? > 0.0, "writes took no time");
+    let phases: f64 = ["judge", "plan", "write", "finish"]
+        .iter()
+        .map(|p| phase("sum", p))
+        .sum::<Result<f64>>()?;
+    ensure!(
+        phases <= total && total - phases < 0.005 * reconciles,
+        "the phases ({phases} s) do not add up to the reconciles' duration ({total} s)"
+    );
+
+    let log = pw.current_logs();
+    let lines: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("reconcile profile") && l.contains("service=\"web\""))
+        .collect();
+    expect_eq(lines.len() as f64, reconciles)?;
+    let flip = lines.last().expect("a line per reconcile");
+    for field in [
+        "trigger_us=",
+        "queue_us=",
+        "write_us=",
+        "total_us=",
+        "writes=1",
+    ] {
+        ensure!(flip.contains(field), "{field} missing in {flip}");
+    }
+    Ok(())
+}
+
 /// Two ports on one target port (issue 26, docs/semantics.md): a pod that
 /// backs both sits in the shared slice. Leaving both ports (readiness) and
 /// coming back costs one write each, as for any pod; leaving one of the

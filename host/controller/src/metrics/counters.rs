@@ -10,7 +10,7 @@ use super::{
     guest::GuestFailure,
     labels::{
         CleanupKind, DecisionLabels, ErrorLabels, KindLabels, ModuleLoad, ModuleLoadLabels,
-        WriteKind, decision_label, gauge_value, label,
+        PhaseLabels, ReconcilePhase, WriteKind, decision_label, gauge_value, label,
     },
     registry::Metrics,
 };
@@ -80,6 +80,15 @@ impl Metrics {
     /// Records how long one reconcile took (successful or not).
     pub fn observe_reconcile(&self, duration: Duration) {
         self.reconcile_duration.observe(duration.as_secs_f64());
+    }
+
+    /// Records the time one reconcile spent in `phase`.
+    pub fn observe_reconcile_phase(&self, phase: ReconcilePhase, duration: Duration) {
+        self.reconcile_phase_duration
+            .get_or_create(&PhaseLabels {
+                phase: phase.as_str(),
+            })
+            .observe(duration.as_secs_f64());
     }
 
     /// Counts one write issued to the apiserver.

@@ -62,6 +62,53 @@ impl WriteKind {
     }
 }
 
+/// A phase of one reconcile, for `portwise_reconcile_phase_duration_seconds`:
+/// where a reconcile's time goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ReconcilePhase {
+    /// From the pod change that asked for the reconcile to its turn in the
+    /// queue (kube-runtime's scheduling). Only for reconciles a pod change
+    /// asked for.
+    Trigger,
+    /// Waiting for a reconcile slot (`--reconcile-concurrency`).
+    Queue,
+    /// Reading the caches, deciding and running the checkers.
+    Judge,
+    /// Planning the slices from the verdicts.
+    Plan,
+    /// The EndpointSlice writes (apiserver round trips).
+    Write,
+    /// What follows the writes: native cleanup, legacy Endpoints, metrics.
+    Finish,
+}
+
+impl ReconcilePhase {
+    pub const ALL: [ReconcilePhase; 6] = [
+        ReconcilePhase::Trigger,
+        ReconcilePhase::Queue,
+        ReconcilePhase::Judge,
+        ReconcilePhase::Plan,
+        ReconcilePhase::Write,
+        ReconcilePhase::Finish,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReconcilePhase::Trigger => "trigger",
+            ReconcilePhase::Queue => "queue",
+            ReconcilePhase::Judge => "judge",
+            ReconcilePhase::Plan => "plan",
+            ReconcilePhase::Write => "write",
+            ReconcilePhase::Finish => "finish",
+        }
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+pub(super) struct PhaseLabels {
+    pub(super) phase: &'static str,
+}
+
 /// The label value for an address family, spelled as in `spec.ipFamilies`.
 pub fn family_label(family: Family) -> &'static str {
     match family {

@@ -37,6 +37,7 @@ fn every_family_is_declared_with_its_final_name() {
         ("portwise_module_loads", "counter"),
         ("portwise_reconcile_errors", "counter"),
         ("portwise_reconcile_duration_seconds", "histogram"),
+        ("portwise_reconcile_phase_duration_seconds", "histogram"),
         ("portwise_writes", "counter"),
         ("portwise_leader", "gauge"),
         ("portwise_endpoints_added_per_sync", "histogram"),
@@ -65,6 +66,8 @@ fn every_family_is_declared_with_its_final_name() {
         r#"portwise_syncs_total{result="error"}"#,
         "portwise_endpoints_desired",
         "portwise_endpoints_added_per_sync_count",
+        r#"portwise_reconcile_phase_duration_seconds_count{phase="queue"}"#,
+        r#"portwise_reconcile_phase_duration_seconds_count{phase="write"}"#,
     ] {
         assert_eq!(sample(&text, series), Some(0.0), "{series} in\n{text}");
     }
@@ -267,6 +270,8 @@ fn event_counters_carry_their_labels() {
     m.count_write(WriteKind::Apply);
     m.count_write(WriteKind::Delete);
     m.observe_reconcile(Duration::from_millis(20));
+    m.observe_reconcile_phase(ReconcilePhase::Write, Duration::from_millis(250));
+    m.observe_reconcile_phase(ReconcilePhase::Write, Duration::from_millis(500));
     m.set_leader(true);
     let text = m.encode();
     for (series, value) in [
@@ -295,6 +300,18 @@ fn event_counters_carry_their_labels() {
         (r#"portwise_writes_total{kind="apply"}"#, 2.0),
         (r#"portwise_writes_total{kind="delete"}"#, 1.0),
         ("portwise_reconcile_duration_seconds_count", 1.0),
+        (
+            r#"portwise_reconcile_phase_duration_seconds_count{phase="write"}"#,
+            2.0,
+        ),
+        (
+            r#"portwise_reconcile_phase_duration_seconds_sum{phase="write"}"#,
+            0.75,
+        ),
+        (
+            r#"portwise_reconcile_phase_duration_seconds_count{phase="plan"}"#,
+            0.0,
+        ),
         ("portwise_leader", 1.0),
     ] {
         assert_eq!(sample(&text, series), Some(value), "{series} in\n{text}");

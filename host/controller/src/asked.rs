@@ -1,0 +1,67 @@
+//! When a pod change first asked for a Service's reconcile, so that the
+//! reconcile's profile can tell how long the request waited before a
+//! reconcile took it up: kube-runtime's scheduling, then the wait for a
+//! slot. Only the first request counts until a reconcile takes it; later
+//! ones are served by the same reconcile.
+//!
+//! One entry per Service with a request outstanding: taken by its next
+//! reconcile, or dropped with the Service.
+
+use std::{
+    collections::HashMap,
+    sync::Mutex,
+    time::{Duration, Instant},
+};
+
+#[derive(Debug, Default)]
+pub(crate) struct Asked(Mutex<HashMap<(String, String), Instant>>);
+
+impl Asked {
+    /// A pod change asks for `ns/name`'s reconcile now.
+    pub(crate) fn mark(&self, ns: &str, name: &str) {
+        self.0
+            .lock()
+            .unwrap()
+            .entry((ns.to_string(), name.to_string()))
+            .or_insert_with(Instant::now);
+    }
+
+    /// How long ago the outstanding request for `ns/name` was made, if any;
+    /// it is served now.
+    pub(crate) fn take(&self, ns: &str, name: &str) -> Option<Duration> {
+        self.0
+            .lock()
+            .unwrap()
+            .remove(&(ns.to_string(), name.to_string()))
+            .map(|at| at.elapsed())
+    }
+
+    pub(crate) fn forget(&self, ns: &str, name: &str) {
+        self.0
+            .lock()
+            .unwrap()
+            .remove(&(ns.to_string(), name.to_string()));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_first_request_counts_until_a_reconcile_takes_it() {
+        let asked = Asked::default();
+        assert_eq!(asked.take("shop", "web"), None);
+        asked.mark("shop", "web");
+        std::thread::sleep(Duration::from_millis(20));
+        // A later request does not move the first one's time.
+        asked.mark("shop", "web");
+        asked.mark("shop", "api");
+        let waited = asked.take("shop", "web").expect("asked");
+        assert!(waited >= Duration::from_millis(20), "{waited:?}");
+        // Taken: the next reconcile was not asked for by a pod.
+        assert_eq!(asked.take("shop", "web"), None);
+        asked.forget("shop", "api");
+        assert_eq!(asked.take("shop", "api"), None);
+    }
+}
