@@ -89,6 +89,8 @@ struct Knobs {
     /// Extra top-level config lines for row 1's portwise (experiments,
     /// e.g. `nativeCleanup: false`); empty for the published run.
     portwise_extra: String,
+    /// Row 8's runs (each `datapath_flips` flips per controller).
+    datapath_runs: usize,
     /// Row 3's readiness flips per Service size for reconcile times.
     reconcile_flips: usize,
     /// Row 3's slice writes per verb and size.
@@ -123,7 +125,8 @@ impl Knobs {
             probe_pods: env_usize("BENCH_PROBE_PODS", 3000),
             probe_window: Duration::from_secs(env_usize("BENCH_PROBE_SECS", 20) as u64),
             setup_concurrency: env_usize("BENCH_SETUP_CONCURRENCY", 48),
-            datapath_flips: env_usize("BENCH_DATAPATH_FLIPS", 30),
+            datapath_flips: env_usize("BENCH_DATAPATH_FLIPS", 100),
+            datapath_runs: env_usize("BENCH_DATAPATH_RUNS", 3).max(1),
             unmanaged_pods: env_usize("BENCH_UNMANAGED_PODS", 100_000),
             fair_runs: env_usize("BENCH_FAIR_RUNS", 3).max(1),
             reconcile_flips: env_usize("BENCH_RECONCILE_FLIPS", 50),
@@ -599,6 +602,8 @@ async fn spawn_portwise_with_log(
 struct Reconciled {
     namespace: String,
     service: String,
+    /// NaN when no pod change asked for the reconcile.
+    trigger: f64,
     queue: f64,
     judge: f64,
     plan: f64,
@@ -624,6 +629,7 @@ fn reconciles_in(log: &str) -> Vec<Reconciled> {
         .map(|l| Reconciled {
             namespace: field(l, "namespace").unwrap_or_default().to_string(),
             service: field(l, "service").unwrap_or_default().to_string(),
+            trigger: num(l, "trigger_us") / 1000.0,
             queue: num(l, "queue_us") / 1000.0,
             judge: num(l, "judge_us") / 1000.0,
             plan: num(l, "plan_us") / 1000.0,
@@ -1102,9 +1108,15 @@ async fn verify_by_list(ns: &TestNs, manager: &str, expected: &Expected) -> Resu
 
 // ---- the objects -----------------------------------------------------------------------
 
+/// The `n`th pod address: 10.244.0.0/16 first (the addresses `tests/netns`
+/// makes local, which rows that reach pods stay within), then on into
+/// 10.245–10.247 for the 5000-Service scale of row 1 (`BENCH_SERVICES`),
+/// whose pods are judged by readiness alone and never reached.
 fn pod_ip(n: usize) -> Ipv4Addr {
-    assert!(n < 250 * 250, "pod address space exhausted");
-    Ipv4Addr::new(10, 244, (n / 250) as u8, (n % 250 + 1) as u8)
+    const PER_16: usize = 250 * 250;
+    assert!(n < 4 * PER_16, "pod address space exhausted");
+    let (block, n) = (n / PER_16, n % PER_16);
+    Ipv4Addr::new(10, 244 + block as u8, (n / 250) as u8, (n % 250 + 1) as u8)
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -3236,6 +3248,9 @@ struct FlipRun {
     services: usize,
     /// kube-proxy's IPv4 syncs during the flips, and their seconds (row 8).
     syncs: Option<(f64, f64)>,
+    /// portwise's reconciles of its Service during the flips (its profile
+    /// lines).
+    profile: Vec<Reconciled>,
 }
 
 impl Bench {
@@ -3250,17 +3265,22 @@ impl Bench {
         // kube-proxy first: it creates its Node, and the native controller
         // leaves out a pod whose Node it does not know.
         let proxy = KubeProxy::start(self.cp, ProxyMode::Nftables).await?;
-        let res = self.flip_row(DataPath::KubeProxy(&proxy), flips, per).await;
-        match res {
-            Ok(run) => {
-                self.row8_report(flips, per, &run);
-                Ok(())
-            }
-            Err(e) => {
-                eprintln!("bench: row 8: kube-proxy's log ends:\n{}", proxy.log_tail());
-                Err(e)
+        let mut runs = Vec::new();
+        for run in 1..=self.knobs.datapath_runs {
+            eprintln!("bench: row 8 run {run} of {}", self.knobs.datapath_runs);
+            match self
+                .flip_row(DataPath::KubeProxy(&proxy), flips, per, run)
+                .await
+            {
+                Ok(r) => runs.push(r),
+                Err(e) => {
+                    eprintln!("bench: row 8: kube-proxy's log ends:\n{}", proxy.log_tail());
+                    return Err(e);
+                }
             }
         }
+        self.row8_report(flips, per, &runs);
+        Ok(())
     }
 
     /// Row 10: row 8 with Cilium's agent (kube-proxy replacement, socket
@@ -3274,7 +3294,7 @@ impl Bench {
         // Like kube-proxy, the agent creates its Node before any pod is
         // placed on it.
         let agent = CiliumAgent::start(self.cp).await?;
-        let res = self.flip_row(DataPath::Cilium(&agent), flips, per).await;
+        let res = self.flip_row(DataPath::Cilium(&agent), flips, per, 1).await;
         match res {
             Ok(run) => {
                 self.row10_report(flips, per, &run, agent.ready_after);
@@ -3290,7 +3310,13 @@ impl Bench {
     /// Rows 8 and 10: a native and a portwise Service of the same shape,
     /// their node-local pod's readiness flipped in turns, each flip timed
     /// until `path` routes by it.
-    async fn flip_row(&mut self, path: DataPath<'_>, flips: usize, per: usize) -> Result<FlipRun> {
+    async fn flip_row(
+        &mut self,
+        path: DataPath<'_>,
+        flips: usize,
+        per: usize,
+        run: usize,
+    ) -> Result<FlipRun> {
         let (native_prefix, portwise_prefix, row_id) = match path {
             DataPath::KubeProxy(_) => ("bench-dp-native", "bench-dp-portwise", "row8"),
             DataPath::Cilium(_) => ("bench-cilium-native", "bench-cilium-portwise", "row10"),
@@ -3352,13 +3378,14 @@ impl Bench {
         // Both controllers as rows 1 and 3 run them: the controller-manager
         // with its recorded argv, portwise with row 1's config and flags.
         let mut native = self.bcp.spawn_cm(&[])?;
-        let mut portwise = spawn_portwise(
+        let mut portwise = spawn_portwise_with_log(
             self.cp,
             &self.work,
-            row_id,
+            &format!("{row_id}-{run}"),
             &portwise_config("", "podReady"),
             &[portwise_ns.name()],
             &[],
+            PROFILE_LOG,
         )
         .await?;
         let res = async {
@@ -3411,6 +3438,7 @@ impl Bench {
             tokio::time::sleep(FLIP_GAP).await;
             let audit = self.bcp.audit();
             let a0 = audit.offset();
+            let profiled = reconciles_in(&portwise.current_logs()).len();
             let mut results: [Vec<Flip>; 2] = [Vec::new(), Vec::new()];
             for i in 0..flips {
                 // unready, ready, unready, …; who goes first alternates
@@ -3447,11 +3475,17 @@ impl Bench {
                 }
                 _ => None,
             };
+            let profile = reconciles_in(&portwise.current_logs())
+                .split_off(profiled)
+                .into_iter()
+                .filter(|r| r.namespace == portwise_ns.name() && r.service == pg.service)
+                .collect();
             Ok::<_, anyhow::Error>(FlipRun {
                 results,
                 requests: req,
                 services,
                 syncs,
+                profile,
             })
         }
         .await;
@@ -3462,48 +3496,75 @@ impl Bench {
     }
 
     /// A flip row's four figures (routed p50 and p99 against native, with
-    /// the goal; the split into publication and data path) in the table.
-    fn flip_figures(&mut self, label: &str, path: &str, run: &FlipRun) {
-        let [nat, pw] = &run.results;
-        let col = |v: &[Flip], f: fn(&Flip) -> f64| v.iter().map(f).collect::<Vec<f64>>();
+    /// the goal; the split into publication and data path) in the table:
+    /// each the median over `runs` of the run's percentile.
+    fn flip_figures(&mut self, label: &str, path: &str, runs: &[FlipRun]) {
         let routed = |f: &Flip| f.routed;
         let slice = |f: &Flip| f.slice;
         let path_part = |f: &Flip| f.routed - f.slice;
-        let flips = pw.len();
+        let flips = runs.first().map_or(0, |r| r.results[1].len());
+        let of_runs = if runs.len() > 1 {
+            format!(", median of {} runs", runs.len())
+        } else {
+            String::new()
+        };
         for (what, f, p, goal) in [
             (
-                format!("status patch → {path} routes by it (first connection), p50"),
+                format!("status patch → {path} routes by it (first connection), p50{of_runs}"),
                 routed as fn(&Flip) -> f64,
                 0.5,
                 true,
             ),
             (
-                format!("same, p99 (of {flips}: the slowest)"),
+                if flips >= 100 {
+                    format!("same, p99 (of {flips}){of_runs}")
+                } else {
+                    format!("same, p99 (of {flips}: the slowest){of_runs}")
+                },
                 routed,
                 0.99,
                 true,
             ),
             (
-                "of which slice publication (patch → slice seen by a watch), p50".into(),
+                format!("of which slice publication (patch → slice seen by a watch), p50{of_runs}"),
                 slice,
                 0.5,
                 false,
             ),
             (
-                format!("of which {path} (slice seen → routed), p50"),
+                format!("of which {path} (slice seen → routed), p50{of_runs}"),
                 path_part,
                 0.5,
                 false,
             ),
         ] {
-            let (a, b) = (pct(&col(pw, f), p), pct(&col(nat, f), p));
-            let r = ratio(a, b);
+            // Per run: (portwise, native).
+            let per_run: Vec<(f64, f64)> = runs
+                .iter()
+                .map(|r| {
+                    let [nat, pw] = &r.results;
+                    let col = |v: &[Flip]| v.iter().map(f).collect::<Vec<f64>>();
+                    (pct(&col(pw), p), pct(&col(nat), p))
+                })
+                .collect();
+            let a = median_of(&per_run.iter().map(|x| x.0).collect::<Vec<_>>());
+            let b = median_of(&per_run.iter().map(|x| x.1).collect::<Vec<_>>());
+            let each = |v: Vec<f64>| {
+                if v.len() > 1 {
+                    format!(
+                        " ({})",
+                        v.iter().map(|x| ms(*x)).collect::<Vec<_>>().join(", ")
+                    )
+                } else {
+                    String::new()
+                }
+            };
             self.report.row(
                 label,
                 &what,
-                ms(a),
-                ms(b),
-                r,
+                format!("{}{}", ms(a), each(per_run.iter().map(|x| x.0).collect())),
+                format!("{}{}", ms(b), each(per_run.iter().map(|x| x.1).collect())),
+                ratio(a, b),
                 if goal {
                     Goal::RatioAtMost(1.0)
                 } else {
@@ -3513,20 +3574,45 @@ impl Bench {
         }
     }
 
-    fn row8_report(&mut self, flips: usize, per: usize, run: &FlipRun) {
+    fn row8_report(&mut self, flips: usize, per: usize, runs: &[FlipRun]) {
+        let Some(first) = runs.first() else { return };
         let label = format!(
             "8 pod change to data path (one kube-proxy, nftables; {flips} readiness flips each)"
         );
-        self.flip_figures(&label, "kube-proxy", run);
-        let table = flip_table(&run.results, "kube-proxy");
-        let services = run.services;
-        let req = &run.requests;
-        let (syncs, sync_secs) = run.syncs.unwrap_or((0.0, 0.0));
-        let mean_sync = if syncs > 0.0 {
-            ms(sync_secs / syncs * 1000.0)
-        } else {
-            "—".into()
-        };
+        self.flip_figures(&label, "kube-proxy", runs);
+        let services = first.services;
+        let mut table = String::new();
+        for (i, run) in runs.iter().enumerate() {
+            let (syncs, sync_secs) = run.syncs.unwrap_or((0.0, 0.0));
+            let mean_sync = if syncs > 0.0 {
+                ms(sync_secs / syncs * 1000.0)
+            } else {
+                "—".into()
+            };
+            let p = &run.profile;
+            let col = |f: fn(&Reconciled) -> f64| p.iter().map(f).collect::<Vec<f64>>();
+            let two = |v: Vec<f64>| format!("{} / {}", ms(pct(&v, 0.5)), ms(pct(&v, 0.99)));
+            let _ = write!(
+                table,
+                "**Run {} of {}.**\n\n{}\nEndpointSlice writes during the flips (audit log): \
+                 portwise {}, native {} (one per flip expected). kube-proxy's IPv4 syncs during \
+                 the flips: {syncs:.0}, {mean_sync} each on average \
+                 (`kubeproxy_sync_proxy_rules_duration_seconds`). portwise's {} reconciles of \
+                 its Service during the flips (its `portwise::profile` lines), p50 / p99: \
+                 trigger (pod event → its turn) {}, judge + plan {}, write {}, whole reconcile \
+                 {}.\n\n",
+                i + 1,
+                runs.len(),
+                flip_table(&run.results, "kube-proxy"),
+                run.requests.slice_writes("portwise"),
+                run.requests.slice_writes("native"),
+                p.len(),
+                two(col(|r| r.trigger)),
+                two(col(|r| r.judge + r.plan)),
+                two(col(|r| r.write)),
+                two(col(|r| r.total)),
+            );
+        }
         let body = format!(
             "One upstream kube-proxy (`portwise-cp kube-proxy --proxy-mode=nftables`, upstream \
              defaults otherwise: `minSyncPeriod` 1 s; tests/src/consumers.rs) runs in the bench's \
@@ -3565,17 +3651,14 @@ impl Bench {
              counted; none is expected. *Slice seen*: the bench's own watch on the namespace's \
              EndpointSlices showed the Service's slices with the new Ready set (the same moment \
              kube-proxy's informer can have it, give or take the two watches' delivery); the \
-             kube-proxy part is routed − slice seen. p99 is nearest-rank: with {} flips per \
-             controller, the slowest.\n\n{table}\n\
-             EndpointSlice writes during the flips (audit log): portwise {}, native {} (one per \
-             flip expected). kube-proxy's IPv4 syncs during the flips: {syncs:.0}, {mean_sync} \
-             each on average (`kubeproxy_sync_proxy_rules_duration_seconds`).",
+             kube-proxy part is routed − slice seen. p99 is nearest-rank over the {} flips per \
+             controller of a run; the table's figures are the median of the {} runs' \
+             percentiles, each run in fresh namespaces with fresh controllers.\n\n{table}",
             FLIP_GAP.as_secs_f64(),
             PROBE_EVERY.as_millis(),
             DROPPED_AFTER.as_millis(),
             flips,
-            req.slice_writes("portwise"),
-            req.slice_writes("native"),
+            runs.len(),
         );
         self.report.section("Row 8: pod change to data path", body);
     }
@@ -3585,7 +3668,7 @@ impl Bench {
             "10 pod change to Cilium's data path (cilium-agent v1.20.2, socket LB; {flips} \
              readiness flips each)"
         );
-        self.flip_figures(&label, "Cilium", run);
+        self.flip_figures(&label, "Cilium", std::slice::from_ref(run));
         let table = flip_table(&run.results, "Cilium");
         let req = &run.requests;
         let body = format!(
