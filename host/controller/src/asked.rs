@@ -4,8 +4,9 @@
 //! slot. Only the first request counts until a reconcile takes it; later
 //! ones are served by the same reconcile.
 //!
-//! One entry per Service with a request outstanding: taken by its next
-//! reconcile, or dropped with the Service.
+//! One entry per Service with a request outstanding, by its `ns/name` key
+//! (the retry backoff's key): taken by its next reconcile, or dropped with
+//! the Service.
 
 use std::{
     collections::HashMap,
@@ -14,33 +15,22 @@ use std::{
 };
 
 #[derive(Debug, Default)]
-pub(crate) struct Asked(Mutex<HashMap<(String, String), Instant>>);
+pub(crate) struct Asked(Mutex<HashMap<String, Instant>>);
 
 impl Asked {
-    /// A pod change asks for `ns/name`'s reconcile now.
-    pub(crate) fn mark(&self, ns: &str, name: &str) {
+    /// A pod change asks for Service `key`'s reconcile now.
+    pub(crate) fn mark(&self, key: String) {
         self.0
             .lock()
             .unwrap()
-            .entry((ns.to_string(), name.to_string()))
+            .entry(key)
             .or_insert_with(Instant::now);
     }
 
-    /// How long ago the outstanding request for `ns/name` was made, if any;
-    /// it is served now.
-    pub(crate) fn take(&self, ns: &str, name: &str) -> Option<Duration> {
-        self.0
-            .lock()
-            .unwrap()
-            .remove(&(ns.to_string(), name.to_string()))
-            .map(|at| at.elapsed())
-    }
-
-    pub(crate) fn forget(&self, ns: &str, name: &str) {
-        self.0
-            .lock()
-            .unwrap()
-            .remove(&(ns.to_string(), name.to_string()));
+    /// How long ago the outstanding request for `key` was made, if any; it
+    /// is served now (and so forgotten).
+    pub(crate) fn take(&self, key: &str) -> Option<Duration> {
+        self.0.lock().unwrap().remove(key).map(|at| at.elapsed())
     }
 }
 
@@ -51,17 +41,14 @@ mod tests {
     #[test]
     fn the_first_request_counts_until_a_reconcile_takes_it() {
         let asked = Asked::default();
-        assert_eq!(asked.take("shop", "web"), None);
-        asked.mark("shop", "web");
+        assert_eq!(asked.take("shop/web"), None);
+        asked.mark("shop/web".into());
         std::thread::sleep(Duration::from_millis(20));
         // A later request does not move the first one's time.
-        asked.mark("shop", "web");
-        asked.mark("shop", "api");
-        let waited = asked.take("shop", "web").expect("asked");
+        asked.mark("shop/web".into());
+        let waited = asked.take("shop/web").expect("asked");
         assert!(waited >= Duration::from_millis(20), "{waited:?}");
         // Taken: the next reconcile was not asked for by a pod.
-        assert_eq!(asked.take("shop", "web"), None);
-        asked.forget("shop", "api");
-        assert_eq!(asked.take("shop", "api"), None);
+        assert_eq!(asked.take("shop/web"), None);
     }
 }

@@ -148,9 +148,10 @@ impl Context {
         self.selector_warned.lock().unwrap().remove(&uid);
         self.external_warned.lock().unwrap().remove(&uid);
         self.policy_warned.lock().unwrap().remove(&uid);
-        self.retries.succeeded(&format!("{ns}/{}", svc.name_any()));
+        let key = format!("{ns}/{}", svc.name_any());
+        self.retries.succeeded(&key);
+        self.asked.take(&key);
         self.trigger_memory.lock().unwrap().remove(&uid);
-        self.asked.forget(&ns, &svc.name_any());
         self.metrics.forget_service(&ns, &svc.name_any());
     }
 

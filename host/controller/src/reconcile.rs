@@ -185,7 +185,7 @@ async fn serve(
         .judge(svc, std::mem::take(&mut serve.subjects), &serve.policy)
         .await;
     profile.subjects = judged.len();
-    profile.mark(ReconcilePhase::Judge);
+    profile.judge = profile.lap();
 
     // The planner's inputs borrow non-Send closures; keep them out of the
     // awaits below.
@@ -245,9 +245,9 @@ async fn serve(
     let writes = Writes::new(&plan.applies, &plan.deletes, |n| ctx.slice_by_name(&ns, n))
         .finishing(&plan.finishes);
     profile.writes = plan.applies.len() + plan.deletes.len() + plan.finishes.len();
-    profile.mark(ReconcilePhase::Plan);
+    profile.plan = profile.lap();
     let written = ctx.writer.execute(&ns, &writes, &ctx.metrics).await;
-    profile.mark(ReconcilePhase::Write);
+    profile.write = profile.lap();
     // A change held back by a failed write stays new for the retry, so it
     // keeps its date.
     if written.is_ok() {
@@ -327,7 +327,7 @@ async fn serve(
     }
     ctx.metrics
         .set_service_synced(&ns, &name, std::time::SystemTime::now());
-    profile.mark(ReconcilePhase::Finish);
+    profile.finish = profile.lap();
     Ok(true)
 }
 
@@ -341,8 +341,11 @@ struct Profile {
     /// From the pod change to the queue (`ReconcilePhase::Trigger`), if a
     /// pod change asked for this reconcile.
     asked: Option<Duration>,
-    /// Every other phase, in order.
-    phases: [(ReconcilePhase, Duration); 5],
+    queue: Duration,
+    judge: Duration,
+    plan: Duration,
+    write: Duration,
+    finish: Duration,
     /// (pod, port, family) verdicts judged.
     subjects: usize,
     /// Slice writes planned (applies, deletes and finishes).
@@ -351,56 +354,53 @@ struct Profile {
 
 impl Profile {
     fn new(started: Instant, asked: Option<Duration>, queued: Duration) -> Self {
-        use ReconcilePhase::*;
-        let phases = [Queue, Judge, Plan, Write, Finish].map(|p| (p, Duration::ZERO));
-        let mut profile = Profile {
+        Profile {
             since: started,
             asked,
-            phases,
+            queue: queued,
+            judge: Duration::ZERO,
+            plan: Duration::ZERO,
+            write: Duration::ZERO,
+            finish: Duration::ZERO,
             subjects: 0,
             writes: 0,
-        };
-        profile.phases[0].1 = queued;
-        profile
+        }
     }
 
-    /// Ends `phase` now; the next one begins.
-    fn mark(&mut self, phase: ReconcilePhase) {
+    /// The time since the last lap (or the start): the phase that ends now.
+    fn lap(&mut self) -> Duration {
         let now = Instant::now();
-        if let Some(slot) = self.phases.iter_mut().find(|(p, _)| *p == phase) {
-            slot.1 = now - self.since;
-        }
+        let took = now - self.since;
         self.since = now;
+        took
     }
 
     fn report(&self, ctx: &Context, ns: &str, name: &str) {
-        if let Some(took) = self.asked {
-            ctx.metrics
-                .observe_reconcile_phase(ReconcilePhase::Trigger, took);
-        }
-        for (phase, took) in self.phases {
+        use ReconcilePhase::*;
+        let timed = [
+            (Queue, self.queue),
+            (Judge, self.judge),
+            (Plan, self.plan),
+            (Write, self.write),
+            (Finish, self.finish),
+        ];
+        for (phase, took) in self.asked.map(|t| (Trigger, t)).into_iter().chain(timed) {
             ctx.metrics.observe_reconcile_phase(phase, took);
         }
-        let us = |p: ReconcilePhase| {
-            self.phases
-                .iter()
-                .find(|(q, _)| *q == p)
-                .map_or(0, |(_, d)| d.as_micros() as u64)
-        };
-        let total: Duration = self.phases[1..].iter().map(|(_, d)| *d).sum();
+        let us = |d: Duration| d.as_micros() as u64;
         debug!(
             target: "portwise::profile",
             namespace = ns,
             service = name,
             subjects = self.subjects,
             writes = self.writes,
-            trigger_us = self.asked.map(|d| d.as_micros() as u64),
-            queue_us = us(ReconcilePhase::Queue),
-            judge_us = us(ReconcilePhase::Judge),
-            plan_us = us(ReconcilePhase::Plan),
-            write_us = us(ReconcilePhase::Write),
-            finish_us = us(ReconcilePhase::Finish),
-            total_us = total.as_micros() as u64,
+            trigger_us = self.asked.map(us),
+            queue_us = us(self.queue),
+            judge_us = us(self.judge),
+            plan_us = us(self.plan),
+            write_us = us(self.write),
+            finish_us = us(self.finish),
+            total_us = us(self.judge + self.plan + self.write + self.finish),
             "reconcile profile"
         );
     }

@@ -557,9 +557,8 @@ pub(crate) async fn run(
             loop {
                 ctx.synced.opened().await;
                 if let Some(at) = synced_at.take() {
-                    // Every Service seen before now was put back by its
-                    // reconcile until the caches are complete; start them
-                    // all now rather than at their next retry.
+                    // A reconcile before now found the caches incomplete
+                    // and waits for a change: start every Service now.
                     for svc in services.state() {
                         let _ = tx.unbounded_send(ObjectRef::from_obj(svc.as_ref()));
                     }
@@ -718,7 +717,7 @@ fn on_pod_event(
     groups.dedup();
     for g in groups {
         for svc in svc_groups.members(&ns, &g) {
-            asked.mark(&ns, &svc);
+            asked.mark(format!("{ns}/{svc}"));
             let _ = tx.unbounded_send(ObjectRef::new(&svc).within(&ns));
         }
     }
@@ -745,10 +744,9 @@ fn service_key(svc: &Service) -> String {
 /// A reconcile once a slot is free ([`Context::reconcile_slots`]: FIFO, so
 /// no Service starves).
 async fn reconcile_in_turn(svc: Arc<Service>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let key = service_key(&svc);
+    let asked = ctx.asked.take(&key);
     let slots = ctx.reconcile_slots.clone();
-    let asked = ctx
-        .asked
-        .take(&svc.namespace().unwrap_or_default(), &svc.name_any());
     let queued = std::time::Instant::now();
     let _slot = match &slots {
         Some(slots) => Some(
@@ -759,7 +757,6 @@ async fn reconcile_in_turn(svc: Arc<Service>, ctx: Arc<Context>) -> Result<Actio
         ),
         None => None,
     };
-    let key = service_key(&svc);
     let result = reconcile(svc.clone(), ctx.clone(), asked, queued.elapsed()).await;
     if result.is_ok() {
         ctx.retries.succeeded(&key);

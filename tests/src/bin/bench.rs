@@ -640,6 +640,29 @@ fn reconciles_in(log: &str) -> Vec<Reconciled> {
         .collect()
 }
 
+/// The slice writes row 3 compares: how portwise writes and how the native
+/// controller does, for a known slice and for a new name.
+#[derive(Clone, Copy)]
+enum Verb {
+    Apply,
+    Put,
+    ApplyNew,
+    Post,
+}
+
+impl Verb {
+    const ALL: [Verb; 4] = [Verb::Apply, Verb::Put, Verb::ApplyNew, Verb::Post];
+
+    fn label(self) -> &'static str {
+        match self {
+            Verb::Apply => "server-side apply",
+            Verb::Put => "update (PUT)",
+            Verb::ApplyNew => "server-side apply of a new name (create)",
+            Verb::Post => "create (POST)",
+        }
+    }
+}
+
 /// Mean and percentiles of some reconciles, and the mean of each phase.
 #[derive(Debug, Clone, Default)]
 struct ReconcileStats {
@@ -2182,33 +2205,28 @@ impl Bench {
                 .create(&PostParams::default(), &slice(&put, n, true)?)
                 .await?;
             let created = PatchParams::apply("bench-ssa");
-            for verb in [
-                "server-side apply",
-                "update (PUT)",
-                "server-side apply of a new name (create)",
-                "create (POST)",
-            ] {
+            for verb in Verb::ALL {
                 let mut took = Vec::with_capacity(writes);
                 let cpu0 = apiserver_cpu(self.cp);
                 for i in 0..writes {
                     let ready = i % 2 == 1;
                     let t = Instant::now();
                     match verb {
-                        "update (PUT)" => {
+                        Verb::Put => {
                             let mut next = slice(&put, n, ready)?;
                             next.metadata = current.metadata.clone();
                             current = api.replace(&put, &PostParams::default(), &next).await?;
                         }
-                        "server-side apply" => {
+                        Verb::Apply => {
                             api.patch(&ssa, &params, &Patch::Apply(slice(&ssa, n, ready)?))
                                 .await?;
                         }
-                        "create (POST)" => {
+                        Verb::Post => {
                             let name = format!("post-{n}-{i}");
                             api.create(&PostParams::default(), &slice(&name, n, ready)?)
                                 .await?;
                         }
-                        _ => {
+                        Verb::ApplyNew => {
                             let name = format!("ssa-{n}-{i}");
                             api.patch(&name, &created, &Patch::Apply(slice(&name, n, ready)?))
                                 .await?;
@@ -2216,6 +2234,7 @@ impl Bench {
                     }
                     took.push(t.elapsed().as_secs_f64() * 1000.0);
                 }
+                let verb = verb.label();
                 let cpu = (apiserver_cpu(self.cp) - cpu0) / writes as f64;
                 let _ = writeln!(
                     detail,
