@@ -57,10 +57,10 @@ pub(crate) async fn reconcile(
         return Ok(Action::await_change());
     }
     // Never plan from a partial cache: a Service seen before its pods would
-    // publish empty slices. Once the caches are synced, every Service the
-    // cache holds is triggered at once (`wiring`), so nothing needs
-    // requeueing here; a timed requeue would only add a second reconcile
-    // where it fires beside that trigger.
+    // publish empty slices. Events ask for nothing before the caches sync
+    // (`wiring::Triggers`) and their opening triggers every Service, so
+    // this is reached only through leadership's trigger; nothing needs
+    // requeueing here.
     if !ctx.synced.synced() {
         debug!(pending = ctx.synced.pending(), "caches not synced yet");
         return Ok(Action::await_change());

@@ -191,23 +191,58 @@ async fn count_cached(
     }
 }
 
+/// Where events ask for reconciles.
+///
+/// Until every cache has listed, an ask is dropped: a reconcile then finds
+/// the caches incomplete and does nothing, and worse, one that passes its
+/// sync check just after the gate opens runs beside the cold start's
+/// trigger of every Service, so that Service is reconciled twice. The
+/// gate's opening triggers every Service the cache holds, once; what
+/// changed before then is in the caches it reads.
+#[derive(Clone)]
+struct Triggers {
+    tx: UnboundedSender<ObjectRef<Service>>,
+    gate: SyncGate,
+}
+
+impl Triggers {
+    /// Whether an ask would be heard now.
+    fn open(&self) -> bool {
+        self.gate.synced()
+    }
+
+    /// Asks for `svc` to be reconciled, unless the caches are still listing.
+    fn ask(&self, svc: ObjectRef<Service>) {
+        if self.open() {
+            let _ = self.tx.unbounded_send(svc);
+        }
+    }
+
+    /// Asks for every Service in `services`.
+    fn ask_all(&self, services: &Store<Service>) {
+        for svc in services.state() {
+            self.ask(ObjectRef::from_obj(svc.as_ref()));
+        }
+    }
+}
+
 /// Triggers `svc` for a slice event unless `ours` says the event is our
 /// own write coming back. An event that overtook its write's response
 /// waits for it off the watch task ([`Echoes::settled`]), so the watch is
 /// never held up.
 fn trigger_unless_echo(
     echoes: &Arc<Echoes>,
-    tx: &UnboundedSender<ObjectRef<Service>>,
+    tx: &Triggers,
     slice: EndpointSlice,
     svc: ObjectRef<Service>,
     ours: fn(&Echoes, &EndpointSlice) -> bool,
 ) {
-    let judge = move |echoes: &Echoes, slice: &EndpointSlice, tx: &UnboundedSender<_>, waited| {
+    let judge = move |echoes: &Echoes, slice: &EndpointSlice, tx: &Triggers, waited| {
         let echo = ours(echoes, slice);
         debug!(slice = %slice.name_any(), resource_version = ?slice.resource_version(),
             echo, waited, "slice event");
         if !echo {
-            let _ = tx.unbounded_send(svc);
+            tx.ask(svc);
         }
     };
     if !echoes.in_flight(&slice) {
@@ -305,10 +340,20 @@ pub(crate) async fn run(
                 _ => {}
             })
             .applied_objects()
+            // Like every other ask (`Triggers`): none before the caches
+            // sync, whose opening triggers every Service.
+            .try_filter({
+                let gate = gate.clone();
+                move |_| future::ready(gate.synced())
+            })
     };
 
     // Pods, indexed by group; a change triggers the group's Services.
     let (trigger_tx, trigger_rx) = unbounded::<ObjectRef<Service>>();
+    let trigger_tx = Triggers {
+        tx: trigger_tx,
+        gate: gate.clone(),
+    };
     let pod_groups = Arc::new(GroupIndex::default());
     let (pod_reader, pod_writer) = reflector::store::<Pod>();
     let asked = Arc::new(crate::asked::Asked::default());
@@ -406,7 +451,7 @@ pub(crate) async fn run(
             match ev {
                 Ok(watcher::Event::Apply(ep)) | Ok(watcher::Event::InitApply(ep)) => {
                     let ns = ep.namespace().unwrap_or_default();
-                    let _ = tx.unbounded_send(ObjectRef::new(&ep.name_any()).within(&ns));
+                    tx.ask(ObjectRef::new(&ep.name_any()).within(&ns));
                 }
                 Ok(_) => {}
                 Err(e) => warn!(error = %e, "endpoints watch"),
@@ -451,9 +496,7 @@ pub(crate) async fn run(
                 _ => false,
             };
             if changed && token.is_none() {
-                for svc in services.state() {
-                    let _ = tx.unbounded_send(ObjectRef::from_obj(svc.as_ref()));
-                }
+                tx.ask_all(&services);
             }
             if let Ok(watcher::Event::InitDone) = ev
                 && let Some(mut token) = token.take()
@@ -557,11 +600,9 @@ pub(crate) async fn run(
             loop {
                 ctx.synced.opened().await;
                 if let Some(at) = synced_at.take() {
-                    // A reconcile before now found the caches incomplete
-                    // and waits for a change: start every Service now.
-                    for svc in services.state() {
-                        let _ = tx.unbounded_send(ObjectRef::from_obj(svc.as_ref()));
-                    }
+                    // Nothing was asked for before now (`Triggers`):
+                    // start every Service, once.
+                    tx.ask_all(&services);
                     // Cold-start timings (docs/benchmarks.md, row 1b).
                     info!(
                         after_ms = at.elapsed().as_millis() as u64,
@@ -611,10 +652,9 @@ pub(crate) async fn run(
             let mut held = false;
             let mut holds = tenure.holds_term();
             loop {
+                // Before the caches sync, their opening triggers all.
                 if holds && !held {
-                    for svc in services.state() {
-                        let _ = tx.unbounded_send(ObjectRef::from_obj(svc.as_ref()));
-                    }
+                    tx.ask_all(&services);
                 }
                 held = holds;
                 match tenure.changed().await {
@@ -700,7 +740,7 @@ fn on_pod_event(
     key: &KeySource,
     pod_groups: &GroupIndex,
     svc_groups: &GroupIndex,
-    tx: &UnboundedSender<ObjectRef<Service>>,
+    tx: &Triggers,
     asked: &crate::asked::Asked,
 ) {
     let (pod, group) = match ev {
@@ -715,10 +755,13 @@ fn on_pod_event(
     let mut groups: Vec<String> = before.into_iter().collect();
     groups.extend(group.map(str::to_string));
     groups.dedup();
+    if !tx.open() {
+        return;
+    }
     for g in groups {
         for svc in svc_groups.members(&ns, &g) {
             asked.mark(format!("{ns}/{svc}"));
-            let _ = tx.unbounded_send(ObjectRef::new(&svc).within(&ns));
+            tx.ask(ObjectRef::new(&svc).within(&ns));
         }
     }
 }
@@ -770,4 +813,30 @@ async fn reconcile_in_turn(svc: Arc<Service>, ctx: Arc<Context>) -> Result<Actio
         ctx.forget_service(&svc);
     }
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Asks before the caches sync are dropped (the gate's opening asks
+    /// for every Service instead); once open, every ask is heard.
+    #[test]
+    fn asks_before_the_caches_sync_are_dropped_and_heard_after() {
+        let gate = SyncGate::default();
+        let mut listing = gate.register();
+        let (tx, mut rx) = unbounded::<ObjectRef<Service>>();
+        let triggers = Triggers {
+            tx,
+            gate: gate.clone(),
+        };
+        let web = ObjectRef::<Service>::new("web").within("ns");
+        triggers.ask(web.clone());
+        assert!(!triggers.open());
+        assert!(rx.try_recv().is_err(), "an ask before sync was sent");
+        listing.complete();
+        assert!(triggers.open());
+        triggers.ask(web.clone());
+        assert_eq!(rx.try_recv().ok(), Some(web));
+    }
 }
