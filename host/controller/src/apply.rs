@@ -1,24 +1,29 @@
-//! Writes a plan: server-side apply of the slices that differ, deletes of
+//! Writes a plan: creates and updates of the slices that differ, deletes of
 //! the ones no longer wanted.
 //!
 //! The planner only hands over slices whose live state differs from the
 //! desired one, so a steady state reaches this module with nothing to do.
-//! Applies use `managedBy` as field manager. Slices held by other managers
-//! never get here (the planner reports them as collisions), but the
-//! planner's view is a cache, so every write is guarded against what it
-//! cannot see:
-//! - A slice our view holds is applied with `force` (which is what repairs
-//!   a manual edit made by another field manager) and with the uid we saw
-//!   as a precondition: if it was deleted and re-created by another writer
-//!   since, the apiserver refuses ("uid mismatch") instead of letting us
-//!   take the new object over.
-//! - A name our view does not hold is applied **without** `force`: if
-//!   another writer created it after our snapshot, its fields conflict and
-//!   the apiserver refuses (409) rather than hand them to us. The next
-//!   reconcile sees the object and reports the collision. (Server-side
-//!   apply cannot say "create only"; a POST would make a second, `Update`
-//!   field manager co-own the labels, which a later apply could then never
-//!   remove.)
+//! Writes use `managedBy` as field manager. They are plain creates and
+//! updates, as the native controller makes them, not server-side applies:
+//! the apiserver spends 1.5–2.9× the CPU on an apply (docs/benchmarks.md,
+//! row 3), which a cold start's write wave and every pod flip wait for.
+//! Slices held by other managers never get here (the planner reports them
+//! as collisions), but the planner's view is a cache, so every write is
+//! guarded against what it cannot see:
+//! - A name our view does not hold is created (POST): if another writer
+//!   created it after our snapshot, the apiserver refuses (409) rather than
+//!   hand it to us. The writer then fetches the holder ([`crate::foreign`])
+//!   and the next reconcile reports the collision.
+//! - A slice our view holds is updated (PUT) from our view of it
+//!   ([`portwise_core::plan::replace`]: other writers' labels, annotations
+//!   and owners kept), with our view's resourceVersion as the
+//!   precondition. If the object changed since (a manual edit whose event
+//!   has not come, say), the apiserver refuses (409) and the write falls
+//!   back to a server-side apply with `force` (which is what repairs a
+//!   manual edit made by another field manager) and with the uid we saw as
+//!   a precondition: if the slice was deleted and re-created by another
+//!   writer since, the apiserver refuses that too ("uid mismatch") instead
+//!   of letting us take the new object over.
 //! - Deletes carry the uid our view holds as a precondition, so a
 //!   re-created object is never deleted by mistake; no GET is needed.
 //!
@@ -53,8 +58,9 @@ use std::{
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::{
     Api, Client, ResourceExt,
-    api::{DeleteParams, Patch, PatchParams, Preconditions},
+    api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions},
 };
+use portwise_core::plan::replace::replacement;
 use tracing::{debug, info};
 
 use crate::{
@@ -161,6 +167,13 @@ impl Held {
 
 /// The calls a plan's writes need: the apiserver, or a fake in tests.
 trait SliceApi {
+    /// The field manager the writes are made as.
+    fn manager(&self) -> &str;
+    /// Creates the slice; 409 if its name is taken.
+    async fn create(&self, slice: &EndpointSlice) -> kube::Result<EndpointSlice>;
+    /// Replaces the slice; 409 unless its `metadata.resourceVersion` (and
+    /// uid) are the live object's.
+    async fn replace(&self, slice: &EndpointSlice) -> kube::Result<EndpointSlice>;
     /// Server-side apply of the whole slice (its `metadata.uid`, when set,
     /// is a precondition); the object as written. Without `force`, fields
     /// another manager owns make it fail with 409.
@@ -174,7 +187,30 @@ struct Server {
     manager: String,
 }
 
+impl Server {
+    fn post_params(&self) -> PostParams {
+        PostParams {
+            field_manager: Some(self.manager.clone()),
+            ..PostParams::default()
+        }
+    }
+}
+
 impl SliceApi for Server {
+    fn manager(&self) -> &str {
+        &self.manager
+    }
+
+    async fn create(&self, slice: &EndpointSlice) -> kube::Result<EndpointSlice> {
+        self.api.create(&self.post_params(), slice).await
+    }
+
+    async fn replace(&self, slice: &EndpointSlice) -> kube::Result<EndpointSlice> {
+        self.api
+            .replace(&slice.name_any(), &self.post_params(), slice)
+            .await
+    }
+
     async fn apply(&self, slice: &EndpointSlice, force: bool) -> kube::Result<EndpointSlice> {
         let mut params = PatchParams::apply(&self.manager);
         params.force = force;
@@ -227,15 +263,18 @@ pub struct SliceWriter {
 /// What our view held for a name when the plan was made.
 #[derive(Clone, Debug)]
 struct Seen {
+    /// The object as our view held it: an update is made from it.
+    view: Arc<EndpointSlice>,
     uid: Option<String>,
     set: Option<SetKey>,
 }
 
 impl Seen {
-    fn of(slice: &EndpointSlice) -> Self {
+    fn of(slice: Arc<EndpointSlice>) -> Self {
         Seen {
             uid: slice.uid(),
-            set: set_of(slice),
+            set: set_of(&slice),
+            view: slice,
         }
     }
 }
@@ -264,11 +303,11 @@ impl Writes {
         Writes {
             applies: applies
                 .iter()
-                .map(|s| (s.clone(), view(&s.name_any()).map(|v| Seen::of(&v))))
+                .map(|s| (s.clone(), view(&s.name_any()).map(Seen::of)))
                 .collect(),
             deletes: deletes
                 .iter()
-                .map(|n| (n.clone(), view(n).map(|v| Seen::of(&v))))
+                .map(|n| (n.clone(), view(n).map(Seen::of)))
                 .collect(),
             finishes: Vec::new(),
         }
@@ -340,7 +379,7 @@ impl SliceWriter {
         result
     }
 
-    /// After a refused apply of a name our view did not hold, fetches
+    /// After a refused create of a name our view did not hold, fetches
     /// what holds the name so the next plan sees it ([`crate::foreign`]).
     async fn learn_foreign(&self, api: &Api<EndpointSlice>, ns: &str, writes: &Writes, e: &Error) {
         let failed = match e {
@@ -369,7 +408,7 @@ impl SliceWriter {
                 }
                 Ok(None) => {}
                 Err(err) => {
-                    debug!(namespace = ns, slice = %name, error = %err, "GET after refused apply")
+                    debug!(namespace = ns, slice = %name, error = %err, "GET after refused create")
                 }
             }
         }
@@ -388,8 +427,8 @@ async fn write(
     let mut held = Held::default();
     let mut failed = Vec::new();
     let mut held_back = Vec::new();
-    // What each successful apply wrote onto: the uid of the object.
-    let mut written_uids: HashMap<String, Option<String>> = HashMap::new();
+    // What each successful write left: the object, to finish onto.
+    let mut written_objects: HashMap<String, EndpointSlice> = HashMap::new();
     for (slice, seen) in &writes.applies {
         let name = slice.name_any();
         let set = set_of(slice);
@@ -397,13 +436,12 @@ async fn write(
             held_back.push(name);
             continue;
         }
-        // Known: force, but only onto the object we saw. New: no force.
-        let mut slice = slice.clone();
-        if let Some(seen) = seen {
-            slice.metadata.uid = seen.uid.clone();
-        }
+        // Known: updated from what we saw. New: created.
         let flight = echoes.writing(ns, &name);
-        let applied = api.apply(&slice, seen.is_some()).await;
+        let applied = match seen {
+            Some(seen) => update(api, &seen.view, slice).await,
+            None => api.create(slice).await,
+        };
         match applied {
             Ok(written) => {
                 metrics.count_write(WriteKind::Apply);
@@ -412,10 +450,10 @@ async fn write(
                 } else {
                     SliceChange::Create
                 });
-                debug!(namespace = ns, slice = %name, "applied EndpointSlice");
+                debug!(namespace = ns, slice = %name, "wrote EndpointSlice");
                 echoes.applied(&written);
                 drop(flight);
-                written_uids.insert(name.clone(), written.uid());
+                written_objects.insert(name.clone(), written.clone());
                 recent.remember(ns, &name, written);
             }
             Err(source) => {
@@ -461,19 +499,17 @@ async fn write(
     }
     for slice in &writes.finishes {
         let name = slice.name_any();
-        // Only onto the object its apply wrote; an apply that failed or
-        // was held back leaves nothing to finish.
-        let Some(uid) = written_uids.get(&name) else {
+        // Only onto the object its write left; a write that failed or was
+        // held back leaves nothing to finish.
+        let Some(onto) = written_objects.get(&name) else {
             continue;
         };
         if held.holds(set_of(slice).as_ref()) {
             held_back.push(name);
             continue;
         }
-        let mut slice = slice.clone();
-        slice.metadata.uid = uid.clone();
         let flight = echoes.writing(ns, &name);
-        match api.apply(&slice, true).await {
+        match update(api, onto, slice).await {
             Ok(written) => {
                 metrics.count_write(WriteKind::Apply);
                 metrics.count_slice_change(SliceChange::Update);
@@ -487,6 +523,32 @@ async fn write(
         }
     }
     Error::of(failed, held_back)
+}
+
+/// Updates `onto` (the object as we saw it) to `desired`: a PUT with its
+/// resourceVersion as precondition; if the object changed since, a
+/// server-side apply with `force` onto its uid (module docs).
+async fn update(
+    api: &impl SliceApi,
+    onto: &EndpointSlice,
+    desired: &EndpointSlice,
+) -> kube::Result<EndpointSlice> {
+    // Without a resourceVersion a PUT would be unconditional.
+    if onto.resource_version().is_some() {
+        match api
+            .replace(&replacement(onto, desired, api.manager()))
+            .await
+        {
+            Err(kube::Error::Api(s)) if s.code == 409 => {
+                debug!(slice = %desired.name_any(), reason = %s.message,
+                    "update refused (the slice changed since our view): applying");
+            }
+            done => return done,
+        }
+    }
+    let mut slice = desired.clone();
+    slice.metadata.uid = onto.uid();
+    api.apply(&slice, true).await
 }
 
 impl Recent {

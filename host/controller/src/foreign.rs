@@ -3,16 +3,15 @@
 //! portwise's slice watch selects only slices carrying its own managed-by
 //! label, so a slice another manager holds under a name the planner wants
 //! is not in the cache. The planner would take the name for free, and the
-//! writer applies a name its view does not hold without `force`: the
-//! apiserver refuses it with 409, because the other manager owns the
-//! fields we set (at least the managed-by label). After such a refusal the
-//! writer GETs the object once and remembers it here; the view the planner
-//! reads ([`crate::apply::SliceWriter::overlay`]) then shows it, so the
-//! retry reports the `EndpointSliceNameCollision` and picks the next name,
+//! writer creates a name its view does not hold: the apiserver refuses it
+//! with 409 (AlreadyExists). After such a refusal the writer GETs the
+//! object once and remembers it here; the view the planner reads
+//! ([`crate::apply::SliceWriter::overlay`]) then shows it, so the retry
+//! reports the `EndpointSliceNameCollision` and picks the next name,
 //! exactly as when the cache held every slice.
 //!
 //! An entry is kept for [`FOREIGN_FOR`]; after that the name is tried again
-//! (one refused apply and one GET per collision and period), which is also
+//! (one refused create and one GET per collision and period), which is also
 //! how a name its holder gave up becomes usable.
 
 use std::{

@@ -105,6 +105,52 @@ async fn endpoint_fields_from_pod_and_node() -> Result<()> {
         Ok(())
     })
     .await?;
+
+    // Another writer's label stays through portwise's updates (each a PUT
+    // of the whole object), and a label the Service drops leaves the
+    // slices: portwise created them with a POST and updated them with
+    // PUTs, so its keys are known from its Update entry in managedFields.
+    use k8s_openapi::api::discovery::v1::EndpointSlice;
+    use kube::api::{Patch, PatchParams};
+    let name = slices_for(&ns, "web").await?[0]
+        .metadata
+        .name
+        .clone()
+        .unwrap_or_default();
+    ns.api::<EndpointSlice>()
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"labels": {"mesh": "on"}}})),
+        )
+        .await?;
+    ns.patch_service(
+        "web",
+        serde_json::json!({"metadata": {"labels": {"team": null}}}),
+    )
+    .await?;
+    wait_for(SETTLE, || async {
+        for s in slices_for(&ns, "web").await? {
+            let l = s.metadata.labels.unwrap_or_default();
+            ensure!(!l.contains_key("team"), "a dropped label stayed: {l:?}");
+        }
+        let l = ns.api::<EndpointSlice>().get(&name).await?.metadata.labels;
+        let l = l.unwrap_or_default();
+        ensure!(
+            l.get("mesh").map(String::as_str) == Some("on"),
+            "another writer's label was lost: {l:?}"
+        );
+        Ok(())
+    })
+    .await?;
+    // A later content change keeps it too.
+    ns.set_ready("c", false).await?;
+    expect_endpoints(&ns, "web", by_port([(("http", V4), &["a", "b"][..])])).await?;
+    let l = ns.api::<EndpointSlice>().get(&name).await?.metadata.labels;
+    ensure!(
+        l.unwrap_or_default().get("mesh").map(String::as_str) == Some("on"),
+        "another writer's label was lost by an endpoints update"
+    );
     Ok(())
 }
 

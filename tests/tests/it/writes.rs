@@ -200,8 +200,8 @@ async fn one_write_when_one_pod_flips_among_1000() -> Result<()> {
     expect_eq(slices_for(&ns, "big").await?.len(), slices_before)?;
     if let Ok(ws) = counter.writes() {
         ensure!(
-            ws.iter().all(|w| w.verb == "patch"),
-            "writes other than server-side apply: {ws:?}"
+            ws.iter().all(|w| w.verb == "update"),
+            "writes other than a resourceVersion-checked update: {ws:?}"
         );
     }
     Ok(())
@@ -445,9 +445,9 @@ async fn a_move_between_port_sets_costs_three_writes_and_a_flip_one() -> Result<
         expect_eq(
             shape,
             vec![
-                ("patch".to_string(), "colo-web".to_string()),
+                ("update".to_string(), "colo-web".to_string()),
                 ("delete".to_string(), "colo-alt.web".to_string()),
-                ("patch".to_string(), "colo-web".to_string()),
+                ("update".to_string(), "colo-web".to_string()),
             ],
         )?;
     }

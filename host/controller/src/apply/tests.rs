@@ -6,7 +6,10 @@ use std::{
     sync::{Arc, Mutex},
 };
 
-use k8s_openapi::api::discovery::v1::{Endpoint, EndpointPort, EndpointSlice};
+use k8s_openapi::{
+    api::discovery::v1::{Endpoint, EndpointPort, EndpointSlice},
+    apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry},
+};
 use kube::{ResourceExt, core::Status};
 
 use super::{Error, OVERLAY_FOR, Recent, SliceApi, Writes, set_of, write};
@@ -84,6 +87,47 @@ impl Fake {
         s
     }
 
+    /// Stores our write of `s`, recording in `managedFields` which labels
+    /// and annotations we own as the apiserver would: an apply owns exactly
+    /// the keys it sent; a create or update owns the keys it added or
+    /// changed, and keeps owning those it set before and left alone.
+    fn store_ours(&self, mut s: EndpointSlice, operation: &str) -> EndpointSlice {
+        let live = self.get_slice(&s.name_any());
+        let mut fields = serde_json::Map::new();
+        for (field, now, before) in [
+            (
+                "f:labels",
+                &s.metadata.labels,
+                live.as_ref().and_then(|l| l.metadata.labels.clone()),
+            ),
+            (
+                "f:annotations",
+                &s.metadata.annotations,
+                live.as_ref().and_then(|l| l.metadata.annotations.clone()),
+            ),
+        ] {
+            let was_ours = live.as_ref().map(|l| owned(l, field)).unwrap_or_default();
+            let keys: serde_json::Map<String, serde_json::Value> = now
+                .iter()
+                .flatten()
+                .filter(|(k, v)| {
+                    operation == "Apply"
+                        || was_ours.contains(*k)
+                        || before.as_ref().and_then(|b| b.get(*k)) != Some(*v)
+                })
+                .map(|(k, _)| (format!("f:{k}"), serde_json::json!({})))
+                .collect();
+            fields.insert(field.into(), keys.into());
+        }
+        s.metadata.managed_fields = Some(vec![ManagedFieldsEntry {
+            manager: Some("portwise".into()),
+            operation: Some(operation.into()),
+            fields_v1: Some(FieldsV1(serde_json::json!({ "f:metadata": fields }))),
+            ..Default::default()
+        }]);
+        self.store(s)
+    }
+
     /// Another writer creates (or re-creates, with a new uid) `s`.
     fn written_by_another(&self, s: EndpointSlice) -> EndpointSlice {
         let name = s.name_any();
@@ -111,6 +155,27 @@ impl Fake {
     }
 }
 
+/// The keys of `metadata.<field>` our entry in `s`'s `managedFields` owns.
+fn owned(s: &EndpointSlice, field: &str) -> BTreeSet<String> {
+    s.metadata
+        .managed_fields
+        .iter()
+        .flatten()
+        .filter(|e| e.manager.as_deref() == Some("portwise"))
+        .filter_map(|e| {
+            e.fields_v1
+                .as_ref()?
+                .0
+                .get("f:metadata")?
+                .get(field)?
+                .as_object()
+        })
+        .flat_map(|m| m.keys())
+        .filter_map(|k| k.strip_prefix("f:"))
+        .map(str::to_string)
+        .collect()
+}
+
 fn status(code: u16, reason: &str) -> kube::Error {
     kube::Error::Api(
         Status::failure(&format!("refused by the fake ({reason})"), reason)
@@ -120,6 +185,41 @@ fn status(code: u16, reason: &str) -> kube::Error {
 }
 
 impl SliceApi for Fake {
+    fn manager(&self) -> &str {
+        "portwise"
+    }
+
+    async fn create(&self, slice: &EndpointSlice) -> kube::Result<EndpointSlice> {
+        let name = slice.name_any();
+        self.log(format!("create {name}"));
+        if self.refuse.contains(&name) {
+            return Err(status(422, "Invalid"));
+        }
+        if self.get_slice(&name).is_some() {
+            return Err(status(409, "AlreadyExists"));
+        }
+        Ok(self.store_ours(slice.clone(), "Update"))
+    }
+
+    async fn replace(&self, slice: &EndpointSlice) -> kube::Result<EndpointSlice> {
+        let name = slice.name_any();
+        self.log(format!("update {name}"));
+        if self.refuse.contains(&name) {
+            return Err(status(422, "Invalid"));
+        }
+        match self.get_slice(&name) {
+            None => return Err(status(404, "NotFound")),
+            Some(live)
+                if live.metadata.resource_version != slice.metadata.resource_version
+                    || live.metadata.uid != slice.metadata.uid =>
+            {
+                return Err(status(409, "Conflict (the object has been modified)"));
+            }
+            Some(_) => {}
+        }
+        Ok(self.store_ours(slice.clone(), "Update"))
+    }
+
     async fn apply(&self, slice: &EndpointSlice, force: bool) -> kube::Result<EndpointSlice> {
         let name = slice.name_any();
         self.log(if force {
@@ -144,7 +244,7 @@ impl SliceApi for Fake {
         }
         let mut s = slice.clone();
         s.metadata.uid = None;
-        Ok(self.store(s))
+        Ok(self.store_ours(s, "Apply"))
     }
 
     async fn delete(&self, name: &str, uid: Option<String>) -> kube::Result<()> {
@@ -285,9 +385,9 @@ async fn a_failed_apply_holds_back_its_own_set_and_nothing_else() {
     assert_eq!(
         fake.calls(),
         strings(&[
-            "apply web-admin--2",
-            "apply web-http",
-            "apply web-http--ipv6",
+            "update web-admin--2",
+            "update web-http",
+            "update web-http--ipv6",
             "delete web-http--2",
         ])
     );
@@ -499,10 +599,10 @@ async fn planner_output_fails_per_port_and_family() {
 // ---- guards against what the cache cannot see (issue 13) ----------------
 
 #[tokio::test]
-async fn a_name_the_view_does_not_hold_is_applied_without_force() {
+async fn a_name_the_view_does_not_hold_is_only_created() {
     // Another writer created web-http after our snapshot: our view has no
-    // such name, so portwise applies without force, and the apiserver
-    // refuses rather than hand the other writer's fields to us.
+    // such name, so portwise creates it, and the apiserver refuses rather
+    // than hand the other writer's object to us.
     let fake = Fake::new([]);
     let theirs = fake.written_by_another(slice("web-http", "http", "IPv4", &["10.9.9.9"]));
     let recent = Recent::default();
@@ -516,7 +616,7 @@ async fn a_name_the_view_does_not_hold_is_applied_without_force() {
         matches!(&err, Error::Apply { name, .. } if name == "web-http"),
         "{err:?}"
     );
-    assert_eq!(fake.calls(), strings(&["apply web-http (no force)"]));
+    assert_eq!(fake.calls(), strings(&["create web-http"]));
     assert_eq!(fake.get_slice("web-http"), Some(theirs));
     assert!(recent.names(NS).is_empty());
     // A name nobody holds is simply created.
@@ -532,28 +632,47 @@ async fn a_name_the_view_does_not_hold_is_applied_without_force() {
     );
 }
 
+/// Writes web-http holding `ip`, our view holding `seen`.
+async fn write_web_http(
+    fake: &Fake,
+    seen: Option<Arc<EndpointSlice>>,
+    ip: &str,
+) -> Result<(), Error> {
+    let writes = Writes::new(&[slice("web-http", "http", "IPv4", &[ip])], &[], |_| {
+        seen.clone()
+    });
+    write_fresh(fake, &Recent::default(), &writes).await
+}
+
 #[tokio::test]
 async fn a_known_name_is_forced_only_onto_the_object_the_view_holds() {
     let fake = Fake::new([slice("web-http", "http", "IPv4", &["10.0.0.1"])]);
+    // Our view is the live object: an update, checked by resourceVersion.
     let seen = fake.get_slice("web-http").map(Arc::new);
-    // A manual edit: forced back (the repair).
-    let writes = Writes::new(
-        &[slice("web-http", "http", "IPv4", &["10.0.0.2"])],
-        &[],
-        |_| seen.clone(),
-    );
-    write_fresh(&fake, &Recent::default(), &writes)
-        .await
-        .unwrap();
+    write_web_http(&fake, seen, "10.0.0.2").await.unwrap();
     assert_eq!(
         addresses(&fake.get_slice("web-http").unwrap()),
         ["10.0.0.2"]
     );
+    assert_eq!(fake.calls(), strings(&["update web-http"]));
+    // Edited by another writer since our view (same object, another
+    // resourceVersion): the update is refused, the apply forces it back.
+    let seen = fake.get_slice("web-http").map(Arc::new);
+    fake.store(slice("web-http", "http", "IPv4", &["10.6.6.6"]));
+    write_web_http(&fake, seen.clone(), "10.0.0.3")
+        .await
+        .unwrap();
+    assert_eq!(
+        addresses(&fake.get_slice("web-http").unwrap()),
+        ["10.0.0.3"]
+    );
+    assert_eq!(
+        fake.calls()[1..],
+        strings(&["update web-http", "apply web-http"])
+    );
     // Deleted and re-created by another writer since our view: refused.
     let theirs = fake.written_by_another(slice("web-http", "http", "IPv4", &["10.9.9.9"]));
-    let err = write_fresh(&fake, &Recent::default(), &writes)
-        .await
-        .unwrap_err();
+    let err = write_web_http(&fake, seen, "10.0.0.4").await.unwrap_err();
     assert!(err.to_string().contains("uid mismatch"), "{err}");
     assert_eq!(fake.get_slice("web-http"), Some(theirs));
 }
@@ -715,11 +834,11 @@ async fn a_move_is_finished_after_the_delete_of_the_slice_it_left() {
     assert_eq!(
         fake.calls(),
         vec![
-            "apply colo-web",
+            "update colo-web",
             // alt is left without endpoints: its placeholder
-            "apply colo-alt (no force)",
+            "create colo-alt",
             "delete colo-alt.web",
-            "apply colo-web"
+            "update colo-web"
         ],
         "the slice taking b in is written again after the one it left"
     );
@@ -740,7 +859,7 @@ async fn a_move_is_finished_after_the_delete_of_the_slice_it_left() {
         .unwrap_err();
     assert_eq!(
         fake.calls(),
-        vec!["apply colo-web", "apply colo-alt (no force)"],
+        vec!["update colo-web", "create colo-alt"],
         "the shared slice's delete is held back, and nothing is finished"
     );
     assert!(fake.get_slice("colo-alt.web").is_some());

@@ -47,7 +47,9 @@ impl ModuleLoad {
 /// A write portwise issued to the apiserver.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum WriteKind {
-    /// A server-side apply (create or update).
+    /// A create or update: a POST, a resourceVersion-checked PUT, or the
+    /// server-side apply an update falls back to (`crate::apply`). The
+    /// label keeps its name, `apply`, from when every write was one.
     Apply,
     /// A delete.
     Delete,

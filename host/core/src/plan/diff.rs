@@ -92,22 +92,45 @@ fn meta_differs_except(
         || unwanted("f:annotations", &desired.annotations, ignored)
 }
 
-/// Keys of `metadata.<field>` that `manager` owns through server-side apply,
-/// read from the live object's `managedFields`.
-fn applied_keys(live: &ObjectMeta, manager: &str, field: &str) -> Vec<String> {
-    live.managed_fields
-        .iter()
-        .flatten()
-        .filter(|e| {
-            e.manager.as_deref() == Some(manager) && e.operation.as_deref() == Some("Apply")
-        })
-        .filter(|e| e.subresource.as_deref().unwrap_or_default().is_empty())
-        .filter_map(|e| e.fields_v1.as_ref())
-        .filter_map(|f| f.0.get("f:metadata")?.get(field)?.as_object())
-        .flat_map(|m| m.keys())
+/// Keys of `metadata.<field>` that `manager` owns, read from the live
+/// object's `managedFields`: through server-side apply (older portwise) or
+/// through its creates and updates ([`super::replace`]), which the
+/// apiserver records as `Update` entries owning the fields they set.
+pub(crate) fn applied_keys(live: &ObjectMeta, manager: &str, field: &str) -> Vec<String> {
+    owned_entries(live, manager, field)
         .filter_map(|k| k.strip_prefix("f:"))
         .map(str::to_string)
         .collect()
+}
+
+/// The uids of the owner references `manager` owns (`k:{"uid":…}` entries).
+pub(crate) fn owned_owner_uids(live: &ObjectMeta, manager: &str) -> Vec<String> {
+    owned_entries(live, manager, "f:ownerReferences")
+        .filter_map(|k| k.strip_prefix("k:"))
+        .filter_map(|k| serde_json::from_str::<serde_json::Value>(k).ok())
+        .filter_map(|v| v.get("uid")?.as_str().map(str::to_string))
+        .collect()
+}
+
+/// The raw member keys of `metadata.<field>` in `manager`'s own entries
+/// (not a subresource's).
+fn owned_entries<'a>(
+    live: &'a ObjectMeta,
+    manager: &'a str,
+    field: &'a str,
+) -> impl Iterator<Item = &'a str> + 'a {
+    live.managed_fields
+        .iter()
+        .flatten()
+        .filter(move |e| {
+            e.manager.as_deref() == Some(manager)
+                && matches!(e.operation.as_deref(), Some("Apply" | "Update"))
+        })
+        .filter(|e| e.subresource.as_deref().unwrap_or_default().is_empty())
+        .filter_map(|e| e.fields_v1.as_ref())
+        .filter_map(move |f| f.0.get("f:metadata")?.get(field)?.as_object())
+        .flat_map(|m| m.keys())
+        .map(String::as_str)
 }
 
 /// Ports after the apiserver's defaulting (name `""`, protocol `TCP`).

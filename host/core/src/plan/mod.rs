@@ -59,6 +59,7 @@ mod namer;
 pub mod naming;
 pub mod object;
 mod pack;
+pub mod replace;
 mod settle;
 pub mod trigger;
 pub mod v1_endpoints;

@@ -60,6 +60,8 @@ async fn runs_as_its_service_account_and_can_do_nothing_more() -> Result<()> {
         vec!["list", "pods"],
         vec!["watch", "services"],
         vec!["get", "nodes"],
+        vec!["create", "endpointslices.discovery.k8s.io", "-n", n],
+        vec!["update", "endpointslices.discovery.k8s.io", "-n", n],
         vec!["patch", "endpointslices.discovery.k8s.io", "-n", n],
         vec!["delete", "endpointslices.discovery.k8s.io", "-n", n],
         vec!["delete", "endpoints", "-n", n],
@@ -91,7 +93,6 @@ async fn runs_as_its_service_account_and_can_do_nothing_more() -> Result<()> {
         vec!["list", "secrets", "-n", "portwise-system"],
         vec!["create", "endpoints", "-n", n],
         vec!["update", "endpoints", "-n", n],
-        vec!["update", "endpointslices.discovery.k8s.io", "-n", n],
         vec!["create", "events", "-n", n],
         vec![
             "update",
