@@ -82,6 +82,9 @@ pub(crate) struct Context {
     pub(crate) reconcile_slots: Option<Arc<tokio::sync::Semaphore>>,
     /// When a pod change first asked for each Service's next reconcile.
     pub(crate) asked: Arc<crate::asked::Asked>,
+    /// One reconcile per Service at a time, whether the `Controller` or
+    /// the prompt lane ([`crate::lane`]) started it; by Service key.
+    pub(crate) exclusive: crate::lane::Exclusive<String>,
 }
 
 impl Context {

@@ -32,6 +32,7 @@ mod error;
 mod events;
 mod foreign;
 mod judge;
+mod lane;
 pub mod metrics;
 pub mod migrate;
 mod options;

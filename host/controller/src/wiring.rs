@@ -56,6 +56,7 @@ use crate::{
     error::Error,
     events::Events,
     judge::Judge,
+    lane::Lane,
     metrics::SyncResult,
     migrate,
     options::RunOptions,
@@ -203,6 +204,9 @@ async fn count_cached(
 struct Triggers {
     tx: UnboundedSender<ObjectRef<Service>>,
     gate: SyncGate,
+    /// The prompt lane for pod changes, once the context it runs with
+    /// exists ([`crate::lane`]).
+    lane: Arc<std::sync::OnceLock<Lane<ObjectRef<Service>>>>,
 }
 
 impl Triggers {
@@ -215,6 +219,21 @@ impl Triggers {
     fn ask(&self, svc: ObjectRef<Service>) {
         if self.open() {
             let _ = self.tx.unbounded_send(svc);
+        }
+    }
+
+    /// Asks for `svc` to be reconciled at once, through the prompt lane
+    /// (a pod changed), unless the caches are still listing.
+    fn ask_now(&self, svc: ObjectRef<Service>) {
+        if !self.open() {
+            return;
+        }
+        match self.lane.get() {
+            Some(lane) if lane.ask(svc.clone()) => {}
+            // Draining (or not wired yet): the Controller decides.
+            _ => {
+                let _ = self.tx.unbounded_send(svc);
+            }
         }
     }
 
@@ -353,6 +372,7 @@ pub(crate) async fn run(
     let trigger_tx = Triggers {
         tx: trigger_tx,
         gate: gate.clone(),
+        lane: Arc::default(),
     };
     let pod_groups = Arc::new(GroupIndex::default());
     let (pod_reader, pod_writer) = reflector::store::<Pod>();
@@ -554,6 +574,15 @@ pub(crate) async fn run(
         retries: Default::default(),
         trigger_memory: Mutex::default(),
         asked,
+        exclusive: Default::default(),
+    });
+    let lane = trigger_tx.lane.get_or_init(|| {
+        // The sender, not the `Triggers` that hold this lane: no cycle.
+        let (ctx, tx) = (ctx.clone(), trigger_tx.tx.clone());
+        Lane::new(move |svc: ObjectRef<Service>| {
+            let (ctx, tx) = (ctx.clone(), tx.clone());
+            async move { reconcile_promptly(svc, ctx, tx).await }.boxed()
+        })
     });
 
     {
@@ -728,6 +757,8 @@ pub(crate) async fn run(
             future::ready(())
         })
         .await;
+    // Prompt reconciles in flight end before the Lease can be released.
+    lane.drain().await;
     background.abort();
     for task in tasks {
         task.abort();
@@ -761,23 +792,64 @@ fn on_pod_event(
     for g in groups {
         for svc in svc_groups.members(&ns, &g) {
             asked.mark(format!("{ns}/{svc}"));
-            tx.ask(ObjectRef::new(&svc).within(&ns));
+            tx.ask_now(ObjectRef::new(&svc).within(&ns));
         }
     }
 }
 /// Retries a failed reconcile after the Service's own backoff
 /// ([`crate::retry`]).
 fn error_policy(svc: Arc<Service>, err: &Error, ctx: Arc<Context>) -> Action {
-    let key = service_key(&svc);
-    if !ctx.still_cached(&svc) {
+    match retry_after(&svc, err, &ctx) {
+        Some(delay) => Action::requeue(delay),
+        None => Action::await_change(),
+    }
+}
+
+/// When a failed reconcile of `svc` is tried again; `None` if the Service
+/// is gone.
+fn retry_after(svc: &Arc<Service>, err: &Error, ctx: &Context) -> Option<Duration> {
+    let key = service_key(svc);
+    if !ctx.still_cached(svc) {
         // Deleted while it failed: nothing to retry, nothing to keep.
-        ctx.forget_service(&svc);
-        return Action::await_change();
+        ctx.forget_service(svc);
+        return None;
     }
     let delay = ctx.retries.failed(&key);
     warn!(service = %key, error = %err, retry_in = ?delay,
         failures = ctx.retries.failures(&key), "will retry");
-    Action::requeue(delay)
+    Some(delay)
+}
+
+/// A reconcile the prompt lane started (a pod changed): counted as the
+/// `Controller`'s are; a failure is retried through the `Controller`
+/// after the Service's backoff. Its periodic resync stays with the
+/// `Controller`, which scheduled it after the Service's last reconcile
+/// there.
+async fn reconcile_promptly(
+    svc: ObjectRef<Service>,
+    ctx: Arc<Context>,
+    controller: UnboundedSender<ObjectRef<Service>>,
+) {
+    let Some(obj) = ctx.services.get(&svc) else {
+        return;
+    };
+    match reconcile_in_turn(obj.clone(), ctx.clone()).await {
+        Ok(_) => {
+            ctx.metrics.count_sync(SyncResult::Success);
+            debug!(service = %svc, "reconciled");
+        }
+        Err(e) => {
+            ctx.metrics.count_sync(SyncResult::Error);
+            ctx.metrics.count_reconcile_error(e.kind());
+            warn!(service = %svc, error = %e, "reconcile failed");
+            if let Some(delay) = retry_after(&obj, &e, &ctx) {
+                tokio::spawn(async move {
+                    tokio::time::sleep(delay).await;
+                    let _ = controller.unbounded_send(svc);
+                });
+            }
+        }
+    }
 }
 
 fn service_key(svc: &Service) -> String {
@@ -789,8 +861,10 @@ fn service_key(svc: &Service) -> String {
 async fn reconcile_in_turn(svc: Arc<Service>, ctx: Arc<Context>) -> Result<Action, Error> {
     let key = service_key(&svc);
     let asked = ctx.asked.take(&key);
-    let slots = ctx.reconcile_slots.clone();
     let queued = std::time::Instant::now();
+    // The other path may be reconciling it ([`crate::lane`]).
+    let _held = ctx.exclusive.hold(key.clone()).await;
+    let slots = ctx.reconcile_slots.clone();
     let _slot = match &slots {
         Some(slots) => Some(
             slots
@@ -829,6 +903,7 @@ mod tests {
         let triggers = Triggers {
             tx,
             gate: gate.clone(),
+            lane: Arc::default(),
         };
         let web = ObjectRef::<Service>::new("web").within("ns");
         triggers.ask(web.clone());
