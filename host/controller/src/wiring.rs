@@ -831,6 +831,12 @@ async fn reconcile_promptly(
     controller: UnboundedSender<ObjectRef<Service>>,
 ) {
     let Some(obj) = ctx.services.get(&svc) else {
+        // Gone: its reconcile will not come to take the pod change's mark.
+        ctx.asked.take(&format!(
+            "{}/{}",
+            svc.namespace.as_deref().unwrap_or_default(),
+            svc.name
+        ));
         return;
     };
     match reconcile_in_turn(obj.clone(), ctx.clone()).await {
