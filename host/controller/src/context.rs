@@ -71,6 +71,9 @@ pub(crate) struct Context {
     pub(crate) migration: migrate::Migrator,
     /// Every watch has listed once: the caches are complete.
     pub(crate) synced: SyncGate,
+    /// Which namespaces' pods are in the cache in full, where pods are
+    /// watched per namespace ([`crate::pod_scopes`]).
+    pub(crate) pods_listed: crate::pod_scopes::ListedPods,
     /// Services reconciled at once (`None`: no bound). A FIFO semaphore
     /// instead of kube-runtime's own concurrency limit, which parks the
     /// Services it cannot start yet in a hash set and takes the first in

@@ -36,6 +36,7 @@ mod lane;
 pub mod metrics;
 pub mod migrate;
 mod options;
+mod pod_scopes;
 mod readiness;
 mod reconcile;
 mod retry;

@@ -66,6 +66,12 @@ pub(crate) async fn reconcile(
         return Ok(Action::await_change());
     }
     let ns = svc.namespace().unwrap_or_default();
+    // A namespace whose pod watch opened after the cold start
+    // (`crate::pod_scopes`): its first list asks for this Service again.
+    if !ctx.pods_listed.listed(&ns) {
+        debug!(namespace = %ns, "pods of the namespace not listed yet");
+        return Ok(Action::await_change());
+    }
     let uid = svc.uid().unwrap_or_default();
 
     let decided = {

@@ -60,6 +60,7 @@ use crate::{
     metrics::SyncResult,
     migrate,
     options::RunOptions,
+    pod_scopes::{ListedPods, PodScopes, ServiceSeen},
     reconcile::reconcile,
     watches::{watch_all, watch_keyed},
 };
@@ -323,6 +324,20 @@ pub(crate) async fn run(
     // do (`watches::streaming_or_listing` falls back to LIST + WATCH).
     let list_cfg = watcher::Config::default().any_semantic().streaming_lists();
 
+    // With an annotation key and every namespace watched, pods are watched
+    // per namespace that holds a keyed Service (`crate::pod_scopes`); the
+    // Service watch reports its namespaces, and has a gate of its own that
+    // the pod scopes wait for before the cold start's.
+    let per_namespace_pods =
+        opts.namespaces.is_empty() && matches!(config.pod_key(), KeySource::Annotation(_));
+    let (seen_tx, seen_rx) = tokio::sync::mpsc::unbounded_channel::<ServiceSeen>();
+    let seen_tx = per_namespace_pods.then_some(seen_tx);
+    let services_gate = if per_namespace_pods {
+        SyncGate::default()
+    } else {
+        gate.clone()
+    };
+
     // Services
     let (svc_reader, svc_writer) = reflector::store::<Service>();
     // Services, indexed by group; deletions are reported so per-Service
@@ -334,16 +349,24 @@ pub(crate) async fn run(
         let svc_groups = svc_groups.clone();
         let key = config.service_key.clone();
         let release_tx = release_tx.clone();
-        watch_keyed(&client, &opts.namespaces, &list_cfg, &key, &gate)
+        watch_keyed(&client, &opts.namespaces, &list_cfg, &key, &services_gate)
             .reflect(svc_writer)
             .inspect_ok(move |ev| match ev {
                 watcher::Event::Apply(svc) | watcher::Event::InitApply(svc) => {
                     let ns = svc.namespace().unwrap_or_default();
                     svc_groups.set(&ns, &svc.name_any(), key_value(&svc.metadata, &key));
+                    if let Some(seen) = &seen_tx {
+                        let name = svc.name_any();
+                        let _ = seen.send(ServiceSeen::Present { ns, name });
+                    }
                 }
                 watcher::Event::Delete(svc) => {
                     let ns = svc.namespace().unwrap_or_default();
                     svc_groups.set(&ns, &svc.name_any(), None);
+                    if let Some(seen) = &seen_tx {
+                        let (ns, name) = (ns.clone(), svc.name_any());
+                        let _ = seen.send(ServiceSeen::Gone { ns, name });
+                    }
                     let svc = Arc::new(svc.clone());
                     let _ = gone_tx.send(svc.clone());
                     // Deleted, or dropped from the cache for losing its
@@ -377,22 +400,50 @@ pub(crate) async fn run(
     let pod_groups = Arc::new(GroupIndex::default());
     let (pod_reader, pod_writer) = reflector::store::<Pod>();
     let asked = Arc::new(crate::asked::Asked::default());
+    let (pod_events, pods_listed) = if per_namespace_pods {
+        let scopes = PodScopes {
+            client: client.clone(),
+            cfg: list_cfg.clone(),
+            key: config.pod_key().clone(),
+            services_listed: services_gate.clone(),
+            gate: gate.clone(),
+            pods: pod_reader.clone(),
+            on_listed: Box::new({
+                let (tx, services) = (trigger_tx.clone(), svc_reader.clone());
+                move |ns: &str| {
+                    for svc in services.state() {
+                        if svc.namespace().as_deref() == Some(ns) {
+                            tx.ask(ObjectRef::from_obj(svc.as_ref()));
+                        }
+                    }
+                }
+            }),
+        };
+        scopes.stream(seen_rx)
+    } else {
+        let events = watch_keyed(
+            &client,
+            &opts.namespaces,
+            &list_cfg,
+            config.pod_key(),
+            &gate,
+        );
+        (events, ListedPods::with_the_caches())
+    };
     let pod_stream = {
         let pod_groups = pod_groups.clone();
         let svc_groups = svc_groups.clone();
         let tx = trigger_tx.clone();
         let key = config.pod_key().clone();
         let asked = asked.clone();
-        watch_keyed(&client, &opts.namespaces, &list_cfg, &key, &gate)
-            .reflect(pod_writer)
-            .for_each(move |ev| {
-                if let Ok(ev) = ev {
-                    on_pod_event(&ev, &key, &pod_groups, &svc_groups, &tx, &asked);
-                } else if let Err(e) = ev {
-                    warn!(error = %e, "pod watch");
-                }
-                future::ready(())
-            })
+        pod_events.reflect(pod_writer).for_each(move |ev| {
+            if let Ok(ev) = ev {
+                on_pod_event(&ev, &key, &pod_groups, &svc_groups, &tx, &asked);
+            } else if let Err(e) = ev {
+                warn!(error = %e, "pod watch");
+            }
+            future::ready(())
+        })
     };
 
     // Our slices only (selected by our managed-by label). Another
@@ -553,6 +604,7 @@ pub(crate) async fn run(
         },
         migration: migrate::Migrator::new(client.clone(), config.managed_by.clone()),
         synced: gate.clone(),
+        pods_listed,
         reconcile_slots: (opts.reconcile_concurrency > 0).then(|| {
             Arc::new(tokio::sync::Semaphore::new(
                 opts.reconcile_concurrency as usize,

@@ -235,3 +235,125 @@ async fn service_losing_its_key_is_released_label_key() -> Result<()> {
 async fn service_losing_its_key_is_released_annotation_key() -> Result<()> {
     service_losing_its_key_is_released(Key::Annotation).await
 }
+
+/// The endpoints (by pod name) of the slices `manager` publishes for `svc`.
+async fn members_by(ns: &TestNs, svc: &str, manager: &str) -> Result<Vec<String>> {
+    let mut names: Vec<String> = slices_managed_by(ns, svc, Some(manager))
+        .await?
+        .iter()
+        .flat_map(|s| s.endpoints.iter().flatten())
+        .filter_map(|e| e.target_ref.as_ref()?.name.clone())
+        .collect();
+    names.sort();
+    Ok(names)
+}
+
+/// Cluster-wide with an annotation key, pods are watched only in the
+/// namespaces that hold a keyed Service (`host/controller/src/pod_scopes.rs`):
+/// keyed pods elsewhere are never cached; a Service created in a new
+/// namespace is published from its pods' complete list (never an empty or
+/// partial slice first); the namespace's pods leave the cache with its last
+/// keyed Service and come back with the next.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn annotation_keys_watch_pods_only_where_keyed_services_are() -> Result<()> {
+    use futures::StreamExt;
+    use kube::runtime::{WatchStreamExt, watcher};
+
+    let cp = ControlPlane::shared().await?;
+    let home = TestNs::new(cp, "scopes-home").await?;
+    let late = TestNs::new(cp, "scopes-late").await?;
+    let never = TestNs::new(cp, "scopes-never").await?;
+    // Cluster-wide: a key and a manager of this test's own, so that no other
+    // test's Services are served.
+    let key = format!("{}.scopes.example.com/group", home.name());
+    let manager = format!("pw-{}", home.name());
+    let keyed = |name: &str| pod(name).annotation(&key, "g").ips(next_ips().v4());
+    home.create_service(service("web").annotation(&key, "g").port("http", 8080))
+        .await?;
+    home.create_pods(vec![keyed("a"), keyed("b")]).await?;
+    late.create_service(service("plain").port("http", 8080))
+        .await?;
+    late.create_pods((0..4).map(|i| keyed(&format!("l{i}"))).collect())
+        .await?;
+    never
+        .create_pods((0..6).map(|i| keyed(&format!("n{i}"))).collect())
+        .await?;
+
+    let mut pw = Portwise::builder(cp)
+        .config(&format!(
+            "managedBy: {manager}\n\
+             serviceKey: {{annotation: {key}}}\n\
+             resyncPeriod: 2s\n\
+             membership: podReady\n"
+        ))
+        .binary()
+        .start()
+        .await?;
+    pw.wait_ready().await?;
+    pw.wait_for_log("namespaces=1", SETTLE).await?;
+    wait_for(SETTLE, || async {
+        expect_eq(
+            members_by(&home, "web", &manager).await?,
+            vec!["a".into(), "b".into()],
+        )
+    })
+    .await?;
+    // Only the home namespace's pods: the 10 keyed pods elsewhere were
+    // never received.
+    let cached_pods = || async {
+        let m = pw.scrape().await?;
+        Ok::<_, anyhow::Error>(m.sum("portwise_cache_objects", &[("kind", "pods")]))
+    };
+    wait_for(SETTLE, || async { expect_eq(cached_pods().await?, 2.0) }).await?;
+
+    // Every version of the late namespace's slices, from before its first
+    // keyed Service.
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::<usize>::new()));
+    let slices: kube::Api<EndpointSlice> = late.api();
+    let selector = format!("{MANAGED_BY_LABEL}={manager}");
+    let watch = tokio::spawn({
+        let seen = seen.clone();
+        watcher(slices, watcher::Config::default().labels(&selector))
+            .applied_objects()
+            .for_each(move |s| {
+                if let Ok(s) = s {
+                    seen.lock()
+                        .unwrap()
+                        .push(s.endpoints.iter().flatten().count());
+                }
+                futures::future::ready(())
+            })
+    });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let all_late: Vec<String> = (0..4).map(|i| format!("l{i}")).collect();
+    for round in 0..2 {
+        late.create_service(service("svc").annotation(&key, "g").port("http", 8080))
+            .await?;
+        wait_for(SETTLE, || async {
+            expect_eq(members_by(&late, "svc", &manager).await?, all_late.clone())
+        })
+        .await?;
+        wait_for(SETTLE, || async { expect_eq(cached_pods().await?, 6.0) }).await?;
+        // Its last keyed Service gone, the namespace's pods leave the cache.
+        late.delete_service("svc").await?;
+        wait_for(SETTLE, || async { expect_eq(cached_pods().await?, 2.0) }).await?;
+        // The garbage collector takes its slices before the next round.
+        wait_for(SETTLE, || async {
+            expect_eq(members_by(&late, "svc", &manager).await?, Vec::new())
+        })
+        .await?;
+        let counts = seen.lock().unwrap().clone();
+        ensure!(
+            !counts.is_empty() && counts.iter().all(|&n| n == 4),
+            "round {round}: the late Service's slice was published with {counts:?} endpoints, \
+             want 4 in every version"
+        );
+    }
+    watch.abort();
+    // The home Service was served throughout.
+    expect_eq(
+        members_by(&home, "web", &manager).await?,
+        vec!["a".into(), "b".into()],
+    )?;
+    Ok(())
+}
