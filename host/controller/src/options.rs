@@ -28,6 +28,10 @@ pub struct RunOptions {
     pub wasm: Option<Arc<dyn WasmCheckers>>,
     /// Number of Services reconciled at once.
     pub reconcile_concurrency: u16,
+    /// With an annotation key and every namespace watched: the most
+    /// namespaces whose pods are watched one by one at start
+    /// ([`crate::pod_scopes`]); beyond it, or at 0, one cluster-wide watch.
+    pub pod_watch_namespaces: usize,
 }
 
 impl Default for RunOptions {
@@ -41,6 +45,7 @@ impl Default for RunOptions {
             instance: None,
             wasm: None,
             reconcile_concurrency: 8,
+            pod_watch_namespaces: 256,
         }
     }
 }

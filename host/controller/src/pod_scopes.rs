@@ -12,6 +12,14 @@
 //! such namespace as the Service watch reports it, and closes it (the
 //! namespace's pods leave the cache) when its last keyed Service goes.
 //!
+//! One watch per namespace is one connection each. When the keyed Services
+//! span more namespaces at start than `--pod-watch-namespaces` allows,
+//! pods are watched cluster-wide instead, with one watch, as with a label
+//! key but unselected: every pod of the cluster is received. Namespaces that
+//! gain a keyed Service later are still watched one by one past the limit
+//! (a warning says so once): switching over while running could lose a
+//! deletion between the two watches.
+//!
 //! Two rules keep a reconcile from planning on a namespace whose pods are
 //! not in the cache yet:
 //! - the cold start's [`SyncGate`] opens only after the Service watch has
@@ -37,7 +45,7 @@ use kube::{
     runtime::{WatchStreamExt, reflector::Store, watcher},
 };
 use tokio::{sync::mpsc, task::JoinSet};
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use portwise_core::{align::key_value, config::KeySource};
 
@@ -61,12 +69,13 @@ impl ListedPods {
         Self(Some(Arc::default()))
     }
 
-    /// Whether `ns`'s pods are in the cache in full (its watch has listed
-    /// once since it was opened).
+    /// Whether `ns`'s pods are in the cache in full (its watch, or the
+    /// cluster-wide one, has listed once since it was opened).
     pub(crate) fn listed(&self, ns: &str) -> bool {
-        self.0
-            .as_ref()
-            .is_none_or(|set| set.lock().unwrap().contains(ns))
+        self.0.as_ref().is_none_or(|set| {
+            let set = set.lock().unwrap();
+            set.contains(ns) || set.contains(EVERY_NAMESPACE)
+        })
     }
 
     fn set(&self, ns: &str, listed: bool) {
@@ -80,6 +89,9 @@ impl ListedPods {
         }
     }
 }
+
+/// The scope of the cluster-wide pod watch (no namespace name is empty).
+const EVERY_NAMESPACE: &str = "";
 
 /// What the Service watch tells [`PodScopes`]: a keyed Service is in the
 /// cache, or has left it.
@@ -119,6 +131,9 @@ pub(crate) struct PodScopes {
     pub(crate) gate: SyncGate,
     /// The pod cache, to forget a closed namespace's pods.
     pub(crate) pods: Store<Pod>,
+    /// The most namespaces watched one by one at start; beyond it, one
+    /// cluster-wide watch (`--pod-watch-namespaces`).
+    pub(crate) limit: usize,
     /// Called once a namespace opened after the cold start has listed:
     /// asks for its Services.
     pub(crate) on_listed: Box<dyn FnMut(&str) + Send>,
@@ -150,7 +165,8 @@ impl PodScopes {
         let mut state = State {
             cold: Some(self.gate.register()),
             services_listed: Some(services_listed),
-            opened: 0,
+            cluster_wide: false,
+            warned: false,
             services,
             members: HashMap::new(),
             scopes: HashMap::new(),
@@ -177,8 +193,10 @@ struct State {
     /// have listed.
     cold: Option<SyncToken>,
     services_listed: Option<BoxFuture<'static, ()>>,
-    /// Namespaces opened before the cold start ended, for its log line.
-    opened: usize,
+    /// Pods are watched by one cluster-wide watch (decided at start).
+    cluster_wide: bool,
+    /// Warned that more namespaces than the limit are watched.
+    warned: bool,
     services: mpsc::UnboundedReceiver<ServiceSeen>,
     /// The keyed Services of each namespace that holds one.
     members: HashMap<String, HashSet<String>>,
@@ -203,26 +221,37 @@ impl State {
             }
             // Reaped so the set does not grow; a task ends only when aborted.
             while let Poll::Ready(Some(_)) = self.tasks.poll_join_next(cx) {}
-            // First whether the Service watch has listed, then what it
-            // reported: every report of its first list precedes its gate's
-            // opening.
+            while let Poll::Ready(Some(seen)) = self.services.poll_recv(cx) {
+                self.saw(seen);
+            }
             if let Some(f) = self.services_listed.as_mut()
                 && f.poll_unpin(cx).is_ready()
             {
+                // Every report of the first list precedes the gate's
+                // opening: take them all (still only noted), then decide.
+                while let Poll::Ready(Some(seen)) = self.services.poll_recv(cx) {
+                    self.saw(seen);
+                }
                 self.services_listed = None;
-            }
-            while let Poll::Ready(Some(seen)) = self.services.poll_recv(cx) {
-                self.saw(seen);
+                self.open_first();
             }
             if self.services_listed.is_none()
                 && let Some(mut cold) = self
                     .cold
                     .take_if(|_| self.scopes.values().all(|s| s.listed))
             {
-                info!(
-                    namespaces = self.opened,
-                    "pods watched in each namespace that holds a managed Service (annotation key, cluster-wide)"
-                );
+                if self.cluster_wide {
+                    info!(
+                        namespaces = self.members.len(),
+                        limit = self.spec.limit,
+                        "pods watched cluster-wide: the managed Services span more namespaces than --pod-watch-namespaces"
+                    );
+                } else {
+                    info!(
+                        namespaces = self.scopes.len(),
+                        "pods watched in each namespace that holds a managed Service (annotation key, cluster-wide)"
+                    );
+                }
                 cold.complete();
             }
             if !self.out.is_empty() {
@@ -253,12 +282,41 @@ impl State {
         }
     }
 
+    /// Once the Service watch has listed: one watch for each namespace it
+    /// reported, or one for the cluster if they are too many.
+    fn open_first(&mut self) {
+        if self.spec.limit == 0 || self.members.len() > self.spec.limit {
+            self.cluster_wide = true;
+            self.open(EVERY_NAMESPACE.to_string());
+            return;
+        }
+        let mut namespaces: Vec<String> = self.members.keys().cloned().collect();
+        namespaces.sort();
+        for ns in namespaces {
+            self.open(ns);
+        }
+    }
+
     fn saw(&mut self, seen: ServiceSeen) {
         match seen {
             ServiceSeen::Present { ns, name } => {
                 self.members.entry(ns.clone()).or_default().insert(name);
-                if !self.scopes.contains_key(&ns) {
+                // Until the Service watch has listed, `open_first` decides.
+                if self.services_listed.is_none()
+                    && !self.cluster_wide
+                    && !self.scopes.contains_key(&ns)
+                {
                     self.open(ns);
+                    if self.scopes.len() > self.spec.limit && !self.warned {
+                        self.warned = true;
+                        warn!(
+                            namespaces = self.scopes.len(),
+                            limit = self.spec.limit,
+                            "pods are watched in more namespaces than --pod-watch-namespaces, one \
+                             connection each; a restart watches them cluster-wide, a label key \
+                             with one selected watch"
+                        );
+                    }
                 }
             }
             ServiceSeen::Gone { ns, name } => {
@@ -268,7 +326,9 @@ impl State {
                 names.remove(&name);
                 if names.is_empty() {
                     self.members.remove(&ns);
-                    self.close(&ns);
+                    if !self.cluster_wide {
+                        self.close(&ns);
+                    }
                 }
             }
         }
@@ -277,11 +337,12 @@ impl State {
     fn open(&mut self, ns: String) {
         self.next_epoch += 1;
         let epoch = self.next_epoch;
-        if self.cold.is_some() {
-            self.opened += 1;
-        }
         debug!(namespace = %ns, "watching pods");
-        let api: Api<Pod> = Api::namespaced(self.spec.client.clone(), &ns);
+        let api: Api<Pod> = if ns == EVERY_NAMESPACE {
+            Api::all(self.spec.client.clone())
+        } else {
+            Api::namespaced(self.spec.client.clone(), &ns)
+        };
         let abort = self.tasks.spawn(forward(
             api,
             self.spec.cfg.clone(),

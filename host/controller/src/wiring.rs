@@ -408,6 +408,7 @@ pub(crate) async fn run(
             services_listed: services_gate.clone(),
             gate: gate.clone(),
             pods: pod_reader.clone(),
+            limit: opts.pod_watch_namespaces,
             on_listed: Box::new({
                 let (tx, services) = (trigger_tx.clone(), svc_reader.clone());
                 move |ns: &str| {

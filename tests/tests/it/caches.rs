@@ -357,3 +357,73 @@ async fn annotation_keys_watch_pods_only_where_keyed_services_are() -> Result<()
     )?;
     Ok(())
 }
+
+/// Past `--pod-watch-namespaces` at start, pods are watched with one
+/// cluster-wide watch instead of one per namespace: every keyed pod is
+/// cached, Services in any namespace are served, and a namespace's last
+/// Service going closes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_the_namespace_limit_pods_are_watched_cluster_wide() -> Result<()> {
+    let cp = ControlPlane::shared().await?;
+    let one = TestNs::new(cp, "limit-one").await?;
+    let two = TestNs::new(cp, "limit-two").await?;
+    let three = TestNs::new(cp, "limit-three").await?;
+    let key = format!("{}.limit.example.com/group", one.name());
+    let manager = format!("pw-{}", one.name());
+    let keyed = |name: &str| pod(name).annotation(&key, "g").ips(next_ips().v4());
+    for ns in [&one, &two] {
+        ns.create_service(service("web").annotation(&key, "g").port("http", 8080))
+            .await?;
+    }
+    one.create_pods(vec![keyed("a")]).await?;
+    two.create_pods(vec![keyed("b"), keyed("c")]).await?;
+    three
+        .create_pods((0..3).map(|i| keyed(&format!("t{i}"))).collect())
+        .await?;
+
+    let mut pw = Portwise::builder(cp)
+        .config(&format!(
+            "managedBy: {manager}\n\
+             serviceKey: {{annotation: {key}}}\n\
+             resyncPeriod: 2s\n\
+             membership: podReady\n"
+        ))
+        .args(&["--pod-watch-namespaces", "1"])
+        .start()
+        .await?;
+    pw.wait_ready().await?;
+    pw.wait_for_log("pods watched cluster-wide", SETTLE).await?;
+    ensure!(
+        !pw.current_logs().contains("pods watched in each namespace"),
+        "two namespaces past a limit of one were watched one by one"
+    );
+    for (ns, want) in [(&one, vec!["a"]), (&two, vec!["b", "c"])] {
+        let want: Vec<String> = want.into_iter().map(String::from).collect();
+        wait_for(SETTLE, || async {
+            expect_eq(members_by(ns, "web", &manager).await?, want.clone())
+        })
+        .await?;
+    }
+    let cached_pods = || async {
+        let m = pw.scrape().await?;
+        Ok::<_, anyhow::Error>(m.sum("portwise_cache_objects", &[("kind", "pods")]))
+    };
+    // Every keyed pod of the cluster, the third namespace's too.
+    wait_for(SETTLE, || async { expect_eq(cached_pods().await?, 6.0) }).await?;
+    three
+        .create_service(service("web").annotation(&key, "g").port("http", 8080))
+        .await?;
+    wait_for(SETTLE, || async {
+        expect_eq(
+            members_by(&three, "web", &manager).await?,
+            vec!["t0".into(), "t1".into(), "t2".into()],
+        )
+    })
+    .await?;
+    one.delete_service("web").await?;
+    stays_for(Duration::from_secs(4), || async {
+        expect_eq(cached_pods().await?, 6.0)
+    })
+    .await?;
+    Ok(())
+}

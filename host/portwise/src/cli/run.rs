@@ -67,6 +67,13 @@ pub struct RunArgs {
     /// Services reconciled at once.
     #[arg(long, default_value_t = 8)]
     pub reconcile_concurrency: u16,
+    /// With an annotation key and no --namespace: the most namespaces whose
+    /// pods are watched one by one, one connection each (only namespaces
+    /// that hold a managed Service). If the managed Services span more at
+    /// start, pods are watched cluster-wide with one watch instead (every
+    /// pod is received). 0: always cluster-wide.
+    #[arg(long, default_value_t = 256)]
+    pub pod_watch_namespaces: usize,
 }
 
 /// The shortest Lease: the renew deadline (2/3 of it) and retry period
@@ -220,6 +227,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         instance: Some(identity),
         wasm: wasm.clone().map(|w| w as Arc<dyn WasmCheckers>),
         reconcile_concurrency: args.reconcile_concurrency,
+        pod_watch_namespaces: args.pod_watch_namespaces,
     };
 
     tokio::spawn(async move {
