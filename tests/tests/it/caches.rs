@@ -248,6 +248,26 @@ async fn members_by(ns: &TestNs, svc: &str, manager: &str) -> Result<Vec<String>
     Ok(names)
 }
 
+/// A cluster-wide portwise's own annotation key and manager, named after
+/// `ns` so that no other test's Services are served, and its config.
+fn own_key(ns: &TestNs, what: &str) -> (String, String, String) {
+    let key = format!("{}.{what}.example.com/group", ns.name());
+    let manager = format!("pw-{}", ns.name());
+    let config = format!(
+        "managedBy: {manager}\n\
+         serviceKey: {{annotation: {key}}}\n\
+         resyncPeriod: 2s\n\
+         membership: podReady\n"
+    );
+    (key, manager, config)
+}
+
+/// `portwise_cache_objects{kind="pods"}` as the binary reports it.
+async fn cached_pods(pw: &Portwise) -> Result<f64> {
+    let m = pw.scrape().await?;
+    Ok(m.sum("portwise_cache_objects", &[("kind", "pods")]))
+}
+
 /// Cluster-wide with an annotation key, pods are watched only in the
 /// namespaces that hold a keyed Service (`host/controller/src/pod_scopes.rs`):
 /// keyed pods elsewhere are never cached; a Service created in a new
@@ -263,10 +283,7 @@ async fn annotation_keys_watch_pods_only_where_keyed_services_are() -> Result<()
     let home = TestNs::new(cp, "scopes-home").await?;
     let late = TestNs::new(cp, "scopes-late").await?;
     let never = TestNs::new(cp, "scopes-never").await?;
-    // Cluster-wide: a key and a manager of this test's own, so that no other
-    // test's Services are served.
-    let key = format!("{}.scopes.example.com/group", home.name());
-    let manager = format!("pw-{}", home.name());
+    let (key, manager, config) = own_key(&home, "scopes");
     let keyed = |name: &str| pod(name).annotation(&key, "g").ips(next_ips().v4());
     home.create_service(service("web").annotation(&key, "g").port("http", 8080))
         .await?;
@@ -280,12 +297,7 @@ async fn annotation_keys_watch_pods_only_where_keyed_services_are() -> Result<()
         .await?;
 
     let mut pw = Portwise::builder(cp)
-        .config(&format!(
-            "managedBy: {manager}\n\
-             serviceKey: {{annotation: {key}}}\n\
-             resyncPeriod: 2s\n\
-             membership: podReady\n"
-        ))
+        .config(&config)
         .binary()
         .start()
         .await?;
@@ -300,11 +312,7 @@ async fn annotation_keys_watch_pods_only_where_keyed_services_are() -> Result<()
     .await?;
     // Only the home namespace's pods: the 10 keyed pods elsewhere were
     // never received.
-    let cached_pods = || async {
-        let m = pw.scrape().await?;
-        Ok::<_, anyhow::Error>(m.sum("portwise_cache_objects", &[("kind", "pods")]))
-    };
-    wait_for(SETTLE, || async { expect_eq(cached_pods().await?, 2.0) }).await?;
+    wait_for(SETTLE, || async { expect_eq(cached_pods(&pw).await?, 2.0) }).await?;
 
     // Every version of the late namespace's slices, from before its first
     // keyed Service.
@@ -333,10 +341,10 @@ async fn annotation_keys_watch_pods_only_where_keyed_services_are() -> Result<()
             expect_eq(members_by(&late, "svc", &manager).await?, all_late.clone())
         })
         .await?;
-        wait_for(SETTLE, || async { expect_eq(cached_pods().await?, 6.0) }).await?;
+        wait_for(SETTLE, || async { expect_eq(cached_pods(&pw).await?, 6.0) }).await?;
         // Its last keyed Service gone, the namespace's pods leave the cache.
         late.delete_service("svc").await?;
-        wait_for(SETTLE, || async { expect_eq(cached_pods().await?, 2.0) }).await?;
+        wait_for(SETTLE, || async { expect_eq(cached_pods(&pw).await?, 2.0) }).await?;
         // The garbage collector takes its slices before the next round.
         wait_for(SETTLE, || async {
             expect_eq(members_by(&late, "svc", &manager).await?, Vec::new())
@@ -368,8 +376,7 @@ async fn past_the_namespace_limit_pods_are_watched_cluster_wide() -> Result<()> 
     let one = TestNs::new(cp, "limit-one").await?;
     let two = TestNs::new(cp, "limit-two").await?;
     let three = TestNs::new(cp, "limit-three").await?;
-    let key = format!("{}.limit.example.com/group", one.name());
-    let manager = format!("pw-{}", one.name());
+    let (key, manager, config) = own_key(&one, "limit");
     let keyed = |name: &str| pod(name).annotation(&key, "g").ips(next_ips().v4());
     for ns in [&one, &two] {
         ns.create_service(service("web").annotation(&key, "g").port("http", 8080))
@@ -382,12 +389,7 @@ async fn past_the_namespace_limit_pods_are_watched_cluster_wide() -> Result<()> 
         .await?;
 
     let mut pw = Portwise::builder(cp)
-        .config(&format!(
-            "managedBy: {manager}\n\
-             serviceKey: {{annotation: {key}}}\n\
-             resyncPeriod: 2s\n\
-             membership: podReady\n"
-        ))
+        .config(&config)
         .args(&["--pod-watch-namespaces", "1"])
         .start()
         .await?;
@@ -404,12 +406,8 @@ async fn past_the_namespace_limit_pods_are_watched_cluster_wide() -> Result<()> 
         })
         .await?;
     }
-    let cached_pods = || async {
-        let m = pw.scrape().await?;
-        Ok::<_, anyhow::Error>(m.sum("portwise_cache_objects", &[("kind", "pods")]))
-    };
     // Every keyed pod of the cluster, the third namespace's too.
-    wait_for(SETTLE, || async { expect_eq(cached_pods().await?, 6.0) }).await?;
+    wait_for(SETTLE, || async { expect_eq(cached_pods(&pw).await?, 6.0) }).await?;
     three
         .create_service(service("web").annotation(&key, "g").port("http", 8080))
         .await?;
@@ -422,7 +420,7 @@ async fn past_the_namespace_limit_pods_are_watched_cluster_wide() -> Result<()> 
     .await?;
     one.delete_service("web").await?;
     stays_for(Duration::from_secs(4), || async {
-        expect_eq(cached_pods().await?, 6.0)
+        expect_eq(cached_pods(&pw).await?, 6.0)
     })
     .await?;
     Ok(())
