@@ -463,6 +463,14 @@ impl Portwise {
         Ok(Metrics::parse(&self.metrics_text().await?))
     }
 
+    /// Pods in its cache: `portwise_cache_objects{kind="pods"}`.
+    pub async fn cached_pods(&self) -> Result<f64> {
+        Ok(self
+            .scrape()
+            .await?
+            .sum("portwise_cache_objects", &[("kind", "pods")]))
+    }
+
     /// Waits until `/readyz` answers 200 (caches synced); fails at once if
     /// the process exits meanwhile. Returns how long that took.
     pub async fn wait_ready(&mut self) -> Result<Duration> {

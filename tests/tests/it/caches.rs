@@ -262,12 +262,6 @@ fn own_key(ns: &TestNs, what: &str) -> (String, String, String) {
     (key, manager, config)
 }
 
-/// `portwise_cache_objects{kind="pods"}` as the binary reports it.
-async fn cached_pods(pw: &Portwise) -> Result<f64> {
-    let m = pw.scrape().await?;
-    Ok(m.sum("portwise_cache_objects", &[("kind", "pods")]))
-}
-
 /// Cluster-wide with an annotation key, pods are watched only in the
 /// namespaces that hold a keyed Service (`host/controller/src/pod_scopes.rs`):
 /// keyed pods elsewhere are never cached; a Service created in a new
@@ -312,7 +306,7 @@ async fn annotation_keys_watch_pods_only_where_keyed_services_are() -> Result<()
     .await?;
     // Only the home namespace's pods: the 10 keyed pods elsewhere were
     // never received.
-    wait_for(SETTLE, || async { expect_eq(cached_pods(&pw).await?, 2.0) }).await?;
+    wait_for(SETTLE, || async { expect_eq(pw.cached_pods().await?, 2.0) }).await?;
 
     // Every version of the late namespace's slices, from before its first
     // keyed Service.
@@ -341,10 +335,10 @@ async fn annotation_keys_watch_pods_only_where_keyed_services_are() -> Result<()
             expect_eq(members_by(&late, "svc", &manager).await?, all_late.clone())
         })
         .await?;
-        wait_for(SETTLE, || async { expect_eq(cached_pods(&pw).await?, 6.0) }).await?;
+        wait_for(SETTLE, || async { expect_eq(pw.cached_pods().await?, 6.0) }).await?;
         // Its last keyed Service gone, the namespace's pods leave the cache.
         late.delete_service("svc").await?;
-        wait_for(SETTLE, || async { expect_eq(cached_pods(&pw).await?, 2.0) }).await?;
+        wait_for(SETTLE, || async { expect_eq(pw.cached_pods().await?, 2.0) }).await?;
         // The garbage collector takes its slices before the next round.
         wait_for(SETTLE, || async {
             expect_eq(members_by(&late, "svc", &manager).await?, Vec::new())
@@ -407,7 +401,7 @@ async fn past_the_namespace_limit_pods_are_watched_cluster_wide() -> Result<()> 
         .await?;
     }
     // Every keyed pod of the cluster, the third namespace's too.
-    wait_for(SETTLE, || async { expect_eq(cached_pods(&pw).await?, 6.0) }).await?;
+    wait_for(SETTLE, || async { expect_eq(pw.cached_pods().await?, 6.0) }).await?;
     three
         .create_service(service("web").annotation(&key, "g").port("http", 8080))
         .await?;
@@ -420,7 +414,7 @@ async fn past_the_namespace_limit_pods_are_watched_cluster_wide() -> Result<()> 
     .await?;
     one.delete_service("web").await?;
     stays_for(Duration::from_secs(4), || async {
-        expect_eq(cached_pods(&pw).await?, 6.0)
+        expect_eq(pw.cached_pods().await?, 6.0)
     })
     .await?;
     Ok(())

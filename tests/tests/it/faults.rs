@@ -188,6 +188,60 @@ async fn gone(api: &Api<Pod>, rv: &str) -> Result<()> {
     }
 }
 
+/// Freezes portwise and cuts its connections first: events sent into a
+/// live socket while it is frozen would wait in the socket buffer and be
+/// read on SIGCONT, moving its resourceVersion past the compaction (then no
+/// 410 is needed, and whether one comes depends on how soon it
+/// re-watches). Then, with it away, deletes `ns`'s pods 0–4, makes 5–9
+/// NotReady and creates 20–22. Returns the connections cut and the pods'
+/// resourceVersion from before the changes.
+async fn away_while_pods_change(
+    pw: &Portwise,
+    cp: &ControlPlane,
+    ns: &TestNs,
+) -> Result<(usize, String)> {
+    let pid = pw.pid().context("pid")?;
+    pw.freeze()?;
+    let cut = cut_connections(pid, apiserver_port(cp)?).await?;
+    let rv = ns
+        .api::<Pod>()
+        .list_metadata(&ListParams::default())
+        .await?
+        .metadata
+        .resource_version
+        .context("list resourceVersion")?;
+    for i in 0..5 {
+        ns.delete_pod(&format!("p{i:03}")).await?;
+    }
+    for i in 5..10 {
+        ns.set_ready(&format!("p{i:03}"), false).await?;
+    }
+    ns.create_pods((20..23).map(|i| web_pod(i, true)).collect())
+        .await?;
+    Ok((cut, rv))
+}
+
+/// Unrelated writes (a ConfigMap in `churn`) move etcd's revision on, and
+/// the compactor follows: returns once a watch of `pods` from `rv` is
+/// answered 410 Gone.
+async fn compact_past(churn: &TestNs, pods: &Api<Pod>, rv: &str) -> Result<()> {
+    let cms = churn.api::<ConfigMap>();
+    cms.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({"metadata": {"name": "churn"}}))?,
+    )
+    .await?;
+    for i in 0..20 {
+        cms.patch(
+            "churn",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"data": {"i": i.to_string()}})),
+        )
+        .await?;
+    }
+    wait_for(SETTLE, || gone(pods, rv)).await
+}
+
 /// With the watch cache off, watches read etcd directly and the apiserver
 /// compacts etcd every second. portwise is frozen (SIGSTOP) while pods are
 /// deleted, flipped and created, its connections cut before; once etcd
@@ -210,49 +264,12 @@ async fn watch_expiry_relists() -> Result<()> {
         let kc = portwise_identity(cp).await?;
         let mut pw = start_portwise(&ns, &kc, &cfg(100)).await?;
         converged(&ns, 100, SETTLE).await?;
-        let pid = pw.pid().context("pid")?;
 
-        pw.freeze()?;
-        // Cut its connections now, before anything changes: events sent
-        // into a live socket while it is frozen would wait in the socket
-        // buffer and be read on SIGCONT, moving its resourceVersion past the
-        // compaction (then no 410 is needed, and whether one comes depends
-        // on how soon it re-watches).
-        let port = apiserver_port(cp)?;
-        let cut = cut_connections(pid, port).await?;
+        let (cut, rv) = away_while_pods_change(&pw, cp, &ns).await?;
         ensure!(cut > 0, "portwise held no connection to the apiserver");
         let pods = ns.api::<Pod>();
-        let rv = pods
-            .list_metadata(&ListParams::default())
-            .await?
-            .metadata
-            .resource_version
-            .context("list resourceVersion")?;
-        for i in 0..5 {
-            ns.delete_pod(&format!("p{i:03}")).await?;
-        }
-        for i in 5..10 {
-            ns.set_ready(&format!("p{i:03}"), false).await?;
-        }
-        ns.create_pods((20..23).map(|i| web_pod(i, true)).collect())
-            .await?;
-        // Unrelated writes move etcd's revision on; the compactor follows.
-        let cms = churn.api::<ConfigMap>();
-        cms.create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({"metadata": {"name": "churn"}}))?,
-        )
-        .await?;
-        for i in 0..20 {
-            cms.patch(
-                "churn",
-                &PatchParams::default(),
-                &Patch::Merge(json!({"data": {"i": i.to_string()}})),
-            )
-            .await?;
-        }
         let compacting = Instant::now();
-        wait_for(SETTLE, || gone(&pods, &rv)).await?;
+        compact_past(&churn, &pods, &rv).await?;
         let compacted_after = compacting.elapsed();
 
         pw.thaw()?;
@@ -747,5 +764,150 @@ async fn watchlist_off_falls_back_to_lists() -> Result<()> {
         );
         Ok(())
     })
+    .await
+}
+
+// ---- per-namespace pod watches (pod_scopes.rs) under the same faults ------
+
+/// `(name, resourceVersion)` of `ns`'s slices of "web": equal before and
+/// after means nothing rewrote them.
+async fn slice_versions(ns: &TestNs) -> Result<Vec<(String, String)>> {
+    let mut v: Vec<(String, String)> = ns
+        .api::<EndpointSlice>()
+        .list(&ListParams::default().labels("kubernetes.io/service-name=web"))
+        .await?
+        .items
+        .into_iter()
+        .map(|s| {
+            (
+                s.metadata.name.unwrap_or_default(),
+                s.metadata.resource_version.unwrap_or_default(),
+            )
+        })
+        .collect();
+    v.sort();
+    Ok(v)
+}
+
+/// The cluster-wide default with an annotation key watches pods in each
+/// namespace that holds a keyed Service, one watch each, all feeding one
+/// cache. Here those watches go through both faults above: a 410 Gone
+/// after compaction (while portwise is frozen, one namespace's pods change
+/// and a new keyed namespace appears), then an apiserver crash. One
+/// namespace's relist must not touch another's pods: the untouched
+/// namespace's slices are never rewritten. Keyed pods in a namespace
+/// without a keyed Service are never cached, before or after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_namespace_pod_watches_survive_410_and_restart() -> Result<()> {
+    let iso = Isolation {
+        apiserver_args: "--watch-cache=false --etcd-compaction-interval=1s",
+        controllers: "",
+    };
+    isolated(
+        "faults::per_namespace_pod_watches_survive_410_and_restart",
+        iso,
+        || async {
+            let cp = ControlPlane::shared().await?;
+            let changing = TestNs::new(cp, "scoped-a").await?;
+            let still = TestNs::new(cp, "scoped-b").await?;
+            let late = TestNs::new(cp, "scoped-c").await?;
+            let unkeyed = TestNs::new(cp, "scoped-none").await?;
+            let churn = TestNs::new(cp, "churn").await?;
+            for ns in [&changing, &still] {
+                web_service(ns).await?;
+            }
+            changing
+                .create_pods((0..20).map(|i| web_pod(i, true)).collect())
+                .await?;
+            still
+                .create_pods((0..10).map(|i| web_pod(i, i % 3 != 0)).collect())
+                .await?;
+            late.create_pods((0..6).map(|i| web_pod(i, true)).collect())
+                .await?;
+            unkeyed
+                .create_pods((0..5).map(|i| web_pod(i, true)).collect())
+                .await?;
+
+            let kc = portwise_identity(cp).await?;
+            // No --namespace: the chart's default.
+            let mut pw = Portwise::builder(cp)
+                .config(&cfg(100))
+                .identity(&kc)
+                .start()
+                .await?;
+            pw.wait_for_log("pods watched in each namespace", SETTLE)
+                .await?;
+            for ns in [&changing, &still] {
+                converged(ns, 100, SETTLE).await?;
+            }
+            wait_for(SETTLE, || async {
+                expect_eq(pw.cached_pods().await?, 30.0)
+            })
+            .await?;
+            let before = slice_versions(&still).await?;
+            ensure!(!before.is_empty(), "no slice of web in {}", still.name());
+
+            // A 410 Gone for every watch: frozen with its connections cut,
+            // while etcd compacts past what it saw.
+            let (cut, rv) = away_while_pods_change(&pw, cp, &changing).await?;
+            ensure!(cut > 0, "portwise held no connection to the apiserver");
+            let pods = changing.api::<Pod>();
+            // A keyed Service where there was none: its watch opens after
+            // the Services watch relists.
+            web_service(&late).await?;
+            compact_past(&churn, &pods, &rv).await?;
+            let log_at_thaw = pw.current_logs().len();
+            pw.thaw()?;
+            for ns in [&changing, &late] {
+                converged(ns, 100, SETTLE).await?;
+            }
+            pw.check_running()?;
+            // 18 + 10 + 6: the keyed pods of the unkeyed namespace never.
+            wait_for(SETTLE, || async {
+                expect_eq(pw.cached_pods().await?, 34.0)
+            })
+            .await?;
+            let relisted = pw.current_logs()[log_at_thaw..]
+                .lines()
+                .filter(|l| {
+                    let l = l.to_ascii_lowercase();
+                    l.contains("410") || l.contains("too old") || l.contains("expired")
+                })
+                .count();
+            ensure!(
+                relisted > 0,
+                "converged after the thaw, but the log shows no 410 Gone:\n{}",
+                &pw.current_logs()[log_at_thaw..]
+            );
+            // Two resyncs (2s each) after the relists: nothing rewrote the
+            // namespace whose pods did not change.
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            expect_eq(slice_versions(&still).await?, before.clone())
+                .context("the unchanged namespace's slices were rewritten after a relist")?;
+
+            // The apiserver crashes and comes back; pods change on both
+            // sides of it.
+            changing.set_ready("p010", false).await?;
+            crash_apiserver(cp).await?;
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            pw.check_running()
+                .context("portwise died while the apiserver was down")?;
+            start_control_plane(cp).await?;
+            retrying(SETTLE, || changing.get_service("web")).await?;
+            late.set_ready("p000", false).await?;
+            changing.delete_pod("p020").await?;
+            for ns in [&changing, &late, &still] {
+                converged(ns, 100, SETTLE * 2).await?;
+            }
+            wait_for(SETTLE, || async {
+                expect_eq(pw.cached_pods().await?, 33.0)
+            })
+            .await?;
+            expect_eq(slice_versions(&still).await?, before)
+                .context("the unchanged namespace's slices were rewritten after the restart")?;
+            pw.check_running()?;
+            Ok(())
+        },
+    )
     .await
 }
