@@ -189,6 +189,27 @@ impl Report {
         ratio: Option<f64>,
         goal: Goal,
     ) {
+        self.row_within(row, what, portwise, native, ratio, None, goal);
+    }
+
+    /// [`Report::row`] with the ratio's 95 % interval, where the row has
+    /// one ([`ratio_interval`]): a ratio past its goal whose interval
+    /// reaches the goal is still "behind", and says it is within noise.
+    #[allow(clippy::too_many_arguments)]
+    fn row_within(
+        &mut self,
+        row: &str,
+        what: &str,
+        portwise: String,
+        native: String,
+        ratio: Option<f64>,
+        interval: Option<(f64, f64)>,
+        goal: Goal,
+    ) {
+        let most = match goal {
+            Goal::RatioAtMost(most) => Some(most),
+            _ => None,
+        };
         let (goal, met) = match goal {
             Goal::None => (String::new(), None),
             Goal::RatioAtMost(most) => (format!("≤ {most:.1}×"), ratio.map(|x| x <= most)),
@@ -198,13 +219,20 @@ impl Report {
             Some(true) => "met".to_string(),
             Some(false) => {
                 self.behind.push(format!("{row} {what}"));
-                "**behind**".to_string()
+                match (interval, most) {
+                    (Some((lo, _)), Some(most)) if lo <= most => {
+                        format!("**behind**, within noise (its 95 % interval reaches {most:.1}×)")
+                    }
+                    _ => "**behind**".to_string(),
+                }
             }
             None => String::new(),
         };
-        let ratio = ratio
-            .map(|r| format!("{r:.2}×"))
-            .unwrap_or_else(|| "".into());
+        let ratio = match (ratio, interval) {
+            (Some(r), Some((lo, hi))) => format!("{r:.2}× (95 %: {lo:.2}–{hi:.2}×)"),
+            (Some(r), None) => format!("{r:.2}×"),
+            (None, _) => String::new(),
+        };
         let r = [
             row.into(),
             what.into(),
@@ -3201,6 +3229,38 @@ fn pct(xs: &[f64], p: f64) -> f64 {
     v[i]
 }
 
+/// Bootstrap rounds behind [`ratio_interval`]: enough that its 2.5th and
+/// 97.5th percentiles move by less than the table's two decimals.
+const BOOTSTRAP_ROUNDS: usize = 4000;
+
+/// The 95 % interval of a flip row's ratio: portwise ÷ native of the
+/// median over runs of each run's `p` percentile, the table's own figure.
+/// A bootstrap: each round resamples every run's flip pairs (a portwise
+/// flip and the native flip of the same turn, which met the machine in the
+/// same state) with replacement and computes the ratio again. It says how
+/// far the ratio moves from the flips' own spread alone, so a ratio past
+/// its goal can be told from one that noise puts there. A fixed seed: the
+/// same flips give the same interval.
+fn ratio_interval(runs: &[Vec<(f64, f64)>], p: f64, rounds: usize) -> Option<(f64, f64)> {
+    if runs.is_empty() || runs.iter().any(|r| r.is_empty()) {
+        return None;
+    }
+    let mut rng = fastrand::Rng::with_seed(0x5eed);
+    let mut ratios = Vec::with_capacity(rounds);
+    for _ in 0..rounds {
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        for pairs in runs {
+            let (pw, nat): (Vec<f64>, Vec<f64>) = (0..pairs.len())
+                .map(|_| pairs[rng.usize(..pairs.len())])
+                .unzip();
+            a.push(pct(&pw, p));
+            b.push(pct(&nat, p));
+        }
+        ratios.extend(ratio(median_of(&a), median_of(&b)));
+    }
+    (ratios.len() == rounds).then(|| (pct(&ratios, 0.025), pct(&ratios, 0.975)))
+}
+
 fn ms(x: f64) -> String {
     if x.is_nan() {
         "—".into()
@@ -3607,6 +3667,14 @@ impl Bench {
                 .collect();
             let a = median_of(&per_run.iter().map(|x| x.0).collect::<Vec<_>>());
             let b = median_of(&per_run.iter().map(|x| x.1).collect::<Vec<_>>());
+            let pairs: Vec<Vec<(f64, f64)>> = runs
+                .iter()
+                .map(|r| {
+                    let [nat, pw] = &r.results;
+                    pw.iter().zip(nat).map(|(x, y)| (f(x), f(y))).collect()
+                })
+                .collect();
+            let interval = ratio_interval(&pairs, p, BOOTSTRAP_ROUNDS);
             let each = |v: Vec<f64>| {
                 if v.len() > 1 {
                     format!(
@@ -3617,12 +3685,13 @@ impl Bench {
                     String::new()
                 }
             };
-            self.report.row(
+            self.report.row_within(
                 label,
                 &what,
                 format!("{}{}", ms(a), each(per_run.iter().map(|x| x.0).collect())),
                 format!("{}{}", ms(b), each(per_run.iter().map(|x| x.1).collect())),
                 ratio(a, b),
+                interval,
                 if goal {
                     Goal::RatioAtMost(1.0)
                 } else {
@@ -3711,7 +3780,11 @@ impl Bench {
              kube-proxy's informer can have it, give or take the two watches' delivery); the \
              kube-proxy part is routed − slice seen. p99 is nearest-rank over the {} flips per \
              controller of a run; the table's figures are the median of the {} runs' \
-             percentiles, each run in fresh namespaces with fresh controllers.\n\n{table}",
+             percentiles, each run in fresh namespaces with fresh controllers. Each ratio's \
+             95 % interval comes from a bootstrap ({BOOTSTRAP_ROUNDS} rounds): every round \
+             resamples each run's flip pairs (a portwise flip and the native flip of the same \
+             turn) with replacement and computes the table's figure again, so it shows how far \
+             the flips' own spread alone moves the ratio.\n\n{table}",
             FLIP_GAP.as_secs_f64(),
             PROBE_EVERY.as_millis(),
             DROPPED_AFTER.as_millis(),
@@ -4421,4 +4494,46 @@ fn protocol_text(b: &Bench) -> String {
             .into(),
     );
     p.join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Pairs whose two sides come from the same spread, in `runs` runs of
+    /// `n`: one side's order shuffled, so pairs are no copies.
+    fn same_spread(runs: usize, n: usize, scale: f64) -> Vec<Vec<(f64, f64)>> {
+        let mut rng = fastrand::Rng::with_seed(7);
+        (0..runs)
+            .map(|_| {
+                (0..n)
+                    .map(|_| {
+                        let x = 50.0 + 20.0 * rng.f64();
+                        let y = 50.0 + 20.0 * rng.f64();
+                        (x * scale, y)
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_interval_spans_parity_when_both_sides_share_a_spread() {
+        let (lo, hi) = ratio_interval(&same_spread(3, 100, 1.0), 0.5, 2000).unwrap();
+        assert!(lo < 1.0 && hi > 1.0, "{lo}–{hi}");
+        assert!(hi - lo < 0.2, "{lo}–{hi}: too wide for 300 pairs");
+    }
+
+    #[test]
+    fn the_interval_excludes_parity_when_one_side_is_slower() {
+        let (lo, hi) = ratio_interval(&same_spread(3, 100, 1.3), 0.5, 2000).unwrap();
+        assert!(lo > 1.0, "{lo}–{hi}");
+        assert!(lo < 1.3 && hi > 1.2, "{lo}–{hi}");
+    }
+
+    #[test]
+    fn no_interval_without_flips() {
+        assert_eq!(ratio_interval(&[], 0.5, 10), None);
+        assert_eq!(ratio_interval(&[vec![]], 0.5, 10), None);
+    }
 }
