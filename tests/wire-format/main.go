@@ -23,6 +23,8 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 )
 
+// cpuTicks is the process's user + system CPU in clock ticks, 10 ms each
+// (USER_HZ is 100 on Linux).
 func cpuTicks(pid string) int64 {
 	b, _ := os.ReadFile("/proc/" + pid + "/stat")
 	s := string(b)
