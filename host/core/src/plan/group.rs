@@ -47,13 +47,18 @@ pub(super) struct Group<'a> {
     pub(super) base: String,
     /// The placeholder's port number: a numeric `targetPort` (or `port`).
     pub(super) placeholder_target: Option<u16>,
-    /// A port-less headless Service's group: its slices carry `ports: []`.
+    /// A group whose slices carry `ports: []`: a port-less headless
+    /// Service's, or a family's placeholder (no `ports` then).
     pub(super) portless: bool,
     /// Whether the group keeps a placeholder when it has no endpoints: a
     /// Service port does when it publishes no endpoint in any group (so
-    /// that consumers see the port), a shared group never (it exists for
-    /// its endpoints).
+    /// that consumers see the port) and its number is known, a shared
+    /// group never (it exists for its endpoints).
     pub(super) keeps_placeholder: bool,
+    /// Whether the group can stand for its family when nothing else of the
+    /// family is published: it then keeps the native controller's
+    /// placeholder, `ports: []` (see [`family_placeholders`]).
+    pub(super) stands_for_family: bool,
 }
 
 impl Group<'_> {
@@ -107,6 +112,7 @@ pub(super) fn groups(svc: &Service) -> Vec<Group<'_>> {
                 placeholder_target: Some(0),
                 portless: true,
                 keeps_placeholder: true,
+                stands_for_family: false,
             });
         }
     }
@@ -129,6 +135,7 @@ pub(super) fn groups(svc: &Service) -> Vec<Group<'_>> {
                 placeholder_target: placeholder_target(sp),
                 portless: false,
                 keeps_placeholder: true,
+                stands_for_family: false,
             });
         }
     }
@@ -210,6 +217,7 @@ pub(super) fn share_targets<'a>(svc: &Service, groups: &mut Vec<Group<'a>>, desi
             placeholder_target: None,
             portless: false,
             keeps_placeholder: false,
+            stands_for_family: false,
         });
     }
     // A port keeps a placeholder only when no group publishes it.
@@ -226,14 +234,85 @@ pub(super) fn share_targets<'a>(svc: &Service, groups: &mut Vec<Group<'a>>, desi
     }
 }
 
+/// Adds, per family with a port whose number is unknown (a named
+/// `targetPort` that no member resolves), the group that stands for the
+/// family when nothing else of it is published: the Service's only port
+/// when it is unnamed (its key is the one a `ports: []` slice reads as,
+/// `([""], family)`), else a group of no port of its own, named after the
+/// family's first port (so a placeholder written before this rule is
+/// rewritten in place, and the first member to arrive takes it over).
+///
+/// Why: a port whose number is unknown cannot have a placeholder of its
+/// own. A slice port without a `port` means "all ports" in the API, and
+/// consumers that read the number without a nil check crash on it
+/// (ingress-nginx, Linkerd's destination, the GKE NEG controller, older
+/// CoreDNS and Traefik); the native controller never writes one, and its
+/// placeholder is `ports: []`. Whether the family needs it is known only
+/// once every other group has chosen its placeholder
+/// ([`GroupPlan::choose_placeholder`]).
+pub(super) fn family_placeholders(svc: &Service, groups: &mut Vec<Group<'_>>) {
+    if align::is_portless_headless(svc) {
+        return;
+    }
+    for family in align::families(svc) {
+        let unknown = groups.iter().any(|g| {
+            g.family == family
+                && !g.portless
+                && g.names.len() == 1
+                && g.placeholder_target.is_none()
+        });
+        if !unknown {
+            continue;
+        }
+        let key = (vec![String::new()], family);
+        if let Some(g) = groups.iter_mut().find(|g| g.key() == key) {
+            g.stands_for_family = true;
+            continue;
+        }
+        let Some(first) = groups
+            .iter()
+            .find(|g| g.family == family && g.names.len() == 1)
+        else {
+            continue;
+        };
+        let base = first.base.clone();
+        groups.push(Group {
+            ports: Vec::new(),
+            names: vec![String::new()],
+            family,
+            base,
+            placeholder_target: None,
+            portless: true,
+            keeps_placeholder: false,
+            stands_for_family: true,
+        });
+    }
+}
+
 impl GroupPlan<'_> {
     /// A group left without endpoints keeps one live slice as its
     /// placeholder, so emptying a group costs one write: the base name if it
     /// exists, else a chunk of the base, else any slice of the group whose
     /// target agrees (a `--p<target>` name keeps its target, so names stay
     /// truthful).
-    pub(super) fn choose_placeholder(&mut self, used: &mut BTreeSet<String>, deleting: bool) {
-        if !self.group.keeps_placeholder
+    ///
+    /// A port whose number is unknown keeps no placeholder of its own
+    /// unless a live slice tells its number; for the family, a group that
+    /// [stands for it](Group::stands_for_family) keeps one (`for_family`)
+    /// when nothing else of the family is published.
+    pub(super) fn choose_placeholder(
+        &mut self,
+        used: &mut BTreeSet<String>,
+        deleting: bool,
+        for_family: bool,
+    ) {
+        let keeps = if for_family {
+            self.group.stands_for_family
+        } else {
+            self.group.keeps_placeholder
+        };
+        if !keeps
+            || self.placeholder.is_some()
             || self
                 .sets
                 .iter()
@@ -274,11 +353,16 @@ impl GroupPlan<'_> {
                 None => (None, wanted),
             },
         };
+        if target.is_none() && !for_family && !self.group.portless {
+            return; // no number to publish: the family's turn decides
+        }
         if let Some(s) = reuse {
             used.extend(s.metadata.name.clone());
         }
         self.placeholder_target = target;
-        if reuse.is_some() || !deleting {
+        // (The family's placeholder may still find a spare slice of the
+        // family by name, see `Namer::allocate`, even while deleting.)
+        if reuse.is_some() || !deleting || for_family {
             self.placeholder = Some(Chunk {
                 live: reuse.cloned(),
                 name: reuse.and_then(|s| s.metadata.name.clone()),

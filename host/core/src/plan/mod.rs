@@ -27,7 +27,10 @@
 //!   deleted is reused, as upstream does, so a change never costs a create
 //!   plus a delete where one update would do.
 //! - **Placeholders.** A (port, family) without members keeps one empty
-//!   slice, reusing a live one where possible.
+//!   slice, reusing a live one where possible, when its number is known; a
+//!   family with nothing else to publish keeps one `ports: []` slice, the
+//!   native controller's placeholder. No slice port lacks a number
+//!   ([`group::family_placeholders`] says why).
 //! - **A Service being deleted** gets no new slices; existing ones are
 //!   still updated (and filled before anything is dropped).
 //! - **Abstain** keeps exactly what the live slices show, so a restart does
@@ -89,7 +92,8 @@ pub use v1_endpoints::{
 use crate::align::{address_type, protocol};
 use crate::membership::Family;
 use group::{
-    Desired, Group, GroupPlan, SetPlan, gains, group_changes, primary_target, share_targets,
+    Desired, Group, GroupPlan, SetPlan, family_placeholders, gains, group_changes, primary_target,
+    share_targets,
 };
 use live::{EpKey, GroupKey, PortKey, live_key, slice_group, slice_target};
 use namer::Namer;
@@ -152,6 +156,9 @@ pub fn plan(input: &PlanInput) -> Plan {
     if !deleting {
         share_targets(svc, &mut groups, &mut desired);
     }
+    // No slice port without a number: a family with nothing else to show
+    // keeps the native controller's `ports: []` placeholder instead.
+    family_placeholders(svc, &mut groups);
 
     let labels = object::slice_labels(svc, manager);
     let owner = object::owner_reference(svc);
@@ -165,7 +172,9 @@ pub fn plan(input: &PlanInput) -> Plan {
                 ..Default::default()
             },
             address_type: address_type(g.family).to_string(),
-            ports: Some(if g.portless {
+            // A placeholder with no known number lists no port (the API
+            // reads a port without a number as "all ports").
+            ports: Some(if g.portless || target.is_none() {
                 Vec::new()
             } else {
                 g.ports
@@ -227,7 +236,29 @@ pub fn plan(input: &PlanInput) -> Plan {
     // Groups left without endpoints keep one live slice as their
     // placeholder (see `GroupPlan::choose_placeholder`).
     for p in &mut plans {
-        p.choose_placeholder(&mut used, deleting);
+        p.choose_placeholder(&mut used, deleting, false);
+    }
+    // A family that publishes nothing else keeps one `ports: []` slice.
+    for family in plans
+        .iter()
+        .map(|p| p.group.family)
+        .collect::<BTreeSet<_>>()
+    {
+        let shown = plans.iter().any(|p| {
+            p.group.family == family
+                && (p.placeholder.is_some()
+                    || p.sets
+                        .iter()
+                        .flat_map(|s| &s.chunks)
+                        .any(|c| !c.keys.is_empty()))
+        });
+        if !shown
+            && let Some(p) = plans
+                .iter_mut()
+                .find(|p| p.group.family == family && p.group.stands_for_family)
+        {
+            p.choose_placeholder(&mut used, deleting, true);
+        }
     }
 
     // Pass 2: name new slices, in a fixed order.
@@ -284,12 +315,12 @@ pub fn plan(input: &PlanInput) -> Plan {
             .iter()
             .map(|set| set.desired.len().div_ceil(max))
             .sum();
-        out.summary.desired_slices += if g.keeps_placeholder {
-            needed.max(1)
-        } else {
-            needed
-        };
-        for name in &g.names {
+        // (The placeholder was chosen above: kept or not, it is settled.)
+        let placeholder =
+            g.keeps_placeholder && g.placeholder_target.is_some() || p.placeholder.is_some();
+        out.summary.desired_slices += if placeholder { needed.max(1) } else { needed };
+        // (A family's placeholder stands for no Service port.)
+        for name in g.names.iter().filter(|_| !g.ports.is_empty()) {
             out.summary
                 .endpoints
                 .entry((name.clone(), address_type(g.family).to_string()))
@@ -316,7 +347,7 @@ pub fn plan(input: &PlanInput) -> Plan {
             else {
                 continue; // no name could be had (Service being deleted)
             };
-            for n in &g.names {
+            for n in g.names.iter().filter(|_| !g.ports.is_empty()) {
                 *out.summary
                     .endpoints
                     .entry((n.clone(), address_type(g.family).to_string()))

@@ -48,6 +48,9 @@ struct Case {
     term: usize,
     /// The admin port's target before (9000) or after a Service edit (9001).
     admin_edit: bool,
+    /// After the edit, `admin` targets a container port name no pod has,
+    /// so no port of the Service may have a known number.
+    admin_named: bool,
 }
 
 /// `cases` unless `PROPTEST_CASES` asks for another number (deep runs).
@@ -109,7 +112,12 @@ fn case() -> impl Strategy<Value = Case> {
             prop::collection::vec(0usize..12, 0..3),
             1usize..6,
         ),
-        (any::<usize>(), any::<usize>(), prop::bool::weighted(0.2)),
+        (
+            any::<usize>(),
+            any::<usize>(),
+            prop::bool::weighted(0.2),
+            prop::bool::weighted(0.2),
+        ),
     )
         .prop_map(
             |(
@@ -122,7 +130,7 @@ fn case() -> impl Strategy<Value = Case> {
                 before,
                 now,
                 (d, s, e, f, max_before),
-                (flip, term, admin_edit),
+                (flip, term, admin_edit, admin_named),
             )| Case {
                 families,
                 publish_not_ready,
@@ -140,6 +148,7 @@ fn case() -> impl Strategy<Value = Case> {
                 flip,
                 term,
                 admin_edit,
+                admin_named,
             },
         )
 }
@@ -149,7 +158,15 @@ fn build(case: &Case) -> (Service, Vec<Arc<Pod>>) {
         "web",
         vec![
             port("http", 80, named("web")),
-            port("admin", 90, num(9000 + i32::from(case.admin_edit))),
+            port(
+                "admin",
+                90,
+                if case.admin_named {
+                    named("admin")
+                } else {
+                    num(9000 + i32::from(case.admin_edit))
+                },
+            ),
         ],
         &case.families,
     );
@@ -446,14 +463,27 @@ proptest! {
         prop_assert_eq!(counted, summary);
         prop_assert_eq!(plan.summary.slices, after.owned(&svc).len());
 
-        // Every (port, family) has a slice unless the Service is going away.
+        // No slice port without a number: the API reads one as "all
+        // ports", and consumers that dereference it crash (issue 44).
+        for s in after.owned(&svc) {
+            for p in s.ports.iter().flatten() {
+                prop_assert!(p.port.is_some(), "{:?} has a port without a number: {:?}", s.metadata.name, p);
+            }
+        }
+
+        // Every (port, family) whose number is known (a member, or a
+        // numeric target) has a slice, and every family one at least,
+        // unless the Service is going away.
         if !case.deleting {
             for group in plan.summary.endpoints.keys() {
+                let known = (group.0 == "admin" && !case.admin_named) || plan.summary.endpoints[group] > 0;
                 let has = after.owned(&svc).iter().any(|s| {
                     s.address_type == group.1
                         && s.ports.iter().flatten().any(|p| p.name.as_deref() == Some(group.0.as_str()))
                 });
-                prop_assert!(has, "no slice for {:?}", group);
+                prop_assert!(has || !known, "no slice for {:?}", group);
+                let family = after.owned(&svc).iter().any(|s| s.address_type == group.1);
+                prop_assert!(family, "no slice for family {}", group.1);
             }
         }
 

@@ -583,34 +583,142 @@ fn placeholder_for_ports_without_members() {
     );
     let mut w = World::default();
     let plan = w.plan(&svc, &[], 100);
-    assert_eq!(names(&plan), vec!["web-admin", "web-http", "web-plain"]);
+    // `http`'s number is unknown without a member: it publishes no slice
+    // (a port without a number reads as "all ports" and crashes consumers
+    // that dereference it, issue 44); the others keep numbered placeholders.
+    assert_eq!(names(&plan), vec!["web-admin", "web-plain"]);
     for s in &plan.applies {
         assert_eq!(s.endpoints.as_deref(), Some(&[][..]));
     }
     let port_of = |p: &Plan, i: usize| p.applies[i].ports.as_ref().unwrap()[0].port;
     assert_eq!(port_of(&plan, 0), Some(9001));
-    assert_eq!(port_of(&plan, 1), None, "named targetPort: number unknown");
-    assert_eq!(port_of(&plan, 2), Some(70), "targetPort 0 means port");
+    assert_eq!(port_of(&plan, 1), Some(70), "targetPort 0 means port");
     assert_eq!(plan.summary.endpoints.values().sum::<usize>(), 0);
     assert_eq!(plan.summary.endpoints.len(), 3);
     w.apply(&plan);
     steady(&w, &svc, &[], 100);
 
-    // A member arrives: the placeholder becomes the slice (no delete).
+    // A member arrives: `http` gets its slice.
     let pods = many_pods(1, false);
     let judged = include_all(&svc, &pods[..1]);
     let plan = w.plan(&svc, &judged, 100);
     assert_eq!(names(&plan), vec!["web-admin", "web-http", "web-plain"]);
     assert!(plan.deletes.is_empty());
-    assert_eq!(port_of(&plan, 1), Some(8080));
+    let http = plan
+        .applies
+        .iter()
+        .find(|s| s.metadata.name.as_deref() == Some("web-http"))
+        .unwrap();
+    assert_eq!(http.ports.as_ref().unwrap()[0].port, Some(8080));
     w.apply(&plan);
     steady(&w, &svc, &judged, 100);
 
-    // It leaves again: back to a placeholder in place.
+    // It leaves again: the numbered placeholders stay, `http`'s slice goes.
     let plan = w.plan(&svc, &[], 100);
-    assert_eq!(names(&plan), vec!["web-admin", "web-http", "web-plain"]);
+    assert_eq!(names(&plan), vec!["web-admin", "web-plain"]);
+    assert_eq!(plan.deletes, vec!["web-http"]);
+    w.apply(&plan);
+    steady(&w, &svc, &[], 100);
+}
+
+/// Every port of the Service named and unresolved: each family publishes
+/// the native controller's placeholder, one slice with `ports: []`, never a
+/// port without a number (issue 44). Before the fix this planned
+/// `web-http` and `web-https` with `{name, protocol}` ports and no number.
+#[test]
+fn unknown_numbers_publish_the_native_placeholder() {
+    let svc = service(
+        "web",
+        vec![
+            port("http", 80, named("web")),
+            port("https", 443, named("tls")),
+        ],
+        &["IPv4", "IPv6"],
+    );
+    let mut w = World::default();
+    let plan = w.plan(&svc, &[], 100);
+    assert_eq!(names(&plan), vec!["web-http", "web-http--ipv6"]);
+    for s in &plan.applies {
+        assert_eq!(s.ports.as_deref(), Some(&[][..]), "{:?}", s.metadata.name);
+        assert_eq!(s.endpoints.as_deref(), Some(&[][..]));
+    }
+    assert_eq!(
+        plan.summary.endpoints.len(),
+        4,
+        "per port and family, 0 each"
+    );
+    assert!(plan.summary.endpoints.values().all(|n| *n == 0));
+    assert_eq!(plan.summary.slices, 2);
+    w.apply(&plan);
+    steady(&w, &svc, &[], 100);
+
+    // A member of `http` arrives (the pods have no `tls` port, so `https`
+    // stays unknown): it takes the IPv4 placeholder over (one write, no
+    // create or delete); IPv6 keeps its placeholder.
+    let pods = many_pods(1, false);
+    let judged = include_all(&svc, &pods);
+    assert_eq!(judged.len(), 1);
+    let plan = w.plan(&svc, &judged, 100);
+    assert!(plan.deletes.is_empty(), "{:?}", plan.deletes);
+    assert_eq!(names(&plan), vec!["web-http"]);
+    let ports = plan.applies[0].ports.clone().unwrap();
+    assert_eq!(ports.len(), 1);
+    assert_eq!(ports[0].name.as_deref(), Some("http"));
+    assert_eq!(ports[0].port, Some(8080));
+    w.apply(&plan);
+    steady(&w, &svc, &judged, 100);
+
+    // It leaves: back to the placeholder in place.
+    let plan = w.plan(&svc, &[], 100);
     assert!(plan.deletes.is_empty());
-    assert_eq!(port_of(&plan, 1), None);
+    assert_eq!(names(&plan), vec!["web-http"]);
+    assert_eq!(plan.applies[0].ports.as_deref(), Some(&[][..]));
+    w.apply(&plan);
+    steady(&w, &svc, &[], 100);
+}
+
+/// A Service whose only port is unnamed and resolves by name: its own
+/// group is the family's placeholder, `ports: []`, as native publishes.
+#[test]
+fn unnamed_port_with_unknown_number_publishes_ports_empty() {
+    let svc = service("web", vec![port("", 80, named("web"))], &["IPv4"]);
+    let mut w = World::default();
+    let plan = w.plan(&svc, &[], 100);
+    assert_eq!(names(&plan), vec!["web-80"]);
+    assert_eq!(plan.applies[0].ports.as_deref(), Some(&[][..]));
+    w.apply(&plan);
+    steady(&w, &svc, &[], 100);
+    let pods = many_pods(2, false);
+    let judged = include_all(&svc, &pods);
+    let plan = w.plan(&svc, &judged, 100);
+    assert_eq!(names(&plan), vec!["web-80"]);
+    assert!(plan.deletes.is_empty());
+    assert_eq!(plan.applies[0].ports.as_ref().unwrap()[0].port, Some(8080));
+    w.apply(&plan);
+    steady(&w, &svc, &judged, 100);
+}
+
+/// Upgrade: a placeholder written before the fix (a port with a name and
+/// no number) is rewritten in place to `ports: []`, one update.
+#[test]
+fn numberless_placeholder_from_before_is_rewritten_in_place() {
+    let svc = service("web", vec![port("http", 80, named("web"))], &["IPv4"]);
+    let mut w = World::default();
+    w.apply(&w.plan(&svc, &[], 100));
+    let mut old = w.get("web-http").clone();
+    old.ports = Some(vec![k8s_openapi::api::discovery::v1::EndpointPort {
+        name: Some("http".into()),
+        port: None,
+        protocol: Some("TCP".into()),
+        app_protocol: None,
+    }]);
+    w.slices.insert("web-http".into(), Arc::new(old));
+    let plan = w.plan(&svc, &[], 100);
+    assert_eq!(names(&plan), vec!["web-http"]);
+    assert!(plan.deletes.is_empty(), "{:?}", plan.deletes);
+    assert_eq!(plan.applies[0].ports.as_deref(), Some(&[][..]));
+    w.apply(&plan);
+    steady(&w, &svc, &[], 100);
 }
 
 #[test]
