@@ -111,20 +111,40 @@ fn parse_sloppy_v4(s: &str) -> Option<Ipv4Addr> {
     parts.next().is_none().then(|| Ipv4Addr::from(octets))
 }
 
-/// The pod's address in `family`: the first match in `status.podIPs`, else
-/// `status.podIP` (older objects only carry that). Addresses no endpoint may
-/// have (see [`is_endpoint_address`]) are skipped.
+/// The pod's addresses as portwise reads them, in order: `status.podIPs`,
+/// then `status.podIP` (older objects only carry that), each parsed as
+/// [`parse_ip`] does, without those no endpoint may have (see
+/// [`is_endpoint_address`]) and without repeats.
+///
+/// The one reading of a pod's addresses: the planner publishes the first of
+/// a family ([`pod_address`]) and the guests are shown the list, so a guest
+/// never sees an address the planner would not publish, nor misses one it
+/// would.
+pub fn pod_addresses(pod: &Pod) -> Vec<IpAddr> {
+    let mut out: Vec<IpAddr> = Vec::with_capacity(2);
+    for ip in addresses(pod) {
+        if !out.contains(&ip) {
+            out.push(ip);
+        }
+    }
+    out
+}
+
+/// The pod's address in `family`: the first of [`pod_addresses`] in it.
 pub fn pod_address(pod: &Pod, family: Family) -> Option<IpAddr> {
-    let status = pod.status.as_ref()?;
+    addresses(pod).find(|ip| family_of(*ip) == family)
+}
+
+fn addresses(pod: &Pod) -> impl Iterator<Item = IpAddr> + '_ {
+    let status = pod.status.as_ref();
     status
-        .pod_ips
-        .iter()
+        .and_then(|s| s.pod_ips.as_ref())
+        .into_iter()
         .flatten()
         .map(|p| p.ip.as_str())
-        .chain(status.pod_ip.as_deref())
+        .chain(status.and_then(|s| s.pod_ip.as_deref()))
         .filter_map(parse_ip)
         .filter(|ip| is_endpoint_address(*ip))
-        .find(|ip| family_of(*ip) == family)
 }
 
 /// Whether EndpointSlice (and Endpoints) validation accepts `ip` as an
@@ -183,19 +203,31 @@ pub fn resolve_target(port: &ServicePort, pod: &Pod) -> Option<u16> {
         Some(IntOrString::Int(n)) => valid_port(*n),
         Some(IntOrString::String(name)) if name.is_empty() => valid_port(port.port),
         Some(IntOrString::String(name)) => {
-            let spec = pod.spec.as_ref()?;
             let want = protocol(port.protocol.as_deref());
-            let sidecars = spec
-                .init_containers
-                .iter()
-                .flatten()
-                .filter(|c| c.restart_policy.as_deref() == Some("Always"));
-            spec.containers
-                .iter()
-                .chain(sidecars)
-                .find_map(|c| named_port(c, name, want))
+            serving_containers(pod).find_map(|(c, _)| named_port(c, name, want))
         }
     }
+}
+
+/// The containers whose ports a pod serves, in the order a named port is
+/// looked up: the containers, then the restartable init containers
+/// (sidecars, `restartPolicy: Always`), each with whether it is a sidecar.
+/// A run-to-completion init container serves nothing. The one reading of
+/// this rule: the planner resolves target ports by it and the guests are
+/// shown the ports it yields.
+pub fn serving_containers(pod: &Pod) -> impl Iterator<Item = (&Container, bool)> {
+    let spec = pod.spec.as_ref();
+    let regular = spec
+        .into_iter()
+        .flat_map(|s| s.containers.iter())
+        .map(|c| (c, false));
+    let sidecars = spec
+        .and_then(|s| s.init_containers.as_ref())
+        .into_iter()
+        .flatten()
+        .filter(|c| c.restart_policy.as_deref() == Some("Always"))
+        .map(|c| (c, true));
+    regular.chain(sidecars)
 }
 
 fn named_port(c: &Container, name: &str, proto: &str) -> Option<u16> {

@@ -4,7 +4,7 @@
 //! The conversion is pure: it only reads the informer's snapshot of the
 //! Service and pod, so it is unit tested here without any WebAssembly.
 
-use std::{collections::BTreeMap, net::IpAddr};
+use std::collections::BTreeMap;
 
 use k8s_openapi::{
     api::core::v1::{
@@ -14,7 +14,10 @@ use k8s_openapi::{
     apimachinery::pkg::util::intstr::IntOrString,
 };
 
-use portwise_core::membership::{Family, Subject};
+use portwise_core::{
+    align,
+    membership::{Family, Subject},
+};
 
 /// `portwise:membership@0.1.0`: the pod and Service copied in as records on
 /// every call. Still served for guests built against it (docs/guests.md says
@@ -66,14 +69,6 @@ pub(crate) use self::v01::portwise::membership::types::{
     Service as WitService, ServicePort, Target as WitTarget, Verdict as WitVerdict,
 };
 
-/// Writes an IPv4-mapped IPv6 address as IPv4, everything else canonically.
-pub(crate) fn normalise_ip(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(ip),
-        v4 => v4,
-    }
-}
-
 fn pairs(map: Option<&BTreeMap<String, String>>) -> Vec<KeyValue<'_>> {
     map.into_iter()
         .flatten()
@@ -82,10 +77,7 @@ fn pairs(map: Option<&BTreeMap<String, String>>) -> Vec<KeyValue<'_>> {
 }
 
 pub(crate) fn protocol(p: Option<&String>) -> &str {
-    match p.map(String::as_str) {
-        None | Some("") => "TCP",
-        Some(p) => p,
-    }
+    align::protocol(p.map(String::as_str))
 }
 
 pub(crate) fn pod_status(pod: &Pod) -> Option<&PodStatus> {
@@ -101,30 +93,14 @@ pub(crate) fn service_ports(svc: &Service) -> impl Iterator<Item = (&K8sServiceP
         .filter_map(|p| Some((p, u16::try_from(p.port).ok()?)))
 }
 
-/// `podIPs` when set, else the legacy single `podIP`, normalised and
-/// deduplicated; unparsable entries are dropped rather than handed over as
-/// if they were addresses.
+/// The pod's addresses exactly as the planner reads them
+/// ([`align::pod_addresses`]): a guest sees the addresses portwise would
+/// publish, no others.
 pub(crate) fn pod_ips(pod: &Pod) -> Vec<String> {
-    let status = pod_status(pod);
-    let mut raw: Vec<&str> = status
-        .and_then(|s| s.pod_ips.as_ref())
+    align::pod_addresses(pod)
         .into_iter()
-        .flatten()
-        .map(|p| p.ip.as_str())
-        .collect();
-    if raw.is_empty()
-        && let Some(ip) = status.and_then(|s| s.pod_ip.as_deref())
-    {
-        raw.push(ip);
-    }
-    let mut ips: Vec<String> = Vec::with_capacity(raw.len());
-    for ip in raw.iter().filter_map(|s| s.trim().parse::<IpAddr>().ok()) {
-        let ip = normalise_ip(ip).to_string();
-        if !ips.contains(&ip) {
-            ips.push(ip);
-        }
-    }
-    ips
+        .map(|ip| ip.to_string())
+        .collect()
 }
 
 /// A Service port's `targetPort` as written (a number or a name).
@@ -143,18 +119,7 @@ pub(crate) fn target_port_text(p: &K8sServicePort, port: u16) -> String {
 pub(crate) fn container_ports(
     pod: &Pod,
 ) -> impl Iterator<Item = (&Container, &K8sContainerPort, u16, bool)> {
-    let spec = pod.spec.as_ref();
-    let regular = spec
-        .into_iter()
-        .flat_map(|s| s.containers.iter())
-        .map(|c| (c, false));
-    let sidecars = spec
-        .and_then(|s| s.init_containers.as_ref())
-        .into_iter()
-        .flatten()
-        .filter(|c| c.restart_policy.as_deref() == Some("Always"))
-        .map(|c| (c, true));
-    regular.chain(sidecars).flat_map(|(container, sidecar)| {
+    align::serving_containers(pod).flat_map(|(container, sidecar)| {
         container.ports.iter().flatten().filter_map(move |p| {
             Some((container, p, u16::try_from(p.container_port).ok()?, sidecar))
         })
@@ -182,7 +147,7 @@ impl Computed {
         Computed {
             ips,
             target_ports,
-            address: normalise_ip(subject.address).to_string(),
+            address: subject.address.to_canonical().to_string(),
         }
     }
 }
@@ -482,6 +447,40 @@ mod tests {
         with_pod(sample_pod(), |p| {
             assert_eq!(p.ips, ["10.244.0.5", "fd00:10:244::5"])
         });
+    }
+
+    /// A guest is shown exactly the addresses the planner reads (issue 43):
+    /// before one parser served both, the guest got `127.0.0.1`, the
+    /// metadata address and a link-local one (which the planner never
+    /// publishes) and missed `010.244.000.007` (which it does, read as
+    /// upstream's `ParseIPSloppy` reads it).
+    #[test]
+    fn guests_see_the_addresses_the_planner_publishes() {
+        let mut raw = sample_pod();
+        let status = raw.status.as_mut().unwrap();
+        status.pod_ip = None;
+        status.pod_ips = Some(
+            [
+                "127.0.0.1",
+                "010.244.000.007",
+                "169.254.169.254",
+                "fe80::1",
+                "fd00:10:244::7",
+            ]
+            .into_iter()
+            .map(|ip| PodIP { ip: ip.into() })
+            .collect(),
+        );
+        let planner: Vec<String> = portwise_core::align::pod_addresses(&raw)
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(planner, ["10.244.0.7", "fd00:10:244::7"]);
+        for family in [Family::V4, Family::V6] {
+            let first = portwise_core::align::pod_address(&raw, family).map(|ip| ip.to_string());
+            assert!(first.is_some_and(|ip| planner.contains(&ip)));
+        }
+        with_pod(raw, |p| assert_eq!(p.ips, planner));
     }
 
     #[test]

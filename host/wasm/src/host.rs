@@ -31,7 +31,7 @@ use wasmtime_wasi::{
 };
 
 use crate::bindings::{
-    HttpRequest, WitHttpResponse, WitLevel, WitProbeError, normalise_ip,
+    HttpRequest, WitHttpResponse, WitLevel, WitProbeError,
     v01::portwise::membership::{log, probes, types},
 };
 use crate::{
@@ -180,7 +180,7 @@ impl HostState {
         limits: &CallLimits,
     ) {
         self.call = CallState {
-            address: address.map(normalise_ip),
+            address: address.map(|ip| ip.to_canonical()),
             ports: None,
             labels,
             compute_deadline: Instant::now() + limits.deadline,
@@ -266,7 +266,7 @@ impl HostState {
             .and_then(|h| h.strip_suffix(']'))
             .unwrap_or(host);
         match literal.parse::<IpAddr>() {
-            Ok(ip) if normalise_ip(ip) == address => Ok(SocketAddr::new(address, port)),
+            Ok(ip) if ip.to_canonical() == address => Ok(SocketAddr::new(address, port)),
             Ok(ip) => Err(format!(
                 "probes may reach only the address under judgement ({address}), not {ip}"
             )),

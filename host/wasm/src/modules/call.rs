@@ -138,7 +138,7 @@ impl ModuleVersion {
                     }
                 };
                 let (pod_rep, service_rep) = (pod.rep(), service.rep());
-                let address = bindings::normalise_ip(subject.address).to_string();
+                let address = subject.address.to_canonical().to_string();
                 let call = g.portwise_membership_checker().call_check(
                     &mut ready.store,
                     config,
