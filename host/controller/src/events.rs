@@ -8,6 +8,62 @@ use kube::{
 };
 use tracing::warn;
 
+/// Every Event reason portwise records, with its type: the one list the
+/// docs' Events table (docs/operations.md) is checked against.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reason {
+    SelectorIgnored,
+    ExternalNameIgnored,
+    EndpointSliceNameCollision,
+    NativeEndpointsCleanedUp,
+    EndpointsOwnedByOther,
+    PolicyUnknown,
+    ShadowDiffers,
+    ShadowAgrees,
+    ShadowUnknown,
+    /// On portwise's own Pod, by the binary (`portwise run`'s module report).
+    ModuleLoadFailed,
+}
+
+impl Reason {
+    pub const ALL: [Reason; 10] = [
+        Reason::SelectorIgnored,
+        Reason::ExternalNameIgnored,
+        Reason::EndpointSliceNameCollision,
+        Reason::NativeEndpointsCleanedUp,
+        Reason::EndpointsOwnedByOther,
+        Reason::PolicyUnknown,
+        Reason::ShadowDiffers,
+        Reason::ShadowAgrees,
+        Reason::ShadowUnknown,
+        Reason::ModuleLoadFailed,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::SelectorIgnored => "SelectorIgnored",
+            Reason::ExternalNameIgnored => "ExternalNameIgnored",
+            Reason::EndpointSliceNameCollision => "EndpointSliceNameCollision",
+            Reason::NativeEndpointsCleanedUp => "NativeEndpointsCleanedUp",
+            Reason::EndpointsOwnedByOther => "EndpointsOwnedByOther",
+            Reason::PolicyUnknown => "PolicyUnknown",
+            Reason::ShadowDiffers => "ShadowDiffers",
+            Reason::ShadowAgrees => "ShadowAgrees",
+            Reason::ShadowUnknown => "ShadowUnknown",
+            Reason::ModuleLoadFailed => "ModuleLoadFailed",
+        }
+    }
+
+    pub fn event_type(self) -> EventType {
+        match self {
+            Reason::NativeEndpointsCleanedUp | Reason::ShadowDiffers | Reason::ShadowAgrees => {
+                EventType::Normal
+            }
+            _ => EventType::Warning,
+        }
+    }
+}
+
 /// Publishes Events as portwise (its managed-by name and this replica).
 pub(crate) struct Events {
     recorder: Recorder,
@@ -19,22 +75,60 @@ impl Events {
     }
 
     /// Publishes one Event on `svc`; a failure is logged, never fatal.
-    pub(crate) async fn publish(
-        &self,
-        svc: &Service,
-        type_: EventType,
-        reason: &str,
-        note: String,
-    ) {
+    pub(crate) async fn publish(&self, svc: &Service, reason: Reason, note: String) {
         let ev = KubeEvent {
-            type_,
-            reason: reason.into(),
+            type_: reason.event_type(),
+            reason: reason.as_str().into(),
             note: Some(portwise_core::text::cut(note, 1000)),
             action: "Reconcile".into(),
             secondary: None,
         };
         if let Err(e) = self.recorder.publish(&ev, &svc.object_ref(&())).await {
-            warn!(service = %svc.name_any(), error = %e, "could not publish Event {reason}");
+            warn!(service = %svc.name_any(), error = %e, reason = reason.as_str(), "could not publish Event");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The docs' Events table lists every reason the code records, with its
+    /// type, and nothing else (issue 43: `PolicyUnknown` was missing).
+    #[test]
+    fn the_docs_events_table_is_the_code_s() {
+        let docs = include_str!("../../../docs/operations.md");
+        let table = docs
+            .split("\n## Events\n")
+            .nth(1)
+            .expect("docs/operations.md has an Events section");
+        let rows: Vec<(String, String)> = table
+            .lines()
+            .skip_while(|l| !l.starts_with("| reason"))
+            .skip(2)
+            .take_while(|l| l.starts_with('|'))
+            .map(|l| {
+                let cells: Vec<&str> = l.split('|').map(str::trim).collect();
+                (cells[1].trim_matches('`').to_string(), cells[2].to_string())
+            })
+            .collect();
+        let code: Vec<(String, String)> = Reason::ALL
+            .iter()
+            .map(|r| {
+                let t = match r.event_type() {
+                    EventType::Normal => "Normal",
+                    EventType::Warning => "Warning",
+                };
+                (r.as_str().to_string(), t.to_string())
+            })
+            .collect();
+        let mut sorted_rows = rows.clone();
+        sorted_rows.sort();
+        let mut sorted_code = code.clone();
+        sorted_code.sort();
+        assert_eq!(
+            sorted_rows, sorted_code,
+            "docs/operations.md#events against events::Reason"
+        );
     }
 }

@@ -52,6 +52,7 @@ use kube::Client;
 use portwise_core::config::Config;
 
 pub use error::Error;
+pub use events::Reason;
 pub use judge::Judge;
 pub use options::RunOptions;
 /// One ownership rule and one spelling of the slice labels, in the core.

@@ -14,7 +14,7 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Service;
 use kube::{
     ResourceExt,
-    runtime::{controller::Action, events::EventType, reflector::ObjectRef},
+    runtime::{controller::Action, reflector::ObjectRef},
 };
 use tracing::{debug, info, warn};
 
@@ -23,7 +23,9 @@ use portwise_core::{
     reconcile::{self as decision, Decision, Once, Release, Requeue, Serve},
 };
 
-use crate::{apply::Writes, context::Context, error::Error, metrics::ReconcilePhase, migrate};
+use crate::{
+    apply::Writes, context::Context, error::Error, events::Reason, metrics::ReconcilePhase, migrate,
+};
 
 /// Marks a once-per-transition warning for `uid` as the decision says;
 /// `true` when the Event is due now (raised and not marked before).
@@ -96,8 +98,7 @@ pub(crate) async fn reconcile(
         ctx.events
             .publish(
                 &svc,
-                EventType::Warning,
-                "ExternalNameIgnored",
+                Reason::ExternalNameIgnored,
                 "portwise ignores ExternalName Services: they have no endpoints".into(),
             )
             .await;
@@ -110,8 +111,7 @@ pub(crate) async fn reconcile(
     if latch(&ctx.selector_warned, &uid, warnings.selector) {
         ctx.events.publish(
             &svc,
-            EventType::Warning,
-            "SelectorIgnored",
+            Reason::SelectorIgnored,
             "Service has a spec.selector: the native EndpointSlice controller also publishes for it. \
              portwise serves it too so a migration is seamless; remove the selector to hand it over."
                 .into(),
@@ -149,12 +149,7 @@ pub(crate) async fn reconcile(
             if fresh {
                 warn!(namespace = %ns, service = %svc.name_any(), policy = %name, "{}", hold.unknown);
                 ctx.events
-                    .publish(
-                        &svc,
-                        EventType::Warning,
-                        "PolicyUnknown",
-                        format!("{}", hold.unknown),
-                    )
+                    .publish(&svc, Reason::PolicyUnknown, format!("{}", hold.unknown))
                     .await;
             }
             Ok(requeue)
@@ -233,8 +228,7 @@ async fn serve(
         ctx.metrics.count_name_collision();
         ctx.events.publish(
             svc,
-            EventType::Warning,
-            "EndpointSliceNameCollision",
+            Reason::EndpointSliceNameCollision,
             format!(
                 "EndpointSlice {} already exists and belongs to {}; portwise will not overwrite it",
                 c.name, c.holder
@@ -288,12 +282,7 @@ async fn serve(
             })?;
         if cleaned.deleted_anything() {
             ctx.events
-                .publish(
-                    svc,
-                    EventType::Normal,
-                    "NativeEndpointsCleanedUp",
-                    cleaned.describe(),
-                )
+                .publish(svc, Reason::NativeEndpointsCleanedUp, cleaned.describe())
                 .await;
         }
     }
@@ -309,8 +298,7 @@ async fn serve(
                     ctx.events
                         .publish(
                             svc,
-                            EventType::Warning,
-                            "EndpointsOwnedByOther",
+                            Reason::EndpointsOwnedByOther,
                             format!(
                                 "Endpoints {name} belongs to {holder}; portwise does not adopt it"
                             ),

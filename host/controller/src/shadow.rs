@@ -17,7 +17,7 @@ use std::{
 };
 
 use k8s_openapi::api::core::v1::Service;
-use kube::{ResourceExt, runtime::events::EventType};
+use kube::ResourceExt;
 
 use portwise_checkers::{BuildContext, Checker};
 use portwise_core::{
@@ -30,7 +30,12 @@ use portwise_core::{
 use kube::runtime::reflector::{ObjectRef, Store};
 use tokio::sync::Semaphore;
 
-use crate::{error::Error, events::Events, judge::Judge, metrics::Metrics};
+use crate::{
+    error::Error,
+    events::{Events, Reason},
+    judge::Judge,
+    metrics::Metrics,
+};
 
 /// Shortest gap between two shadow Events of one Service.
 pub(crate) const EVENT_INTERVAL: Duration = Duration::from_secs(60);
@@ -207,8 +212,7 @@ impl Shadows {
                 let known: Vec<&str> = self.named.keys().map(String::as_str).collect();
                 events.publish(
                     svc,
-                    EventType::Warning,
-                    "ShadowUnknown",
+                    Reason::ShadowUnknown,
                     format!(
                         "annotation {} names shadow {wanted:?}, which the configuration does not have (it has: {}); no shadow is judged",
                         self.spec.annotation,
@@ -276,17 +280,12 @@ impl Shadows {
         };
         if due {
             let reason = if diffs.is_empty() {
-                "ShadowAgrees"
+                Reason::ShadowAgrees
             } else {
-                "ShadowDiffers"
+                Reason::ShadowDiffers
             };
             events
-                .publish(
-                    svc,
-                    EventType::Normal,
-                    reason,
-                    shadow::note(&pick, &diffs, live.len()),
-                )
+                .publish(svc, reason, shadow::note(&pick, &diffs, live.len()))
                 .await;
         }
     }

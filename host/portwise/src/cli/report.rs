@@ -38,7 +38,8 @@ pub(super) fn report_wasm(
     client: Client,
     managed_by: String,
 ) -> ModuleReports {
-    use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+    use kube::runtime::events::{Event, Recorder, Reporter};
+    use portwise_controller::Reason;
     use portwise_controller::metrics::ModuleLoad;
     use portwise_wasm::CompileSource;
 
@@ -122,8 +123,8 @@ pub(super) fn report_wasm(
             tracing::warn!(module = %ev.module, "{}", ev.message);
             if let Some(r) = &pod_ref {
                 let note = Event {
-                    type_: EventType::Warning,
-                    reason: "ModuleLoadFailed".into(),
+                    type_: Reason::ModuleLoadFailed.event_type(),
+                    reason: Reason::ModuleLoadFailed.as_str().into(),
                     note: Some(ev.message.chars().take(1000).collect()),
                     action: "LoadModule".into(),
                     secondary: None,
