@@ -10,7 +10,7 @@ use super::{
     guest::GuestFailure,
     labels::{
         CleanupKind, DecisionLabels, ErrorLabels, KindLabels, ModuleLoad, ModuleLoadLabels,
-        PhaseLabels, ReconcilePhase, WriteKind, decision_label, gauge_value, label,
+        PhaseLabels, ReconcilePhase, WriteKind, decision_label, label,
     },
     registry::Metrics,
 };
@@ -100,11 +100,13 @@ impl Metrics {
             .inc();
     }
 
-    /// Sets how many objects of `kind` the informer caches hold.
-    pub fn set_cache_objects(&self, kind: &'static str, objects: usize) {
-        self.cache_objects
-            .get_or_create(&KindLabels { kind })
-            .set(gauge_value(objects));
+    /// Makes `portwise_cache_objects` report what `source` says (the
+    /// informer caches' sizes) at every scrape.
+    pub fn read_cache_sizes(
+        &self,
+        source: impl Fn() -> Vec<(&'static str, usize)> + Send + Sync + 'static,
+    ) {
+        self.cache_objects.read_from(Box::new(source));
     }
 
     /// Sets whether this replica currently leads.

@@ -113,10 +113,7 @@ pub(super) struct PhaseLabels {
 
 /// The label value for an address family, spelled as in `spec.ipFamilies`.
 pub fn family_label(family: Family) -> &'static str {
-    match family {
-        Family::V4 => "IPv4",
-        Family::V6 => "IPv6",
-    }
+    family.as_str()
 }
 
 /// The label value for a decision.

@@ -19,7 +19,9 @@
 //! atomics, so that crate needs no metrics library and this one no
 //! wasmtime): `portwise_guest_failures` is a
 //! [`Collector`](prometheus_client::collector::Collector) that reads them
-//! through [`Metrics::read_guest_failures`] at every scrape.
+//! through [`Metrics::read_guest_failures`] at every scrape. The caches'
+//! sizes (`portwise_cache_objects`) are read from the stores the same way
+//! ([`Metrics::read_cache_sizes`]).
 //!
 //! The exposition is OpenMetrics text (`Metrics::encode`), which Prometheus
 //! scrapes natively. Counter names gain their `_total` suffix and histograms
@@ -30,10 +32,12 @@
 //! registered, the exposition); `labels.rs` the label values and sets;
 //! `service.rs` the per-Service levels (published endpoints, slices,
 //! abstains, shadow); `counters.rs` the process-wide counters, latencies and
-//! gauges; `guest.rs` the guest failures read from the runtime; `native.rs`
+//! gauges; `guest.rs` the guest failures read from the runtime; `caches.rs` the
+//! caches' sizes read from the stores; `native.rs`
 //! the series that mean what the native controller's
 //! `endpoint_slice_controller_*` mean, under the same names.
 
+mod caches;
 mod counters;
 mod guest;
 mod labels;

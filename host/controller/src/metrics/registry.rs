@@ -18,6 +18,7 @@ use prometheus_client::{
 };
 
 use super::{
+    caches::CacheSizes,
     guest::GuestFailures,
     labels::{
         DecisionLabels, ErrorLabels, KindLabels, ModuleLoadLabels, NotJudgedLabels, PhaseLabels,
@@ -86,7 +87,7 @@ pub struct Metrics {
     pub(super) reconcile_phase_duration: HistogramFamily<PhaseLabels>,
     pub(super) writes: MetricFamily<KindLabels, Counter>,
     pub(super) leader: Gauge,
-    pub(super) cache_objects: MetricFamily<KindLabels, Gauge>,
+    pub(super) cache_objects: CacheSizes,
     pub(super) abstain_longest: MetricFamily<ServiceLabels, Gauge<f64, AtomicU64>>,
     pub(super) abstains_expired: Counter,
     pub(super) service_synced: MetricFamily<ServiceLabels, Gauge<f64, AtomicU64>>,
@@ -202,12 +203,8 @@ impl Metrics {
             leader.clone(),
         );
 
-        let cache_objects = MetricFamily::<KindLabels, Gauge>::default();
-        registry.register(
-            "cache_objects",
-            "Objects held in the informer caches by kind (services|pods|endpointslices|nodes)",
-            cache_objects.clone(),
-        );
+        let cache_objects = CacheSizes::default();
+        registry.register_collector(Box::new(cache_objects.clone()));
         let pods_not_judged = MetricFamily::<NotJudgedLabels, Gauge>::default();
         registry.register(
             "pods_not_judged",

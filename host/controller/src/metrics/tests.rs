@@ -345,6 +345,36 @@ fn guest_failures_are_read_at_scrape_time_and_summed_per_label() {
     );
 }
 
+/// The caches' sizes are read from the stores when scraped, not sampled
+/// by a task (issue 43): a store that grows shows at the next scrape.
+#[test]
+fn cache_sizes_are_read_at_scrape_time() {
+    let m = Metrics::new();
+    assert!(m.encode().contains("# TYPE portwise_cache_objects gauge\n"));
+    assert_eq!(
+        sample(&m.encode(), r#"portwise_cache_objects{kind="pods"}"#),
+        None
+    );
+    let pods = Arc::new(std::sync::atomic::AtomicUsize::new(3));
+    let source = pods.clone();
+    m.read_cache_sizes(move || {
+        vec![
+            ("services", 1),
+            ("pods", source.load(std::sync::atomic::Ordering::Relaxed)),
+        ]
+    });
+    let series = r#"portwise_cache_objects{kind="pods"}"#;
+    assert_eq!(sample(&m.encode(), series), Some(3.0));
+    pods.store(30, std::sync::atomic::Ordering::Relaxed);
+    let text = m.encode();
+    assert_eq!(sample(&text, series), Some(30.0), "{text}");
+    assert_eq!(
+        sample(&text, r#"portwise_cache_objects{kind="services"}"#),
+        Some(1.0)
+    );
+    assert!(text.contains("# HELP portwise_cache_objects Objects held in the informer caches"));
+}
+
 #[test]
 fn label_values_are_escaped() {
     let m = Metrics::new();
