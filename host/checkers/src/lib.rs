@@ -13,12 +13,12 @@
 //! which the core may not have. This crate may not depend on a Kubernetes
 //! client or wasmtime.
 
-pub mod build;
 pub mod builtin;
+pub mod from_config;
 
 use std::{future::Future, pin::Pin};
 
-pub use build::{BuildContext, BuildError, WasmCheckers, build, build_at};
+pub use from_config::{BuildContext, BuildError, WasmCheckers, build, build_at};
 use portwise_core::membership::{Subject, Verdict};
 
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
