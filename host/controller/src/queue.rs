@@ -172,20 +172,26 @@ impl<K: Clone + Eq + Hash + Shared + Send + 'static> Queue<K> {
     /// The next ready key, by the queue's policy, marked running until
     /// [`Queue::done`]; `None` once the queue is closed.
     pub async fn next(&self) -> Option<Turn<K>> {
+        self.wait_for(|s| {
+            if s.closed {
+                Some(None)
+            } else {
+                pop(s).map(Some)
+            }
+        })
+        .await
+    }
+
+    /// Waits until `ready` gives a value, asking it under the lock each
+    /// time the queue changes. The waiter is registered before each
+    /// check, so a change between the check and the wait is not missed.
+    async fn wait_for<T>(&self, mut ready: impl FnMut(&mut State<K>) -> Option<T>) -> T {
         loop {
             let changed = self.inner.changed.notified();
             tokio::pin!(changed);
-            // Registered before the check, so a key added in between is
-            // not missed.
             changed.as_mut().enable();
-            {
-                let mut s = self.state();
-                if s.closed {
-                    return None;
-                }
-                if let Some(turn) = pop(&mut s) {
-                    return Some(turn);
-                }
+            if let Some(out) = ready(&mut self.state()) {
+                return out;
             }
             changed.await;
         }
@@ -214,20 +220,17 @@ impl<K: Clone + Eq + Hash + Shared + Send + 'static> Queue<K> {
         key: K,
         work: impl std::future::Future<Output = T>,
     ) -> Option<T> {
-        loop {
-            let changed = self.inner.changed.notified();
-            tokio::pin!(changed);
-            changed.as_mut().enable();
-            {
-                let mut s = self.state();
+        let go = self
+            .wait_for(|s| {
                 if s.closed {
-                    return None;
+                    Some(false)
+                } else {
+                    s.running.insert(key.clone()).then_some(true)
                 }
-                if s.running.insert(key.clone()) {
-                    break;
-                }
-            }
-            changed.await;
+            })
+            .await;
+        if !go {
+            return None;
         }
         // Done even if the work is dropped half way (its task aborted).
         struct Release<'a, K: Clone + Eq + Hash + Shared + Send + 'static>(&'a Queue<K>, K);
@@ -249,15 +252,7 @@ impl<K: Clone + Eq + Hash + Shared + Send + 'static> Queue<K> {
 
     /// Waits until no key is running.
     pub async fn idle(&self) {
-        loop {
-            let changed = self.inner.changed.notified();
-            tokio::pin!(changed);
-            changed.as_mut().enable();
-            if self.state().running.is_empty() {
-                return;
-            }
-            changed.await;
-        }
+        self.wait_for(|s| s.running.is_empty().then_some(())).await
     }
 
     /// Keys ready or running, for tests.
