@@ -265,6 +265,38 @@ mod tests {
         }
     }
 
+    /// Which trees may open a connection (and so take a check permit):
+    /// any with a probe anywhere, no other (issue 45).
+    #[test]
+    fn only_trees_with_a_probe_say_they_probe() {
+        let ctx = BuildContext::default();
+        for (yaml, probes) in [
+            ("podReady", false),
+            ("notTerminating", false),
+            ("include", false),
+            ("{portNames: {annotation: ports}}", false),
+            ("{all: [podReady, {not: notTerminating}]}", false),
+            ("{perPort: {ports: {http: podReady}}}", false),
+            ("{stable: {checker: podReady, successThreshold: 2}}", false),
+            ("{tcpDial: {timeout: 1s}}", true),
+            ("{httpGet: {path: /healthz}}", true),
+            ("{all: [podReady, {tcpDial: {timeout: 1s}}]}", true),
+            ("{any: [podReady, {not: {httpGet: {path: /}}}]}", true),
+            (
+                "{perPort: {ports: {http: podReady}, fallback: {tcpDial: {timeout: 1s}}}}",
+                true,
+            ),
+            ("{perPort: {ports: {http: {tcpDial: {timeout: 1s}}}}}", true),
+            (
+                "{stable: {checker: {tcpDial: {timeout: 1s}}, successThreshold: 2}}",
+                true,
+            ),
+        ] {
+            let c = build(&expr(yaml), &ctx).unwrap();
+            assert_eq!(c.probes(), probes, "{yaml}");
+        }
+    }
+
     #[tokio::test]
     async fn probe_checkers_hit_the_subject_address_and_target() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -28,4 +28,13 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 /// wraps every top-level check in a timeout).
 pub trait Checker: Send + Sync + std::fmt::Debug {
     fn check<'a>(&'a self, subject: &'a Subject) -> BoxFuture<'a, Verdict>;
+
+    /// Whether a check may open a connection (a probe, a guest's probe
+    /// host functions). Only such checks take one of `maxConcurrentChecks`'
+    /// permits: a check that reads the pod object alone (`podReady`,
+    /// `portNames`, ...) answers at once and must not wait behind another
+    /// Service's probes that never answer. Unknown checkers say yes.
+    fn probes(&self) -> bool {
+        true
+    }
 }

@@ -1,8 +1,8 @@
 //! When a pod change first asked for a Service's reconcile, so that the
 //! reconcile's profile can tell how long the request waited before a
-//! reconcile took it up: kube-runtime's scheduling, then the wait for a
-//! slot. Only the first request counts until a reconcile takes it; later
-//! ones are served by the same reconcile.
+//! reconcile took it up (a run of the Service under way, then its turn in
+//! the queue). Only the first request counts until a reconcile takes it;
+//! later ones are served by the same reconcile.
 //!
 //! One entry per Service with a request outstanding, by its `ns/name` key
 //! (the retry backoff's key): taken by its next reconcile, or dropped with

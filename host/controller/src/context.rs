@@ -74,20 +74,10 @@ pub(crate) struct Context {
     /// Which namespaces' pods are in the cache in full, where pods are
     /// watched per namespace ([`crate::pod_scopes`]).
     pub(crate) pods_listed: crate::pod_scopes::ListedPods,
-    /// Services reconciled at once (`None`: no bound). A FIFO semaphore
-    /// instead of kube-runtime's own concurrency limit, which parks the
-    /// Services it cannot start yet in a hash set and takes the first in
-    /// hash order when a slot frees: under sustained load (probe-heavy
-    /// Services due again every resync) the same Services win every time
-    /// and the rest starve, so a pod change in another Service went
-    /// unpublished for 10–30 s in `./bench` row 5. Here every Service waits
-    /// its turn in arrival order.
-    pub(crate) reconcile_slots: Option<Arc<tokio::sync::Semaphore>>,
+    /// Where every reconcile is asked for ([`crate::queue`]).
+    pub(crate) queue: crate::queue::Queue<kube::runtime::reflector::ObjectRef<Service>>,
     /// When a pod change first asked for each Service's next reconcile.
     pub(crate) asked: Arc<crate::asked::Asked>,
-    /// One reconcile per Service at a time, whether the `Controller` or
-    /// the prompt lane ([`crate::lane`]) started it; by Service key.
-    pub(crate) exclusive: crate::lane::Exclusive<String>,
 }
 
 impl Context {

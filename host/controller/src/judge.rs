@@ -251,7 +251,13 @@ impl Judge {
     }
 
     async fn check_one(&self, checker: &dyn Checker, policy: &str, subject: &Subject) -> Verdict {
-        let _permit = self.permits.acquire().await.expect("semaphore closed");
+        // Only a check that may open a connection waits for a permit
+        // (`Checker::probes`).
+        let _permit = if checker.probes() {
+            Some(self.permits.acquire().await.expect("semaphore closed"))
+        } else {
+            None
+        };
         let started = Instant::now();
         let verdict = match tokio::time::timeout(self.timeout, checker.check(subject)).await {
             Ok(v) => v,
@@ -396,6 +402,43 @@ mod tests {
             !text.contains("service=\"web\""),
             "a series of the forgotten Service came back:\n{text}"
         );
+    }
+
+    /// Issue 45: a check that opens no connection does not wait for a
+    /// permit, so another Service's probes that never answer (holding every
+    /// permit) do not hold back its `podReady`. Fails when every check
+    /// takes a permit.
+    #[tokio::test]
+    async fn checks_without_a_probe_take_no_permit() {
+        let permits = Arc::new(Semaphore::new(1));
+        let held = Arc::new(Held::default());
+        let probing =
+            Arc::new(judge(held.clone(), Metrics::new()).sharing_permits(permits.clone()));
+        let svc = service();
+        let stuck = tokio::spawn({
+            let (probing, svc) = (probing.clone(), svc.clone());
+            async move {
+                probing
+                    .judge(&svc, vec![subject(&svc)], &Policy::Default)
+                    .await
+            }
+        });
+        held.started.notified().await;
+        assert_eq!(permits.available_permits(), 0, "the probe holds the permit");
+        let ready = judge(
+            Arc::new(portwise_checkers::builtin::PodReady),
+            Metrics::new(),
+        )
+        .sharing_permits(permits.clone());
+        let judged = tokio::time::timeout(
+            Duration::from_secs(5),
+            ready.judge(&svc, vec![subject(&svc)], &Policy::Default),
+        )
+        .await
+        .expect("podReady waited behind a probe's permit");
+        assert_eq!(judged.len(), 1);
+        held.release.notify_one();
+        stuck.await.unwrap();
     }
 
     /// The control: without the deletion, the same judgement is remembered

@@ -12,10 +12,7 @@ use std::{
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Service;
-use kube::{
-    ResourceExt,
-    runtime::{controller::Action, reflector::ObjectRef},
-};
+use kube::{ResourceExt, runtime::reflector::ObjectRef};
 use tracing::{debug, info, warn};
 
 use portwise_core::{
@@ -45,18 +42,19 @@ fn latch(marks: &Mutex<HashSet<String>>, uid: &str, once: Once) -> bool {
 /// leftovers; or take back what we published.
 ///
 /// For its profile: `asked`, how long ago a pod change asked for it (if
-/// one did), and `queued`, how long it then waited for a reconcile slot.
+/// one did), and `queued`, how long it then waited in the queue for its
+/// turn. Returns when to reconcile it again if nothing changes (its
+/// resync), if ever.
 pub(crate) async fn reconcile(
     svc: Arc<Service>,
     ctx: Arc<Context>,
     asked: Option<Duration>,
     queued: Duration,
-) -> Result<Action, Error> {
+) -> Result<Option<Duration>, Error> {
     let started = Instant::now();
-    // The span says what triggered it (kube-runtime's reason).
     debug!("reconcile started");
     if !ctx.is_leader() {
-        return Ok(Action::await_change());
+        return Ok(None);
     }
     // Never plan from a partial cache: a Service seen before its pods would
     // publish empty slices. Events ask for nothing before the caches sync
@@ -65,14 +63,14 @@ pub(crate) async fn reconcile(
     // requeueing here.
     if !ctx.synced.synced() {
         debug!(pending = ctx.synced.pending(), "caches not synced yet");
-        return Ok(Action::await_change());
+        return Ok(None);
     }
     let ns = svc.namespace().unwrap_or_default();
     // A namespace whose pod watch opened after the cold start
     // (`crate::pod_scopes`): its first list asks for this Service again.
     if !ctx.pods_listed.listed(&ns) {
         debug!(namespace = %ns, "pods of the namespace not listed yet");
-        return Ok(Action::await_change());
+        return Ok(None);
     }
     let uid = svc.uid().unwrap_or_default();
 
@@ -124,8 +122,8 @@ pub(crate) async fn reconcile(
     }
 
     let requeue = match decided.requeue() {
-        Requeue::OnChange => Action::await_change(),
-        Requeue::AfterResync => Action::requeue(ctx.config.resync_period),
+        Requeue::OnChange => None,
+        Requeue::AfterResync => Some(ctx.config.resync_period),
     };
     match decided {
         Decision::Release(release) => {
@@ -157,7 +155,7 @@ pub(crate) async fn reconcile(
         Decision::Serve(serve) => {
             let mut profile = Profile::new(started, asked, queued);
             if !self::serve(&ctx, &svc, serve, &mut profile).await? {
-                return Ok(Action::await_change());
+                return Ok(None);
             }
             ctx.metrics.observe_reconcile(started.elapsed());
             profile.report(&ctx, &ns, &svc.name_any());
@@ -332,8 +330,9 @@ async fn serve(
 struct Profile {
     /// When the current phase began.
     since: Instant,
-    /// From the pod change to the queue (`ReconcilePhase::Trigger`), if a
-    /// pod change asked for this reconcile.
+    /// From the pod change to the Service being ready in the queue
+    /// (`ReconcilePhase::Trigger`), if a pod change asked for this
+    /// reconcile.
     asked: Option<Duration>,
     queue: Duration,
     judge: Duration,

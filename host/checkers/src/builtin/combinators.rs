@@ -46,6 +46,10 @@ impl Checker for All {
     fn check<'a>(&'a self, subject: &'a Subject) -> BoxFuture<'a, Verdict> {
         Box::pin(fold_children(Fold::all(), &self.0, subject))
     }
+
+    fn probes(&self) -> bool {
+        self.0.iter().any(|c| c.probes())
+    }
 }
 
 /// `any(...)`: the first `include` wins, later children do not run.
@@ -61,6 +65,10 @@ impl Checker for Any {
             }
             v
         })
+    }
+
+    fn probes(&self) -> bool {
+        self.0.iter().any(|c| c.probes())
     }
 }
 
@@ -81,6 +89,10 @@ impl Checker for Not {
             }
         })
     }
+
+    fn probes(&self) -> bool {
+        self.0.probes()
+    }
 }
 
 /// `perPort({name: checker}, fallback)`: routes by the Service port's name.
@@ -97,5 +109,9 @@ impl Checker for PerPort {
             .get(&subject.port.name)
             .unwrap_or(&self.fallback)
             .check(subject)
+    }
+
+    fn probes(&self) -> bool {
+        self.fallback.probes() || self.ports.values().any(|c| c.probes())
     }
 }

@@ -16,6 +16,10 @@ impl Checker for PodReady {
     fn check<'a>(&'a self, subject: &'a Subject) -> BoxFuture<'a, Verdict> {
         Box::pin(std::future::ready(facts::pod_ready(subject)))
     }
+
+    fn probes(&self) -> bool {
+        false
+    }
 }
 
 /// `notTerminating`: the pod has no deletionTimestamp.
@@ -25,6 +29,10 @@ pub struct NotTerminating;
 impl Checker for NotTerminating {
     fn check<'a>(&'a self, subject: &'a Subject) -> BoxFuture<'a, Verdict> {
         Box::pin(std::future::ready(facts::not_terminating(subject)))
+    }
+
+    fn probes(&self) -> bool {
+        false
     }
 }
 
@@ -39,6 +47,10 @@ impl Checker for Constant {
             reason: None,
         }))
     }
+
+    fn probes(&self) -> bool {
+        false
+    }
 }
 
 /// `portNames(key)`: the pod's label/annotation `key` lists the Service
@@ -49,5 +61,9 @@ pub struct PortNames(pub KeySource);
 impl Checker for PortNames {
     fn check<'a>(&'a self, subject: &'a Subject) -> BoxFuture<'a, Verdict> {
         Box::pin(std::future::ready(facts::port_names(&self.0, subject)))
+    }
+
+    fn probes(&self) -> bool {
+        false
     }
 }

@@ -213,4 +213,8 @@ impl Checker for Stable {
             }
         })
     }
+
+    fn probes(&self) -> bool {
+        self.inner.probes()
+    }
 }

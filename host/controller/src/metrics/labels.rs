@@ -68,11 +68,13 @@ impl WriteKind {
 /// where a reconcile's time goes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ReconcilePhase {
-    /// From the pod change that asked for the reconcile to its turn in the
-    /// queue (kube-runtime's scheduling). Only for reconciles a pod change
-    /// asked for.
+    /// From the pod change that asked for the reconcile to the Service
+    /// being ready in the queue: nothing, unless a reconcile of the same
+    /// Service was under way and had to end first. Only for reconciles a
+    /// pod change asked for.
     Trigger,
-    /// Waiting for a reconcile slot (`--reconcile-concurrency`).
+    /// Ready in the queue until handed out: its namespace's turn and a
+    /// reconcile slot (`--reconcile-concurrency`).
     Queue,
     /// Reading the caches, deciding and running the checkers.
     Judge,

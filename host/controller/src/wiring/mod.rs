@@ -25,7 +25,6 @@ use std::{
 
 use futures::{
     FutureExt, StreamExt, TryStreamExt,
-    channel::mpsc::{UnboundedSender, unbounded},
     future::{self, BoxFuture},
 };
 use k8s_openapi::{
@@ -39,14 +38,13 @@ use kube::{
     Api, Client, ResourceExt,
     core::PartialObjectMeta,
     runtime::{
-        Controller, WatchStreamExt,
-        controller::Action,
+        WatchStreamExt,
         events::{Recorder, Reporter},
         reflector::{self, ObjectRef, Store},
         watcher,
     },
 };
-use tracing::{debug, info, warn};
+use tracing::{Instrument, debug, info, warn};
 
 use portwise_checkers::{BuildContext, Checker};
 use portwise_core::{
@@ -64,11 +62,11 @@ use crate::{
     error::Error,
     events::Events,
     judge::Judge,
-    lane::Lane,
     metrics::SyncResult,
     migrate,
     options::RunOptions,
     pod_scopes::{ListedPods, PodScopes, ServiceSeen},
+    queue::Queue,
     reconcile::reconcile,
     watches::{watch_all, watch_keyed},
 };
@@ -79,7 +77,7 @@ mod release;
 mod terms;
 mod triggers;
 
-use reconciles::{error_policy, reconcile_in_turn, reconcile_promptly};
+use reconciles::{ColdStart, reconcile_outside, serve};
 use release::{Gone, release_gone, slice_service, sweep_gone};
 use terms::terms;
 use triggers::{Triggers, on_pod_event, trigger_unless_echo};
@@ -200,11 +198,10 @@ pub(crate) async fn run(
     };
 
     // Pods, indexed by group; a change triggers the group's Services.
-    let (trigger_tx, trigger_rx) = unbounded::<ObjectRef<Service>>();
+    let queue = Queue::new();
     let trigger_tx = Triggers {
-        tx: trigger_tx,
+        queue: queue.clone(),
         gate: gate.clone(),
-        lane: Arc::default(),
     };
     let pod_groups = Arc::new(GroupIndex::default());
     let (pod_reader, pod_writer) = reflector::store::<Pod>();
@@ -303,11 +300,7 @@ pub(crate) async fn run(
         migration: migrate::Migrator::new(client.clone(), config.managed_by.clone()),
         synced: gate.clone(),
         pods_listed,
-        reconcile_slots: (opts.reconcile_concurrency > 0).then(|| {
-            Arc::new(tokio::sync::Semaphore::new(
-                opts.reconcile_concurrency as usize,
-            ))
-        }),
+        queue: queue.clone(),
         config: config.clone(),
         services: svc_reader.clone(),
         pods: pod_reader,
@@ -324,17 +317,7 @@ pub(crate) async fn run(
         retries: Default::default(),
         trigger_memory: Mutex::default(),
         asked,
-        exclusive: Default::default(),
     });
-    let lane = trigger_tx.lane.get_or_init(|| {
-        // The sender, not the `Triggers` that hold this lane: no cycle.
-        let (ctx, tx) = (ctx.clone(), trigger_tx.tx.clone());
-        Lane::new(move |svc: ObjectRef<Service>| {
-            let (ctx, tx) = (ctx.clone(), tx.clone());
-            async move { reconcile_promptly(svc, ctx, tx).await }.boxed()
-        })
-    });
-
     // Every task below is the supervisor's: stopped with the controller,
     // so that an in-process run leaves no writer (or watch) behind.
     let mut tasks = tokio::task::JoinSet::new();
@@ -407,58 +390,35 @@ pub(crate) async fn run(
     tasks.spawn(our_endpoints_stream);
     tasks.spawn(node_stream);
 
-    info!(namespaces = ?opts.namespaces, managed_by = %config.managed_by, "portwise controller starting");
-    let metrics = opts.metrics.clone();
-    // Cold start: logs once every Service the synced cache held has been
-    // reconciled (docs/benchmarks.md, row 1b).
-    let mut cold: Option<std::collections::HashSet<ObjectRef<Service>>> = Some(Default::default());
-    let (cold_gate, cold_services) = (gate.clone(), svc_reader.clone());
-    let mut reconciles = 0u64;
-    Controller::for_stream(services, svc_reader)
-        // Unbounded here: `Context::reconcile_slots` bounds reconciles
-        // fairly (see there).
-        .with_config(kube::runtime::controller::Config::default().concurrency(0))
-        .reconcile_on(trigger_rx)
-        .graceful_shutdown_on(shutdown)
-        .run(reconcile_in_turn, error_policy, ctx)
-        .for_each(|res| {
-            reconciles += 1;
-            if let (Some(seen), Ok((obj, _))) = (cold.as_mut(), &res)
-                && cold_gate.synced()
-            {
-                seen.insert(obj.clone());
-                if seen.len() >= cold_services.len()
-                    && cold_services
-                        .state()
-                        .iter()
-                        .all(|s| seen.contains(&ObjectRef::from_obj(s.as_ref())))
-                {
-                    info!(
-                        after_ms = started.elapsed().as_millis() as u64,
-                        services = seen.len(),
-                        reconciles,
-                        "cold start: every Service reconciled once"
-                    );
-                    cold = None;
-                }
-            }
-            match res {
-                Ok((obj, _)) => {
-                    metrics.count_sync(SyncResult::Success);
-                    debug!(service = %obj, "reconciled")
-                }
-                Err(kube::runtime::controller::Error::ReconcilerFailed(e, obj)) => {
-                    metrics.count_sync(SyncResult::Error);
-                    metrics.count_reconcile_error(e.kind());
-                    warn!(service = %obj, error = %e, "reconcile failed")
-                }
-                Err(e) => debug!(error = %e, "controller"),
+    // A Service's own changes ask for it too (after the caches sync, like
+    // every other ask, see `Triggers`).
+    {
+        let tx = trigger_tx.clone();
+        tasks.spawn(services.for_each(move |svc| {
+            match svc {
+                Ok(svc) => tx.ask(ObjectRef::from_obj(&svc)),
+                Err(e) => warn!(error = %e, "service watch"),
             }
             future::ready(())
-        })
-        .await;
-    // Prompt reconciles in flight end before the Lease can be released.
-    lane.drain().await;
+        }));
+    }
+
+    info!(namespaces = ?opts.namespaces, managed_by = %config.managed_by, "portwise controller starting");
+    let cold = Arc::new(ColdStart::new(started));
+    let serving = serve(
+        queue.clone(),
+        ctx,
+        opts.reconcile_concurrency as usize,
+        cold,
+    );
+    tokio::select! {
+        () = shutdown => {}
+        () = serving => {}
+    }
+    // Reconciles in flight end before the Lease can be released; nothing
+    // new starts.
+    queue.close();
+    queue.idle().await;
     tasks.shutdown().await;
     info!("portwise controller stopped");
     Ok(())

@@ -1,14 +1,155 @@
-//! The reconcile paths: in turn (one per Service at a time, a slot each),
-//! promptly (the lane), and their retries after each Service's backoff.
+//! Reconciles, as the queue hands them out ([`crate::queue`]): at most
+//! `--reconcile-concurrency` at once, one per Service at a time; a success
+//! asks for the Service again after its resync, a failure after its own
+//! backoff ([`crate::retry`]). Both are counted here, once.
 
 use super::*;
 
-/// Retries a failed reconcile after the Service's own backoff
-/// ([`crate::retry`]).
-pub(super) fn error_policy(svc: Arc<Service>, err: &Error, ctx: Arc<Context>) -> Action {
-    match retry_after(&svc, err, &ctx) {
-        Some(delay) => Action::requeue(delay),
-        None => Action::await_change(),
+use crate::queue::{Queue, Turn};
+
+/// The key every per-Service table here uses (the retry backoff's, the
+/// trigger marks').
+fn service_key(svc: &Service) -> String {
+    format!("{}/{}", svc.namespace().unwrap_or_default(), svc.name_any())
+}
+
+fn ref_key(r: &ObjectRef<Service>) -> String {
+    format!("{}/{}", r.namespace.as_deref().unwrap_or_default(), r.name)
+}
+
+/// Logs once every Service the synced cache held has been reconciled
+/// (docs/benchmarks.md, row 1b).
+pub(super) struct ColdStart {
+    started: std::time::Instant,
+    seen: Mutex<Option<std::collections::HashSet<ObjectRef<Service>>>>,
+    reconciles: std::sync::atomic::AtomicU64,
+}
+
+impl ColdStart {
+    pub(super) fn new(started: std::time::Instant) -> Self {
+        ColdStart {
+            started,
+            seen: Mutex::new(Some(Default::default())),
+            reconciles: Default::default(),
+        }
+    }
+
+    fn reconciled(&self, key: &ObjectRef<Service>, ctx: &Context) {
+        let reconciles = 1 + self
+            .reconciles
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if !ctx.synced.synced() {
+            return;
+        }
+        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(set) = seen.as_mut() else { return };
+        set.insert(key.clone());
+        if set.len() >= ctx.services.len()
+            && ctx
+                .services
+                .state()
+                .iter()
+                .all(|s| set.contains(&ObjectRef::from_obj(s.as_ref())))
+        {
+            info!(
+                after_ms = self.started.elapsed().as_millis() as u64,
+                services = set.len(),
+                reconciles,
+                "cold start: every Service reconciled once"
+            );
+            *seen = None;
+        }
+    }
+}
+
+/// Hands the queue's keys to reconciles, at most `concurrency` at once
+/// (0: no bound), until the queue closes. A slot is taken before a key, so
+/// keys wait in the queue, in its fair order, rather than in a semaphore.
+pub(super) async fn serve(
+    queue: Queue<ObjectRef<Service>>,
+    ctx: Arc<Context>,
+    concurrency: usize,
+    cold: Arc<ColdStart>,
+) {
+    let slots = (concurrency > 0).then(|| Arc::new(tokio::sync::Semaphore::new(concurrency)));
+    loop {
+        let slot = match &slots {
+            Some(s) => Some(
+                s.clone()
+                    .acquire_owned()
+                    .await
+                    .expect("reconcile slots are never closed"),
+            ),
+            None => None,
+        };
+        let Some(turn) = queue.next().await else {
+            return;
+        };
+        let (queue, ctx, cold) = (queue.clone(), ctx.clone(), cold.clone());
+        tokio::spawn(async move {
+            let key = turn.key.clone();
+            reconcile_turn(&queue, &ctx, turn, &cold).await;
+            queue.done(&key);
+            drop(slot);
+        });
+    }
+}
+
+async fn reconcile_turn(
+    queue: &Queue<ObjectRef<Service>>,
+    ctx: &Arc<Context>,
+    turn: Turn<ObjectRef<Service>>,
+    cold: &ColdStart,
+) {
+    let Turn { key, waited } = turn;
+    // The profile's trigger phase ends where its queue phase begins: when
+    // the key became ready (later than the ask if a run of the Service was
+    // under way then).
+    let asked = ctx
+        .asked
+        .take(&ref_key(&key))
+        .map(|a| a.saturating_sub(waited));
+    // Only Services the cache holds are reconciled here (one that left it
+    // is released by `release_gone`).
+    let Some(svc) = ctx.services.get(&key) else {
+        return;
+    };
+    let span = tracing::debug_span!("reconcile", service = %key);
+    let result = reconcile(svc.clone(), ctx.clone(), asked, waited)
+        .instrument(span)
+        .await;
+    finish(ctx, &svc, &result);
+    match result {
+        Ok(next) => {
+            ctx.metrics.count_sync(SyncResult::Success);
+            debug!(service = %key, "reconciled");
+            cold.reconciled(&key, ctx);
+            if let Some(resync) = next {
+                queue.add_after(key, resync);
+            }
+        }
+        Err(e) => {
+            ctx.metrics.count_sync(SyncResult::Error);
+            ctx.metrics.count_reconcile_error(e.kind());
+            warn!(service = %key, error = %e, "reconcile failed");
+            if let Some(delay) = retry_after(&svc, &e, ctx) {
+                queue.add_after(key, delay);
+            }
+        }
+    }
+}
+
+/// After a reconcile: its backoff starts over on success; a Service deleted
+/// while it ran is forgotten again (the delete handler forgot it, and this
+/// reconcile may have put some of its state back: verdicts, metric series,
+/// warnings; the store drops a Service before the handler runs, so checking
+/// here, after the last insert, closes the race).
+fn finish(ctx: &Context, svc: &Arc<Service>, result: &Result<Option<Duration>, Error>) {
+    if result.is_ok() {
+        ctx.retries.succeeded(&service_key(svc));
+    }
+    if !ctx.still_cached(svc) {
+        ctx.forget_service(svc);
     }
 }
 
@@ -27,80 +168,21 @@ fn retry_after(svc: &Arc<Service>, err: &Error, ctx: &Context) -> Option<Duratio
     Some(delay)
 }
 
-/// A reconcile the prompt lane started (a pod changed): counted as the
-/// `Controller`'s are; a failure is retried through the `Controller`
-/// after the Service's backoff. Its periodic resync stays with the
-/// `Controller`, which scheduled it after the Service's last reconcile
-/// there.
-pub(super) async fn reconcile_promptly(
-    svc: ObjectRef<Service>,
-    ctx: Arc<Context>,
-    controller: UnboundedSender<ObjectRef<Service>>,
-) {
-    let Some(obj) = ctx.services.get(&svc) else {
-        // Gone: its reconcile will not come to take the pod change's mark.
-        ctx.asked.take(&format!(
-            "{}/{}",
-            svc.namespace.as_deref().unwrap_or_default(),
-            svc.name
-        ));
-        return;
-    };
-    match reconcile_in_turn(obj.clone(), ctx.clone()).await {
-        Ok(_) => {
-            ctx.metrics.count_sync(SyncResult::Success);
-            debug!(service = %svc, "reconciled");
-        }
-        Err(e) => {
-            ctx.metrics.count_sync(SyncResult::Error);
-            ctx.metrics.count_reconcile_error(e.kind());
-            warn!(service = %svc, error = %e, "reconcile failed");
-            if let Some(delay) = retry_after(&obj, &e, &ctx) {
-                tokio::spawn(async move {
-                    tokio::time::sleep(delay).await;
-                    let _ = controller.unbounded_send(svc);
-                });
-            }
-        }
-    }
-}
-
-fn service_key(svc: &Service) -> String {
-    format!("{}/{}", svc.namespace().unwrap_or_default(), svc.name_any())
-}
-
-/// A reconcile once a slot is free ([`Context::reconcile_slots`]: FIFO, so
-/// no Service starves).
-pub(super) async fn reconcile_in_turn(
+/// Reconciles a Service the cache does not hold (it lost its key), as the
+/// key's turn: never beside a queued reconcile of it.
+pub(super) async fn reconcile_outside(
     svc: Arc<Service>,
     ctx: Arc<Context>,
-) -> Result<Action, Error> {
-    let key = service_key(&svc);
-    let asked = ctx.asked.take(&key);
-    let queued = std::time::Instant::now();
-    // The other path may be reconciling it ([`crate::lane`]).
-    let _held = ctx.exclusive.hold(key.clone()).await;
-    let slots = ctx.reconcile_slots.clone();
-    let _slot = match &slots {
-        Some(slots) => Some(
-            slots
-                .acquire()
-                .await
-                .expect("reconcile slots are never closed"),
-        ),
-        None => None,
-    };
-    let result = reconcile(svc.clone(), ctx.clone(), asked, queued.elapsed()).await;
-    if result.is_ok() {
-        ctx.retries.succeeded(&key);
-    }
-    // A Service deleted while this reconcile ran was forgotten by the
-    // delete handler, and this reconcile may have put some of its state
-    // back (verdicts, metric series, warnings). The store drops a Service
-    // before the handler runs, so checking it here, after the last insert,
-    // closes the race.
-    if !ctx.still_cached(&svc) {
-        ctx.forget_service(&svc);
-    }
-    result
+) -> Result<Option<Duration>, Error> {
+    let key = ObjectRef::from_obj(svc.as_ref());
+    let queue = ctx.queue.clone();
+    queue
+        .exclusive(key, async {
+            let result = reconcile(svc.clone(), ctx.clone(), None, Duration::ZERO).await;
+            finish(&ctx, &svc, &result);
+            result
+        })
+        .await
+        // The controller is stopping: nothing more is written.
+        .unwrap_or(Ok(None))
 }

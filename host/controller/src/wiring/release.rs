@@ -31,7 +31,7 @@ pub(super) enum Gone {
 
 /// Takes back the slices of Services that left the Service cache but not
 /// the cluster. The cache holds only keyed Services, so a Service that
-/// loses its key is dropped from it, and kube's controller never
+/// loses its key is dropped from it, and the queue never
 /// reconciles an object its store lacks; this reconciles it here instead,
 /// which releases it like any unmanaged Service (`decide`'s branch 2). A
 /// deleted Service needs nothing: its slices have it as their controller
@@ -75,7 +75,7 @@ pub(super) async fn release_gone(
             }
         };
         info!(service = %r, "Service left the cache but not the cluster: releasing it");
-        if let Err(e) = reconcile_in_turn(svc, ctx.clone()).await {
+        if let Err(e) = reconcile_outside(svc, ctx.clone()).await {
             retry_gone(&ctx, &tx, r, &e.to_string());
         }
     }

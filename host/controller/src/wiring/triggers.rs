@@ -1,5 +1,5 @@
-//! Where events ask for reconciles: the sync gate, the prompt lane for
-//! pod changes, and our own writes' echoes left out.
+//! Where events ask for reconciles: the sync gate before the queue, and
+//! our own writes' echoes left out.
 
 use super::*;
 
@@ -13,11 +13,8 @@ use super::*;
 /// changed before then is in the caches it reads.
 #[derive(Clone)]
 pub(super) struct Triggers {
-    pub(super) tx: UnboundedSender<ObjectRef<Service>>,
+    pub(super) queue: Queue<ObjectRef<Service>>,
     pub(super) gate: SyncGate,
-    /// The prompt lane for pod changes, once the context it runs with
-    /// exists ([`crate::lane`]).
-    pub(super) lane: Arc<std::sync::OnceLock<Lane<ObjectRef<Service>>>>,
 }
 
 impl Triggers {
@@ -29,22 +26,7 @@ impl Triggers {
     /// Asks for `svc` to be reconciled, unless the caches are still listing.
     pub(super) fn ask(&self, svc: ObjectRef<Service>) {
         if self.open() {
-            let _ = self.tx.unbounded_send(svc);
-        }
-    }
-
-    /// Asks for `svc` to be reconciled at once, through the prompt lane
-    /// (a pod changed), unless the caches are still listing.
-    pub(super) fn ask_now(&self, svc: ObjectRef<Service>) {
-        if !self.open() {
-            return;
-        }
-        match self.lane.get() {
-            Some(lane) if lane.ask(svc.clone()) => {}
-            // Draining (or not wired yet): the Controller decides.
-            _ => {
-                let _ = self.tx.unbounded_send(svc);
-            }
+            self.queue.add(svc);
         }
     }
 
@@ -111,7 +93,7 @@ pub(super) fn on_pod_event(
     for g in groups {
         for svc in svc_groups.members(&ns, &g) {
             asked.mark(format!("{ns}/{svc}"));
-            tx.ask_now(ObjectRef::new(&svc).within(&ns));
+            tx.ask(ObjectRef::new(&svc).within(&ns));
         }
     }
 }
@@ -122,23 +104,29 @@ mod tests {
 
     /// Asks before the caches sync are dropped (the gate's opening asks
     /// for every Service instead); once open, every ask is heard.
-    #[test]
-    fn asks_before_the_caches_sync_are_dropped_and_heard_after() {
+    #[tokio::test]
+    async fn asks_before_the_caches_sync_are_dropped_and_heard_after() {
         let gate = SyncGate::default();
         let mut listing = gate.register();
-        let (tx, mut rx) = unbounded::<ObjectRef<Service>>();
+        let queue = Queue::new();
         let triggers = Triggers {
-            tx,
+            queue: queue.clone(),
             gate: gate.clone(),
-            lane: Arc::default(),
         };
         let web = ObjectRef::<Service>::new("web").within("ns");
         triggers.ask(web.clone());
         assert!(!triggers.open());
-        assert!(rx.try_recv().is_err(), "an ask before sync was sent");
+        let now = || async {
+            tokio::time::timeout(Duration::from_millis(50), queue.next())
+                .await
+                .ok()
+                .flatten()
+                .map(|t| t.key)
+        };
+        assert_eq!(now().await, None, "an ask before sync was heard");
         listing.complete();
         assert!(triggers.open());
         triggers.ask(web.clone());
-        assert_eq!(rx.try_recv().ok(), Some(web));
+        assert_eq!(now().await, Some(web));
     }
 }
