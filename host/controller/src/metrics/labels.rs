@@ -3,7 +3,7 @@
 
 use prometheus_client::encoding::EncodeLabelSet;
 
-use portwise_core::membership::{Decision, Family};
+use portwise_core::membership::Decision;
 
 /// Which native leftover a migration cleanup deleted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -111,11 +111,6 @@ impl ReconcilePhase {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
 pub(super) struct PhaseLabels {
     pub(super) phase: &'static str,
-}
-
-/// The label value for an address family, spelled as in `spec.ipFamilies`.
-pub fn family_label(family: Family) -> &'static str {
-    family.as_str()
 }
 
 /// The label value for a decision.

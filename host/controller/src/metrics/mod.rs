@@ -48,8 +48,6 @@ mod service;
 mod tests;
 
 pub use guest::{GuestFailure, GuestFailureSource};
-pub use labels::{
-    CleanupKind, ModuleLoad, ReconcilePhase, WriteKind, decision_label, family_label,
-};
+pub use labels::{CleanupKind, ModuleLoad, ReconcilePhase, WriteKind, decision_label};
 pub use native::{SliceChange, SyncResult};
 pub use registry::{CONTENT_TYPE, Metrics};

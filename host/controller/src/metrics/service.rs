@@ -13,7 +13,7 @@ use portwise_core::{align::NotJudged, membership::Family};
 use super::{
     labels::{
         NotJudgedLabels, PublishedLabels, ServiceLabels, ShadowLabels, ShadowPortLabels,
-        family_label, gauge_value, label,
+        gauge_value, label,
     },
     registry::{Metrics, PublishedIndex},
 };
@@ -38,7 +38,7 @@ impl Metrics {
         endpoints: usize,
     ) {
         let mut index = self.index();
-        let family = family_label(family).to_owned();
+        let family = family.as_str().to_owned();
         index
             .entry((label(namespace), label(service)))
             .or_default()
