@@ -29,10 +29,10 @@
 //!
 //! Failures are contained per slice set. The planner moves endpoints
 //! between slices of one (Service port, address family), which is what
-//! consumers merge, or, for ports that share a target port, between a
-//! port's slices and the slices those ports share; so a failed apply holds
-//! back the remaining applies and deletes of its own (port, family), and a
-//! failed shared slice (several ports) holds back all of them: writing them
+//! consumers merge, or, when a pod's set of ports changes, between the
+//! slices of one port and those of several; so a failed apply holds back
+//! the remaining applies and deletes of its own (port, family), and a
+//! failed slice of several ports holds back all of them: writing them
 //! could drop endpoints whose new slice was just refused. Writes of other (port, family) pairs go
 //! ahead, so one refused slice (a 422, say) leaves only its own set stale.
 //! The planner puts the slices that gain endpoints first, so the writes made
@@ -123,9 +123,8 @@ impl Error {
 }
 
 /// The slice set a slice belongs to, for containing failures: (Service port
-/// name, address type), as the planner groups slices. `None` for a shape
-/// portwise does not write (no port, or several), which may hold endpoints
-/// of any set.
+/// name, address type), as the planner groups slices. `None` for a slice of
+/// several ports (or none), whose endpoints may move to or from any set.
 type SetKey = (String, String);
 
 fn set_of(slice: &EndpointSlice) -> Option<SetKey> {

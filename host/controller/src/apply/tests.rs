@@ -13,7 +13,8 @@ use k8s_openapi::{
 use kube::{ResourceExt, core::Status};
 
 use super::{Error, OVERLAY_FOR, Recent, SliceApi, Writes, set_of, write};
-use portwise_core::plan::testutil::{NS, World, include_all, many_pods, num, port, service};
+use portwise_core::membership::Decision;
+use portwise_core::plan::testutil::{NS, World, judge, many_pods, num, port, service};
 
 use crate::{echo::Echoes, metrics::Metrics};
 
@@ -528,19 +529,31 @@ async fn a_slice_of_no_one_set_waits_for_every_set() {
 
 #[tokio::test]
 async fn planner_output_fails_per_port_and_family() {
-    // Two ports, two families, 30 pods, 10 per slice: 12 slices. Then 11
-    // pods go: in each (port, family) the first slice empties (a delete)
-    // and the second loses one (an apply).
+    // Two ports, two families, 30 pods a port (none backs both), 10 per
+    // slice: 12 slices. Then 11 pods of each port go: in each (port,
+    // family) the first slice empties (a delete) and the second loses one
+    // (an apply).
     let svc = service(
         "web",
         vec![port("http", 80, num(8080)), port("admin", 81, num(8081))],
         &["IPv4", "IPv6"],
     );
-    let pods = many_pods(30, true);
+    let pods = many_pods(60, true);
+    // http: p0000..p0029, admin: p0030..p0059; of those, the ones `keep`.
+    let judged = |keep: &dyn Fn(usize) -> bool| {
+        judge(&svc, &pods, |p, port, _| {
+            let i: usize = p.name_any()[1..].parse().unwrap();
+            if (i < 30) == (port == "http") && keep(i % 30) {
+                Decision::Include
+            } else {
+                Decision::Exclude
+            }
+        })
+    };
     let mut before = World::default();
-    before.apply(&before.plan(&svc, &include_all(&svc, &pods), 10));
+    before.apply(&before.plan(&svc, &judged(&|_| true), 10));
     assert_eq!(before.slices.len(), 12);
-    let plan = before.plan(&svc, &include_all(&svc, &pods[11..]), 10);
+    let plan = before.plan(&svc, &judged(&|i| i >= 11), 10);
     let mut after = before.clone();
     after.apply(&plan);
 

@@ -1,5 +1,5 @@
-//! A (Service port, family) being planned: its slice sets, one per target
-//! port, and its placeholder.
+//! A (Service ports, family) being planned: its slice sets, one per set of
+//! port numbers, and its placeholder.
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap, HashSet},
@@ -16,7 +16,7 @@ use k8s_openapi::{
 
 use super::{
     diff,
-    live::{EpKey, GroupKey, live_key, slice_target},
+    live::{EpKey, GroupKey, Targets, live_key, slice_target, slice_targets},
     naming,
     pack::Chunk,
 };
@@ -32,15 +32,18 @@ static PORTLESS: ServicePort = ServicePort {
     target_port: None,
 };
 
-/// A (Service ports, family): one or more slice sets, one per target port.
+/// A (Service ports, family): one or more slice sets, one per set of port
+/// numbers ([`Targets`]).
 ///
-/// Usually one Service port. Ports that resolve to the same target port
-/// number and protocol on a pod form shared groups instead: one per set of
-/// those ports that an endpoint backs together (see [`share_targets`]).
+/// First one group per Service port; an endpoint that backs several ports
+/// moves to the group of exactly the ports it backs (see
+/// [`group_by_port_set`]), so a group of one port holds the endpoints that
+/// back that port alone.
 pub(super) struct Group<'a> {
     /// The Service ports its slices carry, in the Service's order.
     pub(super) ports: Vec<&'a ServicePort>,
-    /// Their names, sorted: the group's identity.
+    /// Their names, sorted: the group's identity, and the order of its
+    /// [`Targets`].
     pub(super) names: Vec<String>,
     pub(super) family: Family,
     /// Stem of the primary set and of the placeholder.
@@ -78,7 +81,7 @@ pub(super) fn placeholder_target(sp: &ServicePort) -> Option<u16> {
 }
 
 pub(super) struct SetPlan {
-    pub(super) target: u16,
+    pub(super) targets: Targets,
     pub(super) desired: BTreeMap<EpKey, Endpoint>,
     pub(super) chunks: Vec<Chunk>,
 }
@@ -142,71 +145,86 @@ pub(super) fn groups(svc: &Service) -> Vec<Group<'_>> {
     groups
 }
 
-/// Desired endpoints per group, then per target port.
-pub(super) type Desired = HashMap<GroupKey, BTreeMap<u16, BTreeMap<EpKey, Endpoint>>>;
+/// Desired endpoints per group, then per set of port numbers.
+pub(super) type Desired = HashMap<GroupKey, BTreeMap<Targets, BTreeMap<EpKey, Endpoint>>>;
 
-/// Moves the endpoints that back several Service ports at one target port
-/// number and protocol out of those ports' groups, into a shared group per
-/// set of ports they back, and adds those groups to `groups`.
+/// Moves every endpoint that backs several Service ports of its family out
+/// of those ports' groups, into the group of exactly the ports it backs,
+/// and adds those groups to `groups`: each address sits in one slice of
+/// its family, which lists every port it backs.
 ///
-/// Why: a consumer may key a backend by its address and port alone.
-/// Cilium does (one backend per (Service, IP:port/protocol), holding the
-/// port names of the slice that last wrote it, and released when any slice
-/// drops it), so with a slice set per port, a pod behind `web: 80→8080`
-/// and `alt: 8080→8080` backed one of them only, whichever slice was
-/// written last. Within one slice the ports sharing a number are merged,
-/// so publishing such an endpoint once, in a slice that lists every port
-/// it backs, is read alike by every consumer. Ports with a target of their
-/// own keep a slice set each.
-pub(super) fn share_targets<'a>(svc: &Service, groups: &mut Vec<Group<'a>>, desired: &mut Desired) {
+/// Why: this is the native controller's layout (it groups endpoints by
+/// their resolved ports), and consumers keyed by address read only that
+/// layout right. Cilium keys a backend by (Service, address:port,
+/// protocol) and keeps the port names of the slice that wrote it last;
+/// Cilium ClusterMesh exports `Backends[address]` from the slice read
+/// last, so a pod in one slice per port was exported with one port; AGIC
+/// and Linkerd keep one subset or drop a pod any slice drops. A slice set
+/// per port fails all of them; one slice per address fails none, and
+/// kube-proxy and CoreDNS merge it alike.
+pub(super) fn group_by_port_set<'a>(
+    svc: &Service,
+    groups: &mut Vec<Group<'a>>,
+    desired: &mut Desired,
+) {
     let svc_name = svc.metadata.name.as_deref().unwrap_or_default();
-    // (family, target, protocol) -> endpoint -> the ports (by group index)
-    // that publish it there.
-    let mut shared: BTreeMap<(Family, u16, &str), BTreeMap<EpKey, Vec<usize>>> = BTreeMap::new();
+    // (family, endpoint) -> (group index, port number) of each single-port
+    // group that publishes it. Group indices come in `groups`' order (the
+    // Service's), names are unique, so sorting by name is stable.
+    let mut backs: BTreeMap<(Family, EpKey), Vec<(usize, u16)>> = BTreeMap::new();
     for (i, g) in groups.iter().enumerate() {
         if g.portless || g.names.len() != 1 {
             continue;
         }
-        let proto = align::protocol(g.ports[0].protocol.as_deref());
-        for (target, eps) in desired.get(&g.key()).into_iter().flatten() {
-            let at = shared.entry((g.family, *target, proto)).or_default();
+        for (targets, eps) in desired.get(&g.key()).into_iter().flatten() {
+            let [target] = targets.as_slice() else {
+                continue;
+            };
             for k in eps.keys() {
-                at.entry(k.clone()).or_default().push(i);
+                backs
+                    .entry((g.family, k.clone()))
+                    .or_default()
+                    .push((i, *target));
             }
         }
     }
+    // New groups, by key: the indices of their ports' groups.
     let mut new_groups: BTreeMap<GroupKey, Vec<usize>> = BTreeMap::new();
-    for ((family, target, _), eps) in shared {
-        for (k, ports) in eps.into_iter().filter(|(_, p)| p.len() > 1) {
-            let mut names: Vec<String> =
-                ports.iter().map(|&i| groups[i].names[0].clone()).collect();
-            names.sort();
-            let mut ep = None;
-            for &i in &ports {
-                let key = groups[i].key();
-                let Some(sets) = desired.get_mut(&key) else {
-                    continue;
-                };
-                if let Some(set) = sets.get_mut(&target) {
-                    ep = set.remove(&k).or(ep);
-                    if set.is_empty() {
-                        sets.remove(&target);
-                    }
+    for ((family, k), mut ports) in backs.into_iter().filter(|(_, p)| p.len() > 1) {
+        ports.sort_by(|a, b| groups[a.0].names[0].cmp(&groups[b.0].names[0]));
+        let names: Vec<String> = ports
+            .iter()
+            .map(|&(i, _)| groups[i].names[0].clone())
+            .collect();
+        let targets: Targets = ports.iter().map(|&(_, t)| t).collect();
+        let mut ep = None;
+        for &(i, t) in &ports {
+            let Some(sets) = desired.get_mut(&groups[i].key()) else {
+                continue;
+            };
+            let single = vec![t];
+            if let Some(set) = sets.get_mut(&single) {
+                ep = set.remove(&k).or(ep);
+                if set.is_empty() {
+                    sets.remove(&single);
                 }
             }
-            let Some(ep) = ep else { continue };
-            let key = (names, family);
-            new_groups.entry(key.clone()).or_insert(ports);
-            desired
-                .entry(key)
-                .or_default()
-                .entry(target)
-                .or_default()
-                .insert(k, ep);
         }
+        let Some(ep) = ep else { continue };
+        let key = (names, family);
+        new_groups
+            .entry(key.clone())
+            .or_insert_with(|| ports.iter().map(|&(i, _)| i).collect());
+        desired
+            .entry(key)
+            .or_default()
+            .entry(targets)
+            .or_default()
+            .insert(k, ep);
     }
-    for ((names, family), ports) in new_groups {
-        // Group indices were collected in `groups`' order: the Service's.
+    for ((names, family), mut ports) in new_groups {
+        // The slice lists its ports in the Service's order.
+        ports.sort_unstable();
         let ports: Vec<&ServicePort> = ports.iter().map(|&i| groups[i].ports[0]).collect();
         let base = naming::shared_base_name(svc_name, &names, family);
         groups.push(Group {
@@ -378,12 +396,12 @@ impl GroupPlan<'_> {
 /// (another target port, other fields). An endpoint that only moves between
 /// slices of its set is not among them.
 pub(super) fn group_changes(p: &GroupPlan) -> HashSet<EpKey> {
-    let mut shown: HashMap<EpKey, (Option<u16>, &Endpoint)> = HashMap::new();
+    let mut shown: HashMap<EpKey, (Option<Targets>, &Endpoint)> = HashMap::new();
     for s in &p.live {
-        let target = slice_target(s);
+        let targets = slice_targets(s);
         for ep in s.endpoints.iter().flatten() {
             if let Some(k) = live_key(ep) {
-                shown.entry(k).or_insert((target, ep));
+                shown.entry(k).or_insert((targets.clone(), ep));
             }
         }
     }
@@ -392,9 +410,9 @@ pub(super) fn group_changes(p: &GroupPlan) -> HashSet<EpKey> {
     for set in &p.sets {
         for (k, ep) in &set.desired {
             wanted.insert(k);
-            let same = shown
-                .get(k)
-                .is_some_and(|(t, l)| *t == Some(set.target) && diff::endpoint_equal(ep, l));
+            let same = shown.get(k).is_some_and(|(t, l)| {
+                t.as_ref() == Some(&set.targets) && diff::endpoint_equal(ep, l)
+            });
             if !same {
                 changes.insert(k.clone());
             }
@@ -409,14 +427,18 @@ pub(super) fn group_changes(p: &GroupPlan) -> HashSet<EpKey> {
 /// as the planner identifies them (address and pod), together with the port:
 /// a new slice gains whatever it holds, a live slice whose port changes
 /// gains all of its endpoints.
-pub(super) fn gains(live: Option<&EndpointSlice>, target: Option<u16>, keys: &[EpKey]) -> bool {
+pub(super) fn gains(
+    live: Option<&EndpointSlice>,
+    targets: Option<&Targets>,
+    keys: &[EpKey],
+) -> bool {
     let Some(live) = live else {
         return !keys.is_empty();
     };
     if keys.is_empty() {
         return false;
     }
-    if slice_target(live) != target {
+    if slice_targets(live).as_ref() != targets {
         return true;
     }
     let shown: HashSet<EpKey> = live
@@ -428,11 +450,12 @@ pub(super) fn gains(live: Option<&EndpointSlice>, target: Option<u16>, keys: &[E
     keys.iter().any(|k| !shown.contains(k))
 }
 
-/// The target whose set is named without `--p<target>`: the one a live
-/// chunk of the base stem already carries (so a second target appearing
-/// mid-rollout does not rename the existing set), else the lowest.
-pub(super) fn primary_target(p: &GroupPlan) -> Option<u16> {
-    let wanted: BTreeSet<u16> = p.sets.iter().map(|s| s.target).collect();
+/// The port numbers whose set is named without `--p<numbers>`: the ones a
+/// live chunk of the base stem already carries (so a second number
+/// appearing mid-rollout does not rename the existing set), else the
+/// lowest.
+pub(super) fn primary_targets(p: &GroupPlan) -> Option<Targets> {
+    let wanted: BTreeSet<&Targets> = p.sets.iter().map(|s| &s.targets).collect();
     p.live
         .iter()
         .filter(|s| {
@@ -441,7 +464,7 @@ pub(super) fn primary_target(p: &GroupPlan) -> Option<u16> {
                 .as_deref()
                 .is_some_and(|n| naming::is_chunk_of(n, &p.group.base))
         })
-        .filter_map(|s| slice_target(s))
+        .filter_map(|s| slice_targets(s))
         .find(|t| wanted.contains(t))
-        .or_else(|| wanted.first().copied())
+        .or_else(|| wanted.first().map(|t| (*t).clone()))
 }

@@ -1,12 +1,12 @@
-//! Reading the live slices: whose they are, and the (port, family), target
-//! port and endpoints of one as the planner identifies them.
+//! Reading the live slices: whose they are, and the (ports, family), port
+//! numbers and endpoints of one as the planner identifies them.
 
 use std::net::IpAddr;
 
 use k8s_openapi::{
     api::{
         core::v1::Service,
-        discovery::v1::{Endpoint, EndpointPort, EndpointSlice},
+        discovery::v1::{Endpoint, EndpointSlice},
     },
     apimachinery::pkg::apis::meta::v1::ObjectMeta,
 };
@@ -56,23 +56,16 @@ pub(super) fn slice_family(slice: &EndpointSlice) -> Option<Family> {
 }
 
 /// (Service port names, family) of a live slice, when it has a shape
-/// portwise writes: one port, or several that share a number and protocol
-/// (a shared target port, see [`super`]), or none (a port-less Service).
+/// portwise writes: one port or several of distinct names (the ports an
+/// endpoint backs together, see [`super`]), or none (a port-less Service,
+/// or a family's placeholder).
 pub(super) fn slice_group(slice: &EndpointSlice) -> Option<GroupKey> {
     let family = slice_family(slice)?;
     match slice.ports.as_deref() {
         Some([p]) => Some((vec![p.name.clone().unwrap_or_default()], family)),
         // A port-less Service's slice (the apiserver may drop the empty list).
         None | Some([]) => Some((vec![String::new()], family)),
-        Some(ports @ [first, ..]) => {
-            let same = |p: &&EndpointPort| {
-                p.port == first.port
-                    && p.protocol.as_deref().unwrap_or("TCP")
-                        == first.protocol.as_deref().unwrap_or("TCP")
-            };
-            if !ports.iter().all(|p| same(&p)) {
-                return None;
-            }
+        Some(ports) => {
             let mut names: Vec<String> = ports
                 .iter()
                 .map(|p| p.name.clone().unwrap_or_default())
@@ -84,19 +77,56 @@ pub(super) fn slice_group(slice: &EndpointSlice) -> Option<GroupKey> {
     }
 }
 
-/// Target port of a live slice (its only port's number); 0 for a
-/// port-less slice.
+/// The port numbers of a live slice, one per port in the order of its
+/// group's (sorted) names: its [`Targets`]. `[0]` for a port-less slice;
+/// none when a port lacks a number.
+pub(super) fn slice_targets(slice: &EndpointSlice) -> Option<Targets> {
+    let ports = match slice.ports.as_deref() {
+        None | Some([]) => return Some(vec![0]),
+        Some(ports) => ports,
+    };
+    let mut by_name: Vec<(&str, Option<i32>)> = ports
+        .iter()
+        .map(|p| (p.name.as_deref().unwrap_or_default(), p.port))
+        .collect();
+    by_name.sort();
+    by_name
+        .into_iter()
+        .map(|(_, n)| u16::try_from(n?).ok().filter(|n| *n != 0))
+        .collect()
+}
+
+/// The one port number of a live slice of a single port (0 for a
+/// port-less slice).
 pub(super) fn slice_target(slice: &EndpointSlice) -> Option<u16> {
-    match slice.ports.as_deref() {
-        None | Some([]) => Some(0),
-        Some([p, ..]) => u16::try_from(p.port?).ok().filter(|p| *p != 0),
+    match slice_targets(slice)?.as_slice() {
+        [t] => Some(*t),
+        _ => None,
     }
 }
 
-/// (Service port names, sorted; family): the ports a slice carries. One
-/// name for a port with a target of its own; several for the ports of a
-/// shared target port that an endpoint backs together.
+/// The number of port `name` in a live slice, if it lists that port (0 for
+/// a port-less slice, as in [`Targets`]).
+pub(super) fn slice_port_number(slice: &EndpointSlice, name: &str) -> Option<u16> {
+    if slice.ports.as_deref().is_none_or(<[_]>::is_empty) {
+        return Some(0);
+    }
+    slice
+        .ports
+        .iter()
+        .flatten()
+        .find(|p| p.name.as_deref().unwrap_or_default() == name)
+        .and_then(|p| u16::try_from(p.port?).ok())
+}
+
+/// (Service port names, sorted; family): the ports a slice carries, the
+/// exact set of ports its endpoints back.
 pub(super) type GroupKey = (Vec<String>, Family);
+/// The port numbers a slice set publishes: one per port of its group, in
+/// the order of the group's names (`[0]` for a port-less group). A named
+/// `targetPort` may resolve to other numbers on other pods, so one group
+/// can have several sets.
+pub(super) type Targets = Vec<u16>;
 /// (Service port name, family): what consumers merge per Service port.
 pub(super) type PortKey = (String, Family);
 /// An endpoint's identity within a set: its address and its pod's name.

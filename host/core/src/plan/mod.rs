@@ -2,28 +2,30 @@
 //! slices) to the writes that make the cluster match.
 //!
 //! Why it is shaped this way:
-//! - **One slice set per (Service port, family, target port).** Colocated
-//!   Services serve different pods per port, and a named `targetPort` may
-//!   resolve to different numbers on different pods mid-rollout, so a slice
-//!   carries one port.
-//! - **Except where ports share a target port** (`web: 80→8080` and
-//!   `alt: 8080→8080`): an endpoint backing several of them is published
-//!   once, in a slice listing all the ports it backs there (one set per
-//!   such set of ports, `group::share_targets`), because Cilium keys a
-//!   backend by address and port number and keeps the port names of one
-//!   slice only. A pod whose set of ports there changes moves between
-//!   slices, and a move is finished by one more write ([`moves`]).
+//! - **Each address in one slice of its family, listing every port it
+//!   backs** (the native controller's layout: it groups endpoints by their
+//!   resolved ports). Colocated Services serve different pods per port, so
+//!   endpoints are grouped by the exact set of Service ports they back
+//!   (`group::group_by_port_set`): with `http → a,b,c` and `https → b,c,d`,
+//!   `a` sits in a slice of `http`, `b` and `c` in one of both, `d` in one
+//!   of `https`. A slice set per port instead put `b` in two slices, and
+//!   consumers that keep one slice per address (Cilium, ClusterMesh, AGIC,
+//!   Linkerd) then saw one of its ports. A named `targetPort` may resolve
+//!   to different numbers on different pods mid-rollout, so a group has a
+//!   set per combination of numbers. A pod whose set of ports changes moves
+//!   between slices, and a move is finished by one more write ([`moves`]).
 //! - **Churn.** Like upstream, endpoints stay in the slice they already sit
 //!   in; new ones go to slices that are being rewritten anyway, then to the
 //!   fullest slice they fit in, and only then to a new slice. One pod
-//!   changing therefore rewrites at most one slice per (port, family), even
-//!   with 1000 endpoints. (The Go library re-chunked a sorted list, so one
+//!   changing therefore rewrites its one slice of each family (two, and
+//!   the write that finishes the move, when its set of ports changes),
+//!   even with 1000 endpoints. (The Go library re-chunked a sorted list, so one
 //!   pod could shift every later slice.)
 //! - **Names are sticky.** A live slice keeps its name; the naming scheme
 //!   ([`naming`]) only names new slices, skipping names that other owners
 //!   hold (reported as [`Collision`]s, never overwritten; the endpoints go
 //!   to the next free name so traffic keeps flowing). Before creating a
-//!   slice, one of ours in the same (port, family) that would otherwise be
+//!   slice, one of ours in the same (ports, family) that would otherwise be
 //!   deleted is reused, as upstream does, so a change never costs a create
 //!   plus a delete where one update would do.
 //! - **Placeholders.** A (port, family) without members keeps one empty
@@ -92,10 +94,12 @@ pub use v1_endpoints::{
 use crate::align::{address_type, protocol};
 use crate::membership::Family;
 use group::{
-    Desired, Group, GroupPlan, SetPlan, family_placeholders, gains, group_changes, primary_target,
-    share_targets,
+    Desired, Group, GroupPlan, SetPlan, family_placeholders, gains, group_by_port_set,
+    group_changes, primary_targets,
 };
-use live::{EpKey, GroupKey, PortKey, live_key, slice_group, slice_target};
+use live::{
+    EpKey, GroupKey, PortKey, Targets, live_key, slice_group, slice_port_number, slice_targets,
+};
 use namer::Namer;
 use pack::{Chunk, pack};
 use settle::settle;
@@ -146,15 +150,15 @@ pub fn plan(input: &PlanInput) -> Plan {
         desired
             .entry((vec![m.port.name.clone()], m.family))
             .or_default()
-            .entry(m.port.target)
+            .entry(vec![m.port.target])
             .or_default()
             .entry(key)
             .or_insert(ep);
     }
-    // Ports sharing a target port publish such endpoints together; not
-    // while the Service is being deleted, which can create no slice.
+    // Each endpoint in the group of exactly the ports it backs; not while
+    // the Service is being deleted, which can create no slice.
     if !deleting {
-        share_targets(svc, &mut groups, &mut desired);
+        group_by_port_set(svc, &mut groups, &mut desired);
     }
     // No slice port without a number: a family with nothing else to show
     // keeps the native controller's `ports: []` placeholder instead.
@@ -162,8 +166,8 @@ pub fn plan(input: &PlanInput) -> Plan {
 
     let labels = object::slice_labels(svc, manager);
     let owner = object::owner_reference(svc);
-    let build =
-        |g: &Group, target: Option<u16>, endpoints: Vec<Endpoint>, name: &str| EndpointSlice {
+    let build = |g: &Group, targets: Option<&Targets>, endpoints: Vec<Endpoint>, name: &str| {
+        EndpointSlice {
             metadata: ObjectMeta {
                 name: Some(name.to_string()),
                 namespace: svc.metadata.namespace.clone(),
@@ -174,21 +178,27 @@ pub fn plan(input: &PlanInput) -> Plan {
             address_type: address_type(g.family).to_string(),
             // A placeholder with no known number lists no port (the API
             // reads a port without a number as "all ports").
-            ports: Some(if g.portless || target.is_none() {
-                Vec::new()
-            } else {
-                g.ports
+            ports: Some(match targets {
+                Some(targets) if !g.portless => g
+                    .ports
                     .iter()
-                    .map(|sp| EndpointPort {
-                        name: Some(sp.name.clone().unwrap_or_default()),
-                        port: target.map(i32::from),
-                        protocol: Some(protocol(sp.protocol.as_deref()).to_string()),
-                        app_protocol: sp.app_protocol.clone(),
+                    .map(|sp| {
+                        let name = sp.name.clone().unwrap_or_default();
+                        // `targets` follow the group's sorted names.
+                        let i = g.names.binary_search(&name).unwrap_or_default();
+                        EndpointPort {
+                            name: Some(name),
+                            port: targets.get(i).map(|t| i32::from(*t)),
+                            protocol: Some(protocol(sp.protocol.as_deref()).to_string()),
+                            app_protocol: sp.app_protocol.clone(),
+                        }
                     })
-                    .collect()
+                    .collect(),
+                _ => Vec::new(),
             }),
             endpoints: Some(endpoints),
-        };
+        }
+    };
 
     // Pass 1: pack every set into its live slices (and new ones).
     let mut plans: Vec<GroupPlan> = Vec::new();
@@ -196,13 +206,13 @@ pub fn plan(input: &PlanInput) -> Plan {
         let mut live = live_by_group.remove(&g.key()).unwrap_or_default();
         live.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
         let mut sets = Vec::new();
-        for (target, want) in desired.remove(&g.key()).unwrap_or_default() {
+        for (targets, want) in desired.remove(&g.key()).unwrap_or_default() {
             let live_t: Vec<_> = live
                 .iter()
-                .filter(|s| slice_target(s) == Some(target))
+                .filter(|s| slice_targets(s).as_ref() == Some(&targets))
                 .cloned()
                 .collect();
-            let skeleton = build(&g, Some(target), Vec::new(), "");
+            let skeleton = build(&g, Some(&targets), Vec::new(), "");
             let meta_changed = |s: &EndpointSlice| {
                 let mut sk = skeleton.clone();
                 sk.metadata.name = s.metadata.name.clone();
@@ -210,7 +220,7 @@ pub fn plan(input: &PlanInput) -> Plan {
             };
             let chunks = pack(&want, live_t, max, &meta_changed, deleting);
             sets.push(SetPlan {
-                target,
+                targets,
                 desired: want,
                 chunks,
             });
@@ -272,13 +282,13 @@ pub fn plan(input: &PlanInput) -> Plan {
         collisions: Vec::new(),
     };
     for p in &mut plans {
-        let primary = primary_target(p);
+        let primary = primary_targets(p);
         let family = p.group.family;
         for set in &mut p.sets {
-            let stem = if Some(set.target) == primary {
+            let stem = if Some(&set.targets) == primary.as_ref() {
                 p.group.base.clone()
             } else {
-                naming::stem(&p.group.base, Some(set.target))
+                naming::stem(&p.group.base, Some(&set.targets))
             };
             for c in set
                 .chunks
@@ -306,7 +316,7 @@ pub fn plan(input: &PlanInput) -> Plan {
     let mut wanted: BTreeSet<String> = BTreeSet::new();
     // (gains an endpoint, slice)
     let mut applies: Vec<(bool, EndpointSlice)> = Vec::new();
-    // (port, family, target, endpoint) this plan publishes.
+    // (port, family, port number, endpoint) this plan publishes.
     let mut published: HashSet<(String, Family, Option<u16>, EpKey)> = HashSet::new();
     for p in &plans {
         let g = &p.group;
@@ -329,17 +339,18 @@ pub fn plan(input: &PlanInput) -> Plan {
         // The group's endpoints whose publication changes (computed when a
         // write needs dating).
         let mut changes: Option<HashSet<EpKey>> = None;
-        // (target, chunk, its endpoints in the set)
-        let mut chunks: Vec<(Option<u16>, &Chunk, Option<&SetPlan>)> = Vec::new();
+        // (port numbers, chunk, its endpoints in the set)
+        let placeholder_targets = p.placeholder_target.map(|t| vec![t]);
+        let mut chunks: Vec<(Option<&Targets>, &Chunk, Option<&SetPlan>)> = Vec::new();
         for set in &p.sets {
             for c in set.chunks.iter().filter(|c| !c.keys.is_empty()) {
-                chunks.push((Some(set.target), c, Some(set)));
+                chunks.push((Some(&set.targets), c, Some(set)));
             }
         }
         if let Some(ph) = &p.placeholder {
-            chunks.push((p.placeholder_target, ph, None));
+            chunks.push((placeholder_targets.as_ref(), ph, None));
         }
-        for (target, c, set) in chunks {
+        for (targets, c, set) in chunks {
             let Some(name) = c
                 .name
                 .as_deref()
@@ -347,15 +358,16 @@ pub fn plan(input: &PlanInput) -> Plan {
             else {
                 continue; // no name could be had (Service being deleted)
             };
-            for n in g.names.iter().filter(|_| !g.ports.is_empty()) {
+            for (i, n) in g.names.iter().enumerate().filter(|_| !g.ports.is_empty()) {
                 *out.summary
                     .endpoints
                     .entry((n.clone(), address_type(g.family).to_string()))
                     .or_insert(0) += c.keys.len();
+                let number = targets.and_then(|t| t.get(i).copied());
                 published.extend(
                     c.keys
                         .iter()
-                        .map(|k| (n.clone(), g.family, target, k.clone())),
+                        .map(|k| (n.clone(), g.family, number, k.clone())),
                 );
             }
             wanted.insert(name.to_string());
@@ -366,7 +378,7 @@ pub fn plan(input: &PlanInput) -> Plan {
                 Some(set) => c.keys.iter().map(|k| set.desired[k].clone()).collect(),
                 None => Vec::new(),
             };
-            let mut slice = build(g, target, eps, name);
+            let mut slice = build(g, targets, eps, name);
             let live = c.live.as_deref();
             if live.is_none_or(|l| diff::slice_differs(&slice, l, manager)) {
                 let trigger = if diff::slice_content_differs(&slice, live) {
@@ -394,22 +406,22 @@ pub fn plan(input: &PlanInput) -> Plan {
                     slice.metadata.annotations =
                         Some(BTreeMap::from([(TRIGGER_TIME_ANNOTATION.to_string(), t)]));
                 }
-                applies.push((gains(live, target, &c.keys), slice));
+                applies.push((gains(live, targets, &c.keys), slice));
             }
         }
     }
     // What the live slices show, against what this plan publishes, per
-    // (port, family, target port, endpoint): the endpoints it adds and
-    // removes. An endpoint moving between groups of a port is neither.
+    // (port, family, port number, endpoint): the endpoints it adds and
+    // removes. An endpoint moving between groups is neither.
     let mut shown: HashSet<(String, Family, Option<u16>, EpKey)> = HashSet::new();
     for s in mine.values() {
         let Some((names, family)) = slice_group(s) else {
             continue;
         };
-        let target = slice_target(s);
-        for k in s.endpoints.iter().flatten().filter_map(live_key) {
-            for n in &names {
-                shown.insert((n.clone(), family, target, k.clone()));
+        for n in &names {
+            let number = slice_port_number(s, n);
+            for k in s.endpoints.iter().flatten().filter_map(live_key) {
+                shown.insert((n.clone(), family, number, k.clone()));
             }
         }
     }

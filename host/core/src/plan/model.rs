@@ -99,9 +99,9 @@ pub struct Summary {
     pub endpoints: BTreeMap<(String, String), usize>,
     /// Slices that exist for the Service once the plan is applied.
     pub slices: usize,
-    /// Slices the Service would need with perfect packing: per (port,
-    /// family), `ceil(endpoints / maxEndpointsPerSlice)` per target port,
-    /// or 1 (the placeholder) when it has none. The native controller's
+    /// Slices the Service would need with perfect packing: per (ports,
+    /// family), `ceil(endpoints / maxEndpointsPerSlice)` per set of port
+    /// numbers, or 1 (the placeholder) for a port without members. The native controller's
     /// `desired_endpoint_slices`, in portwise's layout.
     pub desired_slices: usize,
     /// Endpoints this plan publishes that no live slice of their (port,

@@ -85,7 +85,7 @@ fn published(slice: &EndpointSlice) -> BTreeSet<Published> {
 /// Orders `applies` (gainers first, by name) so that a slice that drops an
 /// endpoint of a port is written after the slice that takes it in, when
 /// that is a different slice. Endpoints move between slices when a pod's
-/// set of ports at a shared target port changes, and a slice can lose one
+/// set of ports changes, and a slice can lose one
 /// endpoint and gain another, so "gainers first" alone is not enough. When
 /// two slices swap endpoints no order keeps both: the earlier of them goes
 /// first, and its dropped endpoint is back one write later; the second

@@ -32,8 +32,8 @@ pub fn base_name(service: &str, port_name: &str, port: i32, family: Family) -> S
     s
 }
 
-/// `<svc>-<name>.<name>…[--ipv6]`: the base of a shared group's slices
-/// (ports sharing a target port, names sorted). Port and Service names
+/// `<svc>-<name>.<name>…[--ipv6]`: the base of the slices of endpoints that
+/// back several ports (those ports' names, sorted). Port and Service names
 /// cannot hold a dot, so no single port's name can be read this way.
 pub fn shared_base_name(service: &str, port_names: &[String], family: Family) -> String {
     let mut s = format!("{service}-{}", port_names.join("."));
@@ -53,12 +53,18 @@ pub fn portless_base_name(service: &str, family: Family) -> String {
     s
 }
 
-/// The stem of a slice set: the base, plus `--p<target>` unless the set
-/// holds the group's primary target.
-pub fn stem(base: &str, target: Option<u16>) -> String {
-    match target {
-        Some(t) => format!("{base}--p{t}"),
-        None => base.to_string(),
+/// The stem of a slice set: the base, plus `--p<numbers>` unless the set
+/// holds the group's primary numbers: `--p8080` when its ports share one
+/// number, else the numbers in the order of the group's names, joined by
+/// dots (`--p8080.8443`).
+pub fn stem(base: &str, targets: Option<&[u16]>) -> String {
+    match targets {
+        Some([first, rest @ ..]) if rest.iter().all(|t| t == first) => format!("{base}--p{first}"),
+        Some(ts) if !ts.is_empty() => {
+            let ts: Vec<String> = ts.iter().map(u16::to_string).collect();
+            format!("{base}--p{}", ts.join("."))
+        }
+        _ => base.to_string(),
     }
 }
 
@@ -108,7 +114,15 @@ mod tests {
         assert_eq!(base_name("web", "http", 80, Family::V4), "web-http");
         assert_eq!(base_name("web", "", 8080, Family::V4), "web-8080");
         assert_eq!(base_name("web", "http", 80, Family::V6), "web-http--ipv6");
-        let s = stem(&base_name("web", "http", 80, Family::V6), Some(8081));
+        let s = stem(&base_name("web", "http", 80, Family::V6), Some(&[8081]));
+        assert_eq!(
+            stem("colo-http.https", Some(&[8080, 8443])),
+            "colo-http.https--p8080.8443"
+        );
+        assert_eq!(
+            stem("colo-alt.web", Some(&[8080, 8080])),
+            "colo-alt.web--p8080"
+        );
         assert_eq!(s, "web-http--ipv6--p8081");
         assert_eq!(chunk_name(&s, 1), "web-http--ipv6--p8081");
         assert_eq!(chunk_name(&s, 2), "web-http--ipv6--p8081--2");
@@ -137,11 +151,11 @@ mod tests {
     fn long_names_are_truncated_and_hashed() {
         let svc = "s".repeat(240);
         let a = chunk_name(
-            &stem(&base_name(&svc, "http", 80, Family::V6), Some(8080)),
+            &stem(&base_name(&svc, "http", 80, Family::V6), Some(&[8080])),
             1,
         );
         let b = chunk_name(
-            &stem(&base_name(&svc, "http", 80, Family::V6), Some(8081)),
+            &stem(&base_name(&svc, "http", 80, Family::V6), Some(&[8081])),
             1,
         );
         assert_eq!(a.len(), MAX_NAME_LEN);
@@ -149,7 +163,7 @@ mod tests {
         assert_eq!(
             a,
             chunk_name(
-                &stem(&base_name(&svc, "http", 80, Family::V6), Some(8080)),
+                &stem(&base_name(&svc, "http", 80, Family::V6), Some(&[8080])),
                 1
             )
         );

@@ -38,8 +38,9 @@ fn names(plan: &Plan) -> Vec<String> {
         .collect()
 }
 
-#[test]
-fn colocated_ports_get_their_own_members() {
+/// The seed's colocated Service: `http → a, b, c` (named target `web`,
+/// 8080), `https → b, c, d` (8443); a is 10.244.0.10, d 10.244.0.7.
+fn seed() -> (Service, Vec<Arc<Pod>>, Vec<Judged>) {
     let svc = service(
         "web",
         vec![
@@ -53,7 +54,6 @@ fn colocated_ports_get_their_own_members() {
         .enumerate()
         .map(|(i, n)| Arc::new(pod(n, &[&format!("10.244.0.{}", 10 - i)], 8080)))
         .collect();
-    // http → a, b, c; https → b, c, d
     let judged = judge(&svc, &pods, |p, port, _| {
         let n = p.metadata.name.as_deref().unwrap();
         let yes = match port {
@@ -66,25 +66,40 @@ fn colocated_ports_get_their_own_members() {
             Decision::Exclude
         }
     });
+    (svc, pods, judged)
+}
+
+#[test]
+fn colocated_ports_get_their_own_members() {
+    let (svc, _, judged) = seed();
     let plan = World::default().plan(&svc, &judged, 100);
-    assert_eq!(names(&plan), vec!["web-http", "web-https"]);
+    // Each address in one slice, listing every port it backs (the native
+    // controller's layout): a backs http alone, b and c both, d https.
+    assert_eq!(
+        names(&plan),
+        vec!["web-http", "web-http.https", "web-https"]
+    );
     let http = &plan.applies[0];
+    assert_eq!(addresses(http), vec!["10.244.0.10"]);
+    let both = &plan.applies[1];
     // sorted by address
-    assert_eq!(
-        addresses(http),
-        vec!["10.244.0.8", "10.244.0.9", "10.244.0.10"]
-    );
-    assert_eq!(
-        addresses(&plan.applies[1]),
-        vec!["10.244.0.7", "10.244.0.8", "10.244.0.9"]
-    );
+    assert_eq!(addresses(both), vec!["10.244.0.8", "10.244.0.9"]);
+    assert_eq!(addresses(&plan.applies[2]), vec!["10.244.0.7"]);
     assert_eq!(http.address_type, "IPv4");
     let p = &http.ports.as_ref().unwrap()[..];
     assert_eq!(p.len(), 1);
     assert_eq!(p[0].name.as_deref(), Some("http"));
     assert_eq!(p[0].port, Some(8080));
     assert_eq!(p[0].protocol.as_deref(), Some("TCP"));
-    assert_eq!(plan.applies[1].ports.as_ref().unwrap()[0].port, Some(8443));
+    // Both ports, each with its own number, in the Service's order.
+    let p: Vec<_> = both
+        .ports
+        .iter()
+        .flatten()
+        .map(|p| (p.name.as_deref().unwrap(), p.port.unwrap()))
+        .collect();
+    assert_eq!(p, vec![("http", 8080), ("https", 8443)]);
+    assert_eq!(plan.applies[2].ports.as_ref().unwrap()[0].port, Some(8443));
     let labels = http.metadata.labels.as_ref().unwrap();
     assert_eq!(
         labels.get(SERVICE_NAME_LABEL).map(String::as_str),
@@ -119,7 +134,7 @@ fn colocated_ports_get_their_own_members() {
             r.name.as_deref(),
             r.uid.as_deref()
         ),
-        (Some("Pod"), Some(NS), Some("c"), Some("c-uid"))
+        (Some("Pod"), Some(NS), Some("a"), Some("a-uid"))
     );
     assert_eq!(ep.node_name.as_deref(), Some("node-a"));
     assert_eq!(ep.zone, None);
@@ -127,7 +142,7 @@ fn colocated_ports_get_their_own_members() {
         plan.summary.endpoints[&("http".to_string(), "IPv4".to_string())],
         3
     );
-    assert_eq!(plan.summary.slices, 2);
+    assert_eq!(plan.summary.slices, 3);
     assert_eq!(plan.members.len(), 6);
     assert!(plan.deletes.is_empty() && plan.collisions.is_empty());
 
@@ -230,8 +245,9 @@ fn max_is_clamped() {
     assert_eq!(sizes, vec![1000, 1]);
 }
 
-/// 1000 endpoints in 10 slices; one pod at a time flips out, back in,
-/// becomes terminating: each costs exactly one write per (port, family).
+/// 1000 endpoints in 10 slices per family, every pod backing both ports;
+/// one pod at a time flips out of both, back in, becomes terminating:
+/// each costs exactly one write per family (the pod's one slice there).
 #[test]
 fn churn_one_pod_one_write_per_port_and_family() {
     let svc = service(
@@ -256,18 +272,23 @@ fn churn_one_pod_one_write_per_port_and_family() {
     };
     let mut w = World::default();
     let first = w.plan(&svc, &judge(&svc, &pods, decide(&excluded)), 100);
-    assert_eq!(first.applies.len(), 40);
+    assert_eq!(first.applies.len(), 20);
+    assert!(
+        first
+            .applies
+            .iter()
+            .all(|s| s.ports.as_ref().unwrap().len() == 2)
+    );
     w.apply(&first);
 
     let check = |w: &mut World, pods: &[Arc<Pod>], excluded: &Option<String>, what: &str| {
         let judged = judge(&svc, pods, decide(excluded));
         let plan = w.plan(&svc, &judged, 100);
-        let mut per_group: BTreeMap<(String, String), usize> = BTreeMap::new();
+        let mut per_group: BTreeMap<String, usize> = BTreeMap::new();
         for s in &plan.applies {
-            let port = s.ports.as_ref().unwrap()[0].name.clone().unwrap();
-            *per_group.entry((port, s.address_type.clone())).or_default() += 1;
+            *per_group.entry(s.address_type.clone()).or_default() += 1;
         }
-        assert_eq!(per_group.len(), 4, "{what}: {per_group:?}");
+        assert_eq!(per_group.len(), 2, "{what}: {per_group:?}");
         assert!(per_group.values().all(|n| *n == 1), "{what}: {per_group:?}");
         assert!(plan.deletes.is_empty(), "{what}");
         w.apply(&plan);
@@ -598,11 +619,21 @@ fn placeholder_for_ports_without_members() {
     w.apply(&plan);
     steady(&w, &svc, &[], 100);
 
-    // A member arrives: `http` gets its slice.
+    // A member of `http` alone arrives: `http` gets its slice.
     let pods = many_pods(1, false);
-    let judged = include_all(&svc, &pods[..1]);
+    let judged = judge(&svc, &pods[..1], |_, port, _| {
+        if port == "http" {
+            Decision::Include
+        } else {
+            Decision::Exclude
+        }
+    });
     let plan = w.plan(&svc, &judged, 100);
-    assert_eq!(names(&plan), vec!["web-admin", "web-http", "web-plain"]);
+    assert_eq!(
+        names(&plan),
+        vec!["web-http"],
+        "the placeholders stay as they are"
+    );
     assert!(plan.deletes.is_empty());
     let http = plan
         .applies
@@ -613,9 +644,10 @@ fn placeholder_for_ports_without_members() {
     w.apply(&plan);
     steady(&w, &svc, &judged, 100);
 
-    // It leaves again: the numbered placeholders stay, `http`'s slice goes.
+    // It leaves again: the numbered placeholders stay untouched, `http`'s
+    // slice goes.
     let plan = w.plan(&svc, &[], 100);
-    assert_eq!(names(&plan), vec!["web-admin", "web-plain"]);
+    assert!(plan.applies.is_empty(), "{:?}", names(&plan));
     assert_eq!(plan.deletes, vec!["web-http"]);
     w.apply(&plan);
     steady(&w, &svc, &[], 100);
@@ -1020,14 +1052,17 @@ fn removed_port_is_deleted_and_max_shrink_rechunks() {
     let pods = many_pods(20, false);
     let mut w = World::default();
     w.apply(&w.plan(&svc, &include_all(&svc, &pods), 100));
-    assert_eq!(w.names(), vec!["web-admin", "web-http"]);
+    assert_eq!(w.names(), vec!["web-admin.http"]);
 
+    // The port goes: its members now back `http` alone, and move to that
+    // group's slice, written before the old one is deleted.
     let only_http = http_svc();
     let judged = include_all(&only_http, &pods);
     let plan = w.plan(&only_http, &judged, 100);
-    assert!(plan.applies.is_empty());
-    assert_eq!(plan.deletes, vec!["web-admin"]);
+    assert_eq!(names(&plan), vec!["web-http"]);
+    assert_eq!(plan.deletes, vec!["web-admin.http"]);
     w.apply(&plan);
+    steady(&w, &only_http, &judged, 100);
 
     let plan = w.plan(&only_http, &judged, 8);
     for s in &plan.applies {
@@ -1241,22 +1276,34 @@ mod trigger_time {
         p
     }
 
+    /// `admin`'s pods: a slice of their own, apart from `http`'s.
+    const ADMIN: [&str; 3] = ["d", "e", "f"];
+
+    /// `http`'s pods (name, ready, since), then `admin`'s, ready.
     fn pods(ready: &[(&str, bool, &str)]) -> Vec<Arc<Pod>> {
+        pods_of(ready, &ADMIN)
+    }
+
+    fn pods_of(ready: &[(&str, bool, &str)], admin: &[&str]) -> Vec<Arc<Pod>> {
         ready
             .iter()
+            .copied()
+            .chain(admin.iter().map(|n| (*n, true, READY)))
             .enumerate()
             .map(|(i, (n, r, since))| {
                 let ip = format!("10.244.0.{}", i + 1);
-                Arc::new(with_ready(pod(n, &[&ip], 8080), *r, since))
+                Arc::new(with_ready(pod(n, &[&ip], 8080), r, since))
             })
             .collect()
     }
 
-    /// `http` follows readiness; `admin` takes every pod but `excluded`.
+    /// `http` takes its pods that are ready; `admin` its pods but
+    /// `excluded`. No pod backs both, so each port has a slice of its own.
     fn verdicts(svc: &Service, pods: &[Arc<Pod>], excluded: &[&str]) -> Vec<Judged> {
         judge(svc, pods, |p, port, _| {
             let name = p.metadata.name.as_deref().unwrap();
             let yes = match port {
+                _ if ADMIN.contains(&name) != (port == "admin") => false,
                 "http" => p
                     .status
                     .as_ref()
@@ -1316,7 +1363,7 @@ mod trigger_time {
         for name in ["web-http", "web-admin"] {
             assert_eq!(annotation(w.get(name)), Some(CREATED), "{name}");
         }
-        assert_eq!(memory.len(), 3);
+        assert_eq!(memory.len(), 6);
     }
 
     #[test]
@@ -1364,13 +1411,13 @@ mod trigger_time {
         );
         assert!(again.applies.is_empty(), "{:?}", names(&again));
 
-        // Back at 09:50 and, in the same plan, c leaves admin for a reason
+        // Back at 09:50 and, in the same plan, f leaves admin for a reason
         // without a time of its own: each slice gets its own date.
         let back = "2026-01-01T09:50:00Z";
         let pods_now = pods(&[("a", true, READY), ("b", true, back), ("c", true, READY)]);
         let plan = w.plan_dated(
             &svc,
-            &verdicts(&svc, &pods_now, &["c"]),
+            &verdicts(&svc, &pods_now, &["f"]),
             100,
             observed(&memory),
         );
@@ -1406,7 +1453,7 @@ mod trigger_time {
         let pods_now = pods(&[("a", true, READY), ("b", true, READY), ("c", true, READY)]);
         let plan = w.plan_dated(
             &svc,
-            &verdicts(&svc, &pods_now, &["a"]),
+            &verdicts(&svc, &pods_now, &["d"]),
             100,
             Triggers {
                 previous: &memory,
@@ -1495,7 +1542,7 @@ mod trigger_time {
     #[test]
     fn a_deleted_pod_is_dated_by_the_observation() {
         let (svc, w, memory) = published();
-        let pods_now = pods(&[("a", true, READY), ("b", true, READY)]);
+        let pods_now = pods_of(&[("a", true, READY), ("b", true, READY)], &["d", "e"]);
         let plan = w.plan_dated(
             &svc,
             &verdicts(&svc, &pods_now, &[]),
@@ -1507,6 +1554,7 @@ mod trigger_time {
             assert_eq!(annotation(s), Some(OBSERVED));
         }
         assert_eq!(plan.trigger_memory.get("c"), None, "forgotten with the pod");
+        assert_eq!(plan.trigger_memory.get("f"), None, "forgotten with the pod");
     }
 }
 
@@ -1940,6 +1988,87 @@ fn ports_sharing_a_target_publish_shared_endpoints_once() {
     steady(&w, &svc, &judged, 100);
 }
 
+/// Slices written by the one-slice-set-per-port layout (before issue 44)
+/// are rewritten on the first plan into one slice per address, and no
+/// write along the way leaves a member out of every slice of its port.
+#[test]
+fn the_per_port_layout_is_rewritten_with_no_member_missing() {
+    let (svc, pods, judged) = seed();
+    // The old layout: a slice per port, b and c in both.
+    let mut w = World::default();
+    for (only, members) in [("http", ["a", "b", "c"]), ("https", ["b", "c", "d"])] {
+        let mut one = svc.clone();
+        one.spec
+            .as_mut()
+            .unwrap()
+            .ports
+            .as_mut()
+            .unwrap()
+            .retain(|p| p.name.as_deref() == Some(only));
+        let mine: Vec<Arc<Pod>> = pods
+            .iter()
+            .filter(|p| members.contains(&p.metadata.name.as_deref().unwrap()))
+            .cloned()
+            .collect();
+        let mut old = World::default();
+        old.apply(&old.plan(&one, &include_all(&one, &mine), 100));
+        w.slices.extend(old.slices);
+    }
+    assert_eq!(w.names(), vec!["web-http", "web-https"]);
+    assert_eq!(members_of(&w, &svc, "http"), vec!["a", "b", "c"]);
+
+    let plan = w.plan(&svc, &judged, 100);
+    // b and c move into the slice of both ports, created first; each old
+    // slice is rewritten once, keeping its own port's member alone.
+    assert_eq!(
+        names(&plan),
+        vec!["web-http.https", "web-http", "web-https"]
+    );
+    assert!(plan.deletes.is_empty());
+    assert_eq!(
+        names(&Plan {
+            applies: plan.finishes.clone(),
+            ..Plan::default()
+        }),
+        vec!["web-http.https"]
+    );
+    let mut step = w.clone();
+    let writes = plan.applies.iter().chain(&plan.finishes);
+    // (Between the writes b and c sit in two slices at once.)
+    for (i, s) in writes.enumerate() {
+        step.apply(&Plan {
+            applies: vec![s.clone()],
+            ..Plan::default()
+        });
+        assert_eq!(
+            {
+                let mut m = members_of(&step, &svc, "http");
+                m.dedup();
+                m
+            },
+            vec!["a", "b", "c"],
+            "after write {i}"
+        );
+        assert_eq!(
+            {
+                let mut m = members_of(&step, &svc, "https");
+                m.dedup();
+                m
+            },
+            vec!["b", "c", "d"],
+            "after write {i}"
+        );
+    }
+    w.apply(&plan);
+    assert_eq!(addresses(w.get("web-http")), vec!["10.244.0.10"]);
+    assert_eq!(
+        addresses(w.get("web-http.https")),
+        vec!["10.244.0.8", "10.244.0.9"]
+    );
+    assert_eq!(addresses(w.get("web-https")), vec!["10.244.0.7"]);
+    steady(&w, &svc, &judged, 100);
+}
+
 #[test]
 fn a_pod_changing_its_port_set_moves_and_finishes_the_move() {
     let (svc, _, judged) = shared_target(&[("web", &["a", "b"]), ("alt", &["b", "c"])]);
@@ -2034,8 +2163,10 @@ fn a_change_within_a_port_set_is_one_write() {
     assert!(plan.deletes.is_empty() && plan.finishes.is_empty());
 }
 
+/// TCP and UDP on one number (DNS): a pod that backs both sits in one
+/// slice listing both, as the native controller publishes it.
 #[test]
-fn ports_of_one_number_but_other_protocols_keep_their_own_slices() {
+fn ports_of_one_number_and_other_protocols_share_the_pods_slice() {
     let mut udp = port("dns-udp", 53, num(53));
     udp.protocol = Some("UDP".into());
     let svc = service("dns", vec![port("dns-tcp", 53, num(53)), udp], &["IPv4"]);
@@ -2043,5 +2174,25 @@ fn ports_of_one_number_but_other_protocols_keep_their_own_slices() {
     let judged = include_all(&svc, &pods);
     let mut w = World::default();
     w.apply(&w.plan(&svc, &judged, 100));
-    assert_eq!(w.names(), vec!["dns-dns-tcp", "dns-dns-udp"]);
+    assert_eq!(w.names(), vec!["dns-dns-tcp.dns-udp"]);
+    let ports: Vec<_> = w
+        .get("dns-dns-tcp.dns-udp")
+        .ports
+        .iter()
+        .flatten()
+        .map(|p| {
+            (
+                p.name.clone().unwrap(),
+                p.port.unwrap(),
+                p.protocol.clone().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        ports,
+        vec![
+            ("dns-tcp".to_string(), 53, "TCP".to_string()),
+            ("dns-udp".to_string(), 53, "UDP".to_string())
+        ]
+    );
 }
