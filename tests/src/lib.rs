@@ -59,9 +59,9 @@ pub use listeners::{Concurrency, HttpListener, HttpMode, Request, TcpListener};
 pub use namespace::{TEST_MANAGER, TestNs};
 pub use objects::{HOLD_FINALIZER, PodBuilder, ServiceBuilder, pod, service};
 pub use observe::{
-    ByPort, EndpointView, by_port, endpoint_of, endpoint_views, endpoints_by_port, events_for,
-    expect_eq, newest_event_message, slice_for_port, slice_invariants, slices_for,
-    slices_managed_by, stays_for, wait_for,
+    ByPort, EndpointView, SliceShape, by_port, endpoint_of, endpoint_views, endpoints_by_port,
+    events_for, expect_eq, newest_event_message, shapes, slice_for_port, slice_invariants,
+    slice_shapes, slices_for, slices_managed_by, stays_for, wait_for,
 };
 pub use ops::{Metrics, Sample, http_get};
 pub use portwise::{

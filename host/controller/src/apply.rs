@@ -32,7 +32,7 @@
 //! consumers merge, or, when a pod's set of ports changes, between the
 //! slices of one port and those of several; so a failed apply holds back
 //! the remaining applies and deletes of its own (port, family), and a
-//! failed slice of several ports holds back all of them: writing them
+//! failed slice of several ports holds back its whole family: writing them
 //! could drop endpoints whose new slice was just refused. Writes of other (port, family) pairs go
 //! ahead, so one refused slice (a 422, say) leaves only its own set stale.
 //! The planner puts the slices that gain endpoints first, so the writes made
@@ -122,45 +122,39 @@ impl Error {
     }
 }
 
-/// The slice set a slice belongs to, for containing failures: (Service port
-/// name, address type), as the planner groups slices. `None` for a slice of
-/// several ports (or none), whose endpoints may move to or from any set.
-type SetKey = (String, String);
+/// The slice set a slice belongs to, for containing failures: (address
+/// type, Service port name), as the planner groups slices; no port name for
+/// a slice of several ports (or none), which stands for its whole family:
+/// its endpoints may move to or from any set of the family. Endpoints never
+/// move between families, so a failure never holds back another family.
+type SetKey = (String, Option<String>);
 
-fn set_of(slice: &EndpointSlice) -> Option<SetKey> {
-    match slice.ports.as_deref() {
-        Some([p]) => Some((
-            p.name.clone().unwrap_or_default(),
-            slice.address_type.clone(),
-        )),
+fn set_of(slice: &EndpointSlice) -> SetKey {
+    let port = match slice.ports.as_deref() {
+        Some([p]) => Some(p.name.clone().unwrap_or_default()),
         _ => None,
-    }
+    };
+    (slice.address_type.clone(), port)
 }
 
 /// The sets that had an apply fail; their remaining writes are held back.
 #[derive(Debug, Default)]
 struct Held {
     sets: HashSet<SetKey>,
-    /// A slice of unknown set failed: every set is held.
-    all: bool,
 }
 
 impl Held {
-    fn holds(&self, set: Option<&SetKey>) -> bool {
-        self.all
-            || match set {
-                Some(s) => self.sets.contains(s),
-                None => !self.sets.is_empty(),
-            }
+    /// Whether writes of `set` wait: a failure in the same set, or in its
+    /// family's whole-family set, or (for a whole-family set) in any set
+    /// of the family.
+    fn holds(&self, (family, port): &SetKey) -> bool {
+        self.sets
+            .iter()
+            .any(|(f, p)| f == family && (p.is_none() || port.is_none() || p == port))
     }
 
-    fn fail(&mut self, set: Option<SetKey>) {
-        match set {
-            Some(s) => {
-                self.sets.insert(s);
-            }
-            None => self.all = true,
-        }
+    fn fail(&mut self, set: SetKey) {
+        self.sets.insert(set);
     }
 }
 
@@ -265,7 +259,7 @@ struct Seen {
     /// The object as our view held it: an update is made from it.
     view: Arc<EndpointSlice>,
     uid: Option<String>,
-    set: Option<SetKey>,
+    set: SetKey,
 }
 
 impl Seen {
@@ -431,7 +425,7 @@ async fn write(
     for (slice, seen) in &writes.applies {
         let name = slice.name_any();
         let set = set_of(slice);
-        if held.holds(set.as_ref()) {
+        if held.holds(&set) {
             held_back.push(name);
             continue;
         }
@@ -469,7 +463,7 @@ async fn write(
         let Some(seen) = seen else { continue };
         // A slice serves the set it was written for; the planner names a
         // slice by its set, so our view of it tells which set it is.
-        if held.holds(seen.set.as_ref()) {
+        if held.holds(&seen.set) {
             held_back.push(name.clone());
             continue;
         }
@@ -503,7 +497,7 @@ async fn write(
         let Some(onto) = written_objects.get(&name) else {
             continue;
         };
-        if held.holds(set_of(slice).as_ref()) {
+        if held.holds(&set_of(slice)) {
             held_back.push(name);
             continue;
         }

@@ -391,7 +391,7 @@ async fn demo(rig: &mut Rig, work: &Path, own_cp: bool) -> Result<()> {
     let pw = rig.portwise.as_mut().expect("started above");
     converge(ns, pw, &expected_after()).await?;
     println!(
-        "{INDENT}{VICTIM} left http's slice in {}; it stays in https, whose TCP port still accepts",
+        "{INDENT}{VICTIM} left http's slice in {}; it stays in https, whose TCP port still accepts (one slice per pod: it moved to https's)",
         secs(t.elapsed())
     );
     print_slices(ns).await?;
@@ -639,7 +639,9 @@ async fn print_slices(ns: &TestNs) -> Result<()> {
     Ok(())
 }
 
-/// One row per slice: SLICE, PORT, FAMILY, ENDPOINTS (pod and address).
+/// One row per slice: SLICE, PORTS (every port its endpoints back, in the
+/// Service's order), FAMILY, ENDPOINTS (pod and address). Each pod sits in
+/// one slice of its family, as the native controller lays them out.
 fn slice_table(slices: &[EndpointSlice]) -> String {
     let order = |port: &str| {
         PORTS
@@ -647,15 +649,20 @@ fn slice_table(slices: &[EndpointSlice]) -> String {
             .position(|(p, _)| *p == port)
             .unwrap_or(PORTS.len())
     };
-    let mut rows: Vec<(usize, Vec<String>)> = slices
+    let mut rows: Vec<(Vec<usize>, Vec<String>)> = slices
         .iter()
         .map(|s| {
-            let port = s.ports.iter().flatten().next();
-            let port_name = port.and_then(|p| p.name.clone()).unwrap_or_default();
-            let port_num = port
-                .and_then(|p| p.port)
-                .map(|n| format!(" {n}"))
-                .unwrap_or_default();
+            let mut ports: Vec<(usize, String)> = s
+                .ports
+                .iter()
+                .flatten()
+                .map(|p| {
+                    let name = p.name.clone().unwrap_or_default();
+                    let num = p.port.map(|n| format!(" {n}")).unwrap_or_default();
+                    (order(&name), format!("{name}{num}"))
+                })
+                .collect();
+            ports.sort();
             let mut eps: Vec<(String, String)> = s
                 .endpoints
                 .iter()
@@ -679,10 +686,14 @@ fn slice_table(slices: &[EndpointSlice]) -> String {
                     .join(", ")
             };
             (
-                order(&port_name),
+                ports.iter().map(|(i, _)| *i).collect(),
                 vec![
                     s.metadata.name.clone().unwrap_or_default(),
-                    format!("{port_name}{port_num}"),
+                    ports
+                        .into_iter()
+                        .map(|(_, p)| p)
+                        .collect::<Vec<_>>()
+                        .join(", "),
                     s.address_type.clone(),
                     eps,
                 ],
@@ -691,7 +702,7 @@ fn slice_table(slices: &[EndpointSlice]) -> String {
         .collect();
     rows.sort();
     let mut table = vec![
-        ["SLICE", "PORT", "FAMILY", "ENDPOINTS"]
+        ["SLICE", "PORTS", "FAMILY", "ENDPOINTS"]
             .map(String::from)
             .to_vec(),
     ];

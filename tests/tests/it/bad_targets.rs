@@ -303,11 +303,11 @@ async fn pods_claiming_loopback_or_link_local_addresses_are_left_out() -> Result
 
 /// A slice the apiserver refuses (docs/reliability.md 3.3). A
 /// ValidatingAdmissionPolicy, scoped to the test namespace, refuses any
-/// IPv4 slice of port `admin` that lists pod "b". When b appears, the
-/// refused set must stay as it was (it cannot be written) while the other
-/// three (port, family) sets of the Service still get b. Before the fix the
-/// first failed apply ended the Service's writes, and `web-admin` sorts
-/// first, so no set got b.
+/// IPv4 slice of port `admin` that lists pod "b". b backs both ports, so
+/// its one IPv4 slice (`web-admin.http`, listing both) is refused: IPv4
+/// must stay as it was (it cannot be written) while the IPv6 slices of the
+/// Service still get b. Before the fix the first failed apply ended the
+/// Service's writes, and the IPv4 slice sorts first, so no family got b.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_slice_leaves_the_other_ports_and_families_current() -> Result<()> {
     use k8s_openapi::api::{
@@ -334,12 +334,12 @@ async fn a_refused_slice_leaves_the_other_ports_and_families_current() -> Result
         .pod(pod("a").annotation(GROUP_KEY, "g").ips(a.dual()))
         .start()
         .await?;
-    let all = |admin_v4: &'static [&'static str], rest: &'static [&'static str]| {
+    let all = |v4: &'static [&'static str], v6: &'static [&'static str]| {
         by_port([
-            (("http", V4), rest),
-            (("http", V6), rest),
-            (("admin", V4), admin_v4),
-            (("admin", V6), rest),
+            (("http", V4), v4),
+            (("http", V6), v6),
+            (("admin", V4), v4),
+            (("admin", V6), v6),
         ])
     };
     wait_for(SETTLE, || async {

@@ -31,20 +31,26 @@ fn demo_shows_the_whole_story() -> Result<()> {
             "no {expected:?} in the demo's output\n{shown}"
         );
     }
-    // Two tables (before and after), one row per Service port each.
-    let rows = |port: &str| {
+    // Two tables (before and after), one row per slice, and each pod in
+    // one row of each: one slice per pod and family, listing every port it
+    // backs (the native controller's layout).
+    let rows = |pod: &str| {
         stdout
             .lines()
-            .filter(|l| l.contains(&format!("  {port} ")) && l.contains("  IPv4  "))
+            .filter(|l| l.contains("  IPv4  ") && l.contains(&format!(" {pod} 10.244.")))
             .count()
     };
-    for port in ["http", "https", "admin"] {
+    for pod in ["a", "b", "c", "d"] {
         ensure!(
-            rows(port) == 2,
-            "expected 2 rows for {port}, got {}\n{shown}",
-            rows(port)
+            rows(pod) == 2,
+            "expected pod {pod} in 2 slice rows, got {}\n{shown}",
+            rows(pod)
         );
     }
+    ensure!(
+        stdout.contains("http 8080, https 8443"),
+        "no slice lists both http and https\n{shown}"
+    );
     // Who answered through the ClusterIP, before and after b turned
     // unhealthy: kube-proxy routes http to b only before.
     let http_rows: Vec<&str> = stdout

@@ -91,9 +91,10 @@ async fn manual_edit_repaired() -> Result<()> {
                 (Some("c".into()), Some(true)),
             ],
         )?;
+        // Every pod backs both ports: the slice lists both, renumbered back.
         expect_eq(
             s.ports.iter().flatten().map(|p| p.port).collect::<Vec<_>>(),
-            vec![Some(8080)],
+            vec![Some(8080), Some(9090)],
         )
     })
     .await?;
@@ -149,7 +150,7 @@ async fn stripped_managed_by_label_reclaimed() -> Result<()> {
     );
 
     // Reclaimed in place: same object gets the label back; no second slice
-    // for the port appears.
+    // appears (every pod backs both ports: one slice lists both).
     wait_for(SETTLE, || async {
         let s = ns.api::<EndpointSlice>().get(&name).await?;
         let labels = s.metadata.labels.clone().unwrap_or_default();
@@ -159,7 +160,7 @@ async fn stripped_managed_by_label_reclaimed() -> Result<()> {
         );
         expect_eq(s.metadata.uid.clone().unwrap(), uid.clone())?;
         let all = slices_managed_by(&ns, "web", None).await?;
-        expect_eq(all.len(), 2)?;
+        expect_eq(all.len(), 1)?;
         expect_eq(endpoints_by_port(&ns, "web").await?, expected())
     })
     .await?;

@@ -2,7 +2,7 @@
 //! two ports are served by overlapping subsets of one pod group, chosen by a
 //! per-pod annotation.
 
-use anyhow::Result;
+use anyhow::{Result, ensure};
 use portwise_tests::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -16,12 +16,32 @@ async fn seed_example() -> Result<()> {
         )
         .start()
         .await?;
-    // One slice per Service port (both far below maxEndpointsPerSlice).
-    expect_eq(slices_for(&ns, "my-service").await?.len(), 2)?;
+    // Each pod in one slice, listing every port it backs, as the native
+    // controller lays slices out (issue 44): a backs http alone, b and c
+    // both, d https alone.
+    expect_eq(
+        slice_shapes(&ns, "my-service").await?,
+        shapes([
+            (&["http"][..], V4, &["a"][..]),
+            (&["http", "https"][..], V4, &["b", "c"][..]),
+            (&["https"][..], V4, &["d"][..]),
+        ]),
+    )?;
     slice_invariants(&ns, "my-service", 100).await?;
 
+    // a joins https: it moves to the slice of both ports.
     ns.annotate_pod("a", PORTS_KEY, Some("http,https")).await?;
     expect_seed(&ns, &["a", "b", "c"], &["a", "b", "c", "d"]).await?;
+    wait_for(SETTLE, || async {
+        expect_eq(
+            slice_shapes(&ns, "my-service").await?,
+            shapes([
+                (&["http", "https"][..], V4, &["a", "b", "c"][..]),
+                (&["https"][..], V4, &["d"][..]),
+            ]),
+        )
+    })
+    .await?;
 
     ns.delete_pod("d").await?;
     expect_seed(&ns, &["a", "b", "c"], &["a", "b", "c"]).await?;
@@ -57,13 +77,21 @@ async fn seed_example_via_binary() -> Result<()> {
     pw.start_again().await?;
 
     expect_seed(&ns, &["a", "b", "c"], &["a", "b", "c"]).await?;
-    // Deterministic names: the restarted process kept the slices it found.
-    let after: Vec<_> = slices_for(&ns, "my-service")
-        .await?
-        .into_iter()
-        .map(|s| s.metadata.name)
-        .collect();
-    expect_eq(after, names)?;
+    // Deterministic names: the restarted process kept the slice it found
+    // for pods of both ports (now all of them) and deleted the others.
+    wait_for(SETTLE, || async {
+        let after: Vec<_> = slices_for(&ns, "my-service")
+            .await?
+            .into_iter()
+            .map(|s| s.metadata.name)
+            .collect();
+        expect_eq(after, vec![Some("my-service-http.https".to_string())])
+    })
+    .await?;
+    ensure!(
+        names.contains(&Some("my-service-http.https".to_string())),
+        "the first run published {names:?}"
+    );
     pw.stop().await?; // SIGTERM: must exit 0 within 30s
     Ok(())
 }

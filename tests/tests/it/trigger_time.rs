@@ -66,7 +66,10 @@ async fn set_ready_at(ns: &TestNs, name: &str, ready: bool, at: &str) -> Result<
 async fn trigger_time_follows_the_change_each_slice_publishes() -> Result<()> {
     let cp = ControlPlane::shared().await?;
     let ns = TestNs::new(cp, "trigger").await?;
+    // http's pods and admin's are apart, so each port has a slice of its
+    // own (a pod of both would sit in one slice listing both).
     let everyone = ["a", "b", "c"];
+    let admins = ["d", "e", "f"];
     let _pw = Scenario::new(&ns)
         .service(
             service("web")
@@ -77,17 +80,23 @@ async fn trigger_time_follows_the_change_each_slice_publishes() -> Result<()> {
         .pods(everyone.map(|n| {
             pod(n)
                 .annotation(GROUP_KEY, "g")
+                .annotation(PORTS_KEY, "http")
+                .ips(next_ips().v4())
+        }))
+        .pods(admins.map(|n| {
+            pod(n)
+                .annotation(GROUP_KEY, "g")
                 .annotation(PORTS_KEY, "admin")
                 .ips(next_ips().v4())
         }))
         .config(&config(&format!(
-            "{{perPort: {{ports: {{http: podReady, admin: {{portNames: {{annotation: {PORTS_KEY}}}}}}}}}}}"
+            "{{perPort: {{ports: {{http: {{all: [podReady, {{portNames: {{annotation: {PORTS_KEY}}}}}]}}, admin: {{portNames: {{annotation: {PORTS_KEY}}}}}}}}}}}"
         )))
         .expect(
             "web",
             by_port([
                 (("http", V4), &everyone[..]),
-                (("admin", V4), &everyone[..]),
+                (("admin", V4), &admins[..]),
             ]),
         )
         .start()
@@ -124,7 +133,7 @@ async fn trigger_time_follows_the_change_each_slice_publishes() -> Result<()> {
         "web",
         by_port([
             (("http", V4), &["a", "c"][..]),
-            (("admin", V4), &everyone[..]),
+            (("admin", V4), &admins[..]),
         ]),
     )
     .await?;
@@ -146,25 +155,22 @@ async fn trigger_time_follows_the_change_each_slice_publishes() -> Result<()> {
     expect_endpoints(
         &ns,
         "web",
-        by_port([
-            (("http", V4), &everyone[..]),
-            (("admin", V4), &everyone[..]),
-        ]),
+        by_port([(("http", V4), &everyone[..]), (("admin", V4), &admins[..])]),
     )
     .await?;
     let http = slice_of(&ns, "http").await?;
     expect_eq(trigger(&http), Some(ready_at.as_str())).context("http after the flip back")?;
 
-    // c leaves admin through its ports annotation, which has no time of its
+    // f leaves admin through its ports annotation, which has no time of its
     // own: dated when portwise observed it, after the edit was made.
     let before_edit = Timestamp::now();
-    ns.annotate_pod("c", PORTS_KEY, Some("none")).await?;
+    ns.annotate_pod("f", PORTS_KEY, Some("none")).await?;
     expect_endpoints(
         &ns,
         "web",
         by_port([
             (("http", V4), &everyone[..]),
-            (("admin", V4), &["a", "b"][..]),
+            (("admin", V4), &["d", "e"][..]),
         ]),
     )
     .await?;

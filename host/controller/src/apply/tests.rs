@@ -331,7 +331,7 @@ fn a_slice_set_is_its_port_name_and_address_type() {
     let a = slice("web-http", "http", "IPv4", &[]);
     let mut other_target = slice("web-http--p9090", "http", "IPv4", &[]);
     other_target.ports.as_mut().unwrap()[0].port = Some(9090);
-    assert_eq!(set_of(&a), Some(("http".into(), "IPv4".into())));
+    assert_eq!(set_of(&a), ("IPv4".into(), Some("http".into())));
     // The target port does not split a set: a targetPort change rewrites
     // a (port, family)'s slices in place from one target to the other.
     assert_eq!(set_of(&a), set_of(&other_target));
@@ -341,16 +341,16 @@ fn a_slice_set_is_its_port_name_and_address_type() {
     let mut placeholder = slice("web-http", "http", "IPv4", &[]);
     placeholder.ports.as_mut().unwrap()[0].port = None;
     assert_eq!(set_of(&placeholder), set_of(&a));
-    // Shapes portwise does not write belong to no one set.
+    // A slice of several ports (or none) stands for its whole family.
     let mut none = a.clone();
     none.ports = None;
-    assert_eq!(set_of(&none), None);
+    assert_eq!(set_of(&none), ("IPv4".into(), None));
     let mut two = a.clone();
     two.ports.as_mut().unwrap().push(EndpointPort {
         name: Some("admin".into()),
         ..Default::default()
     });
-    assert_eq!(set_of(&two), None);
+    assert_eq!(set_of(&two), ("IPv4".into(), None));
 }
 
 #[tokio::test]
@@ -506,21 +506,35 @@ async fn a_slice_of_no_one_set_waits_for_every_set() {
         .await
         .unwrap();
     assert!(fake.get_slice("web-odd").is_none());
-    // Any failed set holds it back: it may hold that set's endpoints.
+    // Any failed set of its family holds it back: it may hold that set's
+    // endpoints.
     let fake = Fake::new([odd.clone()]).refusing(&["web-admin"]);
-    let applies = [slice("web-admin", "admin", "IPv6", &["fd00::1"])];
+    let applies = [slice("web-admin", "admin", "IPv4", &["10.0.0.1"])];
     let err = run(&fake, &Recent::default(), &applies, &["web-odd"])
         .await
         .unwrap_err();
     assert!(fake.get_slice("web-odd").is_some());
     assert!(err.to_string().contains("web-odd"), "{err}");
-    // And a failed apply of such a shape holds back every later write.
+    // Another family's failure does not: endpoints never change family.
+    let fake = Fake::new([odd.clone()]).refusing(&["web-admin"]);
+    let applies = [slice("web-admin", "admin", "IPv6", &["fd00::1"])];
+    run(&fake, &Recent::default(), &applies, &["web-odd"])
+        .await
+        .unwrap_err();
+    assert!(fake.get_slice("web-odd").is_none());
+    // And a failed apply of such a shape holds back every later write of
+    // its family, and none of another.
     let fake = Fake::new([]).refusing(&["web-odd"]);
-    let applies = [odd, slice("web-x", "x", "IPv4", &["10.0.0.1"])];
+    let applies = [
+        odd,
+        slice("web-x", "x", "IPv4", &["10.0.0.1"]),
+        slice("web-x--ipv6", "x", "IPv6", &["fd00::1"]),
+    ];
     let err = run(&fake, &Recent::default(), &applies, &[])
         .await
         .unwrap_err();
     assert!(fake.get_slice("web-x").is_none());
+    assert!(fake.get_slice("web-x--ipv6").is_some());
     assert!(
         matches!(&err, Error::Several { held_back, .. } if held_back == &strings(&["web-x"])),
         "{err:?}"
@@ -557,8 +571,8 @@ async fn planner_output_fails_per_port_and_family() {
     let mut after = before.clone();
     after.apply(&plan);
 
-    let broken = ("admin".to_string(), "IPv4".to_string());
-    let in_broken = |s: &EndpointSlice| set_of(s).as_ref() == Some(&broken);
+    let broken = ("IPv4".to_string(), Some("admin".to_string()));
+    let in_broken = |s: &EndpointSlice| set_of(s) == broken;
     let refused = plan
         .applies
         .iter()
