@@ -1,5 +1,6 @@
-//! Prometheus' Kubernetes service discovery (`kubernetes_sd_configs`) run
-//! for real against the suite's control plane, without a Prometheus server:
+//! Prometheus' Kubernetes service discovery (`kubernetes_sd_configs`, roles
+//! `endpointslice` and `endpoints`) run for real against the suite's
+//! control plane, without a Prometheus server:
 //! `promtool check service-discovery CONFIG JOB` (promtool built by
 //! tests/promtool/build from the `github.com/prometheus/prometheus` module,
 //! the one the alert tests use) runs the server's own discovery code for
@@ -9,7 +10,7 @@
 //!
 //! A run is a snapshot only while the objects hold still: promtool keeps
 //! every version of a target group it received during its run (one group
-//! per EndpointSlice), not just the last. The tests therefore call it once
+//! per EndpointSlice or Endpoints object), not just the last. The tests therefore call it once
 //! portwise has settled, and each call is a fresh discovery.
 
 use std::{
@@ -31,15 +32,46 @@ pub const SD_TIMEOUT: Duration = Duration::from_secs(5);
 /// The scrape job's name in the generated config.
 const JOB: &str = "portwise";
 
-/// Labels of the `endpointslice` role (`discovery/kubernetes/endpointslice.go`).
+/// Labels every role that reads a Service's endpoints sets.
 pub const ADDRESS: &str = "__address__";
-pub const PORT_NAME: &str = "__meta_kubernetes_endpointslice_port_name";
-pub const PORT_NUMBER: &str = "__meta_kubernetes_endpointslice_port";
-pub const ADDRESS_TYPE: &str = "__meta_kubernetes_endpointslice_address_type";
-pub const READY: &str = "__meta_kubernetes_endpointslice_endpoint_conditions_ready";
 pub const SERVICE_NAME: &str = "__meta_kubernetes_service_name";
 pub const POD_NAME: &str = "__meta_kubernetes_pod_name";
 pub const CONTAINER_PORT_NUMBER: &str = "__meta_kubernetes_pod_container_port_number";
+
+/// A role of `kubernetes_sd_configs` that reads a Service's endpoints, and
+/// the labels it puts on a target made from an endpoint and a port.
+#[derive(Clone, Copy, Debug)]
+pub struct Role {
+    /// `role:` in the config.
+    pub name: &'static str,
+    /// The port's name: the Service port's.
+    pub port_name: &'static str,
+    /// `"true"` for a ready endpoint.
+    pub ready: &'static str,
+    /// The port's number, where the role has a label for it.
+    pub port_number: Option<&'static str>,
+    /// The slice's address type, where the role has one.
+    pub address_type: Option<&'static str>,
+}
+
+/// `role: endpointslice` (`discovery/kubernetes/endpointslice.go`).
+pub const ENDPOINTSLICE: Role = Role {
+    name: "endpointslice",
+    port_name: "__meta_kubernetes_endpointslice_port_name",
+    ready: "__meta_kubernetes_endpointslice_endpoint_conditions_ready",
+    port_number: Some("__meta_kubernetes_endpointslice_port"),
+    address_type: Some("__meta_kubernetes_endpointslice_address_type"),
+};
+
+/// `role: endpoints` (`discovery/kubernetes/endpoints.go`): v1 Endpoints,
+/// which portwise writes only with `publishLegacyEndpoints: true`.
+pub const ENDPOINTS: Role = Role {
+    name: "endpoints",
+    port_name: "__meta_kubernetes_endpoint_port_name",
+    ready: "__meta_kubernetes_endpoint_ready",
+    port_number: None,
+    address_type: None,
+};
 
 /// tests/promtool/build: the cached promtool, built if need be.
 pub fn promtool_binary() -> Result<PathBuf> {
@@ -74,17 +106,14 @@ impl Target {
     }
 }
 
-/// Runs `kubernetes_sd_configs` with `role: endpointslice` on `namespace`
-/// of `cp` for [`SD_TIMEOUT`] and returns what it discovered, sorted.
-pub async fn endpointslice_targets(cp: &ControlPlane, namespace: &str) -> Result<Vec<Target>> {
-    endpointslice_targets_relabeled(cp, namespace, &serde_json::json!([])).await
-}
-
-/// [`endpointslice_targets`] for a job with these `relabel_configs` (a
-/// JSON list, as Prometheus' YAML spells them).
-pub async fn endpointslice_targets_relabeled(
+/// Runs `kubernetes_sd_configs` with `role` on `namespace` of `cp` for
+/// [`SD_TIMEOUT`], in a job with these `relabel_configs` (a JSON list, as
+/// Prometheus' YAML spells them; `[]` for none), and returns what it
+/// discovered, sorted.
+pub async fn discover(
     cp: &ControlPlane,
     namespace: &str,
+    role: Role,
     relabel_configs: &serde_json::Value,
 ) -> Result<Vec<Target>> {
     let bin = tokio::task::spawn_blocking(promtool_binary).await??;
@@ -97,13 +126,14 @@ pub async fn endpointslice_targets_relabeled(
             "scrape_configs:\n\
              \x20 - job_name: {JOB}\n\
              \x20   kubernetes_sd_configs:\n\
-             \x20     - role: endpointslice\n\
+             \x20     - role: {role}\n\
              \x20       kubeconfig_file: {kubeconfig}\n\
              \x20       namespaces:\n\
              \x20         names: [{namespace}]\n\
              \x20   relabel_configs: {relabel_configs}\n",
             kubeconfig = serde_json::to_string(&cp.kubeconfig())?,
             namespace = serde_json::to_string(namespace)?,
+            role = role.name,
         ),
     )?;
     let started = Instant::now();
@@ -132,6 +162,7 @@ pub async fn endpointslice_targets_relabeled(
     })?;
     targets.sort();
     tracing::debug!(
+        role = role.name,
         took_ms = started.elapsed().as_millis() as u64,
         targets = targets.len(),
         "promtool check service-discovery"

@@ -15,6 +15,10 @@
 //! - nothing from the secondary family's slices of a dual-stack Service
 //!   (skipped since Prometheus 3.11), so a pod published in that family
 //!   only is not discovered at all.
+//!
+//! `role: endpoints` (the Prometheus Operator's default) reads v1
+//! Endpoints, which portwise writes only with `publishLegacyEndpoints`:
+//! with it, the same holds for `__meta_kubernetes_endpoint_port_name`.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -73,39 +77,50 @@ fn summary(targets: &[Target]) -> String {
                 "  {} {} {} ({})",
                 t.get(POD_NAME).unwrap_or("-"),
                 t.address(),
-                t.get(PORT_NAME)
+                t.get(ENDPOINTSLICE.port_name)
+                    .or(t.get(ENDPOINTS.port_name))
                     .map_or("no port name".to_string(), |n| format!("port name {n}")),
-                t.get(ADDRESS_TYPE).unwrap_or("-"),
+                ENDPOINTSLICE
+                    .address_type
+                    .and_then(|l| t.get(l))
+                    .unwrap_or("no address type"),
             )
         })
         .collect::<Vec<_>>()
         .join("\n")
 }
 
-/// One discovery of `SVC`'s slices against `ports` (IPv4 `ips`):
-/// - the targets with a slice port name are exactly each port's members,
-///   at their address and the port's number, ready, from IPv4 slices;
+/// One discovery of `SVC`'s endpoints by `role` against `ports` (IPv4
+/// `ips`):
+/// - the targets with a port name are exactly each port's members, at
+///   their address and the port's number, ready (and from IPv4 slices);
 /// - the others (Prometheus' own additions) are each at a container port
 ///   of a published pod, and include every container port such a pod does
 ///   not back.
-fn check(targets: &[Target], ips: &BTreeMap<String, String>, ports: &Ports) -> Result<()> {
+fn check(
+    role: Role,
+    targets: &[Target],
+    ips: &BTreeMap<String, String>,
+    ports: &Ports,
+) -> Result<()> {
     // (port name, pod, address) and (pod, address).
     let mut named = BTreeSet::new();
     let mut added = BTreeSet::new();
     for t in targets {
         ensure!(t.get(SERVICE_NAME) == Some(SVC), "not {SVC}'s: {t:?}");
-        ensure!(
-            t.get(ADDRESS_TYPE) == Some(V4),
-            "not from an IPv4 slice: {t:?}"
-        );
+        if let Some(label) = role.address_type {
+            ensure!(t.get(label) == Some(V4), "not from an IPv4 slice: {t:?}");
+        }
         let pod = t
             .get(POD_NAME)
             .with_context(|| format!("a target without a pod: {t:?}"))?;
         let port = t.address().rsplit_once(':').map(|(_, p)| p);
-        match t.get(PORT_NAME) {
+        match t.get(role.port_name) {
             Some(name) => {
-                ensure!(t.get(PORT_NUMBER) == port, "port label: {t:?}");
-                ensure!(t.get(READY) == Some("true"), "not ready: {t:?}");
+                if let Some(label) = role.port_number {
+                    ensure!(t.get(label) == port, "port label: {t:?}");
+                }
+                ensure!(t.get(role.ready) == Some("true"), "not ready: {t:?}");
                 named.insert((name.to_string(), pod.to_string(), t.address().to_string()));
             }
             None => {
@@ -157,21 +172,27 @@ fn check(targets: &[Target], ips: &BTreeMap<String, String>, ports: &Ports) -> R
     Ok(())
 }
 
-/// Waits until a fresh discovery passes [`check`]; returns its targets.
+/// Waits until a fresh discovery by `role` passes [`check`]; returns its
+/// targets.
 async fn expect_prometheus(
     ns: &TestNs,
+    role: Role,
     ips: &BTreeMap<String, String>,
     ports: &Ports<'_>,
 ) -> Result<Vec<Target>> {
     let targets = wait_for(SETTLE, || async {
-        let targets = endpointslice_targets(ns.cp(), ns.name()).await?;
-        if let Err(e) = check(&targets, ips, ports) {
+        let targets = discover(ns.cp(), ns.name(), role, &json!([])).await?;
+        if let Err(e) = check(role, &targets, ips, ports) {
             bail!("{e:#}\nPrometheus discovered:\n{}", summary(&targets));
         }
         Ok(targets)
     })
     .await?;
-    eprintln!("Prometheus discovered:\n{}", summary(&targets));
+    eprintln!(
+        "Prometheus discovered (role {}):\n{}",
+        role.name,
+        summary(&targets)
+    );
     Ok(targets)
 }
 
@@ -196,6 +217,7 @@ async fn endpointslice_targets_are_each_ports_members() -> Result<()> {
     let ips = pod_ips(&ns, &["a", "b", "c", "d"], false).await?;
     let targets = expect_prometheus(
         &ns,
+        ENDPOINTSLICE,
         &ips,
         &[
             ("http", 8080, &["a", "b", "c"]),
@@ -219,12 +241,12 @@ async fn endpointslice_targets_are_each_ports_members() -> Result<()> {
     // Keeping the targets that carry a port's name scrapes exactly its
     // members (docs/consumers.md gives this rule).
     let keep_https = json!([{
-        "source_labels": [PORT_NAME],
+        "source_labels": [ENDPOINTSLICE.port_name],
         "regex": "https",
         "action": "keep",
     }]);
     wait_for(SETTLE, || async {
-        let targets = endpointslice_targets_relabeled(cp, ns.name(), &keep_https).await?;
+        let targets = discover(cp, ns.name(), ENDPOINTSLICE, &keep_https).await?;
         let scraped: BTreeSet<String> = targets
             .iter()
             .filter_map(|t| t.scraped().map(str::to_string))
@@ -239,6 +261,7 @@ async fn endpointslice_targets_are_each_ports_members() -> Result<()> {
     expect_seed(&ns, &["a", "c"], &["a", "c", "d"]).await?;
     let targets = expect_prometheus(
         &ns,
+        ENDPOINTSLICE,
         &ips,
         &[
             ("http", 8080, &["a", "c"]),
@@ -256,7 +279,13 @@ async fn endpointslice_targets_are_each_ports_members() -> Result<()> {
         ns.annotate_pod(p, PORTS_KEY, Some("http")).await?;
     }
     expect_seed(&ns, &["a", "c", "d"], &[]).await?;
-    expect_prometheus(&ns, &ips, &[("http", 8080, &["a", "c", "d"])]).await?;
+    expect_prometheus(
+        &ns,
+        ENDPOINTSLICE,
+        &ips,
+        &[("http", 8080, &["a", "c", "d"])],
+    )
+    .await?;
     Ok(())
 }
 
@@ -301,6 +330,7 @@ async fn secondary_family_slices_are_skipped() -> Result<()> {
     ensure!(!ips.contains_key("e"), "e has an IPv4 address: {ips:?}");
     let targets = expect_prometheus(
         &ns,
+        ENDPOINTSLICE,
         &ips,
         &[
             ("http", 8080, &["a", "b", "c"]),
@@ -313,5 +343,60 @@ async fn secondary_family_slices_are_skipped() -> Result<()> {
         "Prometheus discovered e from an IPv6 slice:\n{}",
         summary(&targets)
     );
+    Ok(())
+}
+
+/// `role: endpoints`, the Prometheus Operator's default for ServiceMonitors,
+/// reads v1 Endpoints: portwise writes none by default, so it discovers
+/// nothing; with `publishLegacyEndpoints: true` (addresses grouped by the
+/// ports they back), the targets carrying a port name are exactly each
+/// port's members, through a readiness flip.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn endpoints_role_needs_legacy_endpoints() -> Result<()> {
+    if skipped("endpoints_role_needs_legacy_endpoints") {
+        return Ok(());
+    }
+    let cp = ControlPlane::shared().await?;
+    let ns = TestNs::new(cp, "prom-legacy").await?;
+    let mut pw = seed_scenario(&ns)
+        .binary()
+        .expect(SVC, seed_slices(&["a", "b", "c"], &["b", "c", "d"]))
+        .start()
+        .await?;
+    let ips = pod_ips(&ns, &["a", "b", "c", "d"], false).await?;
+    let seed: &Ports = &[
+        ("http", 8080, &["a", "b", "c"]),
+        ("https", 8443, &["b", "c", "d"]),
+    ];
+    // The slices are discovered (so discovery works here); the Endpoints
+    // role finds nothing.
+    expect_prometheus(&ns, ENDPOINTSLICE, &ips, seed).await?;
+    let legacy = discover(cp, ns.name(), ENDPOINTS, &json!([])).await?;
+    ensure!(
+        legacy.is_empty(),
+        "role endpoints without legacy Endpoints:\n{}",
+        summary(&legacy)
+    );
+
+    pw.stop().await?;
+    let _pw = Portwise::builder(cp)
+        .namespace(ns.name())
+        .config(&config_with(
+            SEED_MEMBERSHIP,
+            "publishLegacyEndpoints: true\n",
+        ))
+        .binary()
+        .start()
+        .await?;
+    expect_prometheus(&ns, ENDPOINTS, &ips, seed).await?;
+    ns.set_ready("b", false).await?;
+    expect_seed(&ns, &["a", "c"], &["c", "d"]).await?;
+    expect_prometheus(
+        &ns,
+        ENDPOINTS,
+        &ips,
+        &[("http", 8080, &["a", "c"]), ("https", 8443, &["c", "d"])],
+    )
+    .await?;
     Ok(())
 }
