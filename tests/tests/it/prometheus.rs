@@ -198,8 +198,8 @@ async fn expect_prometheus(
 
 /// The seed example (http {a,b,c}, https {b,c,d}) as Prometheus discovers
 /// it, and what a job scrapes without relabeling (every container port of
-/// every pod in a slice) and when it keeps one port name (that port's
-/// members); then after a joins https and b turns unready (it leaves both
+/// every pod in a slice), when it keeps one port name (that port's
+/// members) and when it keeps one container port (non-members too); then after a joins https and b turns unready (it leaves both
 /// ports and every target), then with https left without members (its
 /// placeholder slice gives no target).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -238,23 +238,34 @@ async fn endpointslice_targets_are_each_ports_members() -> Result<()> {
         .collect();
     expect_eq(scraped, addresses(&["a", "b", "c", "d"], &CONTAINER_PORTS))
         .context("what a job without relabel_configs scrapes")?;
-    // Keeping the targets that carry a port's name scrapes exactly its
-    // members (docs/consumers.md gives this rule).
-    let keep_https = json!([{
-        "source_labels": [ENDPOINTSLICE.port_name],
-        "regex": "https",
-        "action": "keep",
-    }]);
-    wait_for(SETTLE, || async {
-        let targets = discover(cp, ns.name(), ENDPOINTSLICE, &keep_https).await?;
-        let scraped: BTreeSet<String> = targets
-            .iter()
-            .filter_map(|t| t.scraped().map(str::to_string))
-            .collect();
-        expect_eq(scraped, addresses(&["b", "c", "d"], &[8443]))
-            .context("what a job keeping port name https scrapes")
-    })
-    .await?;
+    // A job keeping one port (docs/consumers.md): by the slice port's name
+    // (what a ServiceMonitor's `port: https` generates) it scrapes exactly
+    // https's members; by container port number (what `targetPort: 8443`
+    // generates) every pod in a slice with that container port, a too.
+    for (label, regex, want) in [
+        (
+            ENDPOINTSLICE.port_name,
+            "https",
+            addresses(&["b", "c", "d"], &[8443]),
+        ),
+        (
+            CONTAINER_PORT_NUMBER,
+            "8443",
+            addresses(&["a", "b", "c", "d"], &[8443]),
+        ),
+    ] {
+        let keep = json!([{ "source_labels": [label], "regex": regex, "action": "keep" }]);
+        wait_for(SETTLE, || async {
+            let targets = discover(cp, ns.name(), ENDPOINTSLICE, &keep).await?;
+            let scraped: BTreeSet<String> = targets
+                .iter()
+                .filter_map(|t| t.scraped().map(str::to_string))
+                .collect();
+            expect_eq(&scraped, &want)
+                .with_context(|| format!("what a job keeping {label}={regex} scrapes"))
+        })
+        .await?;
+    }
 
     ns.annotate_pod("a", PORTS_KEY, Some("http,https")).await?;
     ns.set_ready("b", false).await?;
