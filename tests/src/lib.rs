@@ -43,6 +43,7 @@ mod observe;
 pub mod ops;
 pub mod partition;
 mod portwise;
+pub mod prometheus;
 #[cfg(feature = "registry")]
 pub mod registry;
 mod scenario;

@@ -28,6 +28,7 @@ mod other_writers;
 mod partitions;
 mod policies;
 mod probes;
+mod prometheus;
 mod repair;
 mod seed;
 mod shadow;
