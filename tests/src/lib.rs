@@ -46,6 +46,7 @@ mod portwise;
 #[cfg(feature = "registry")]
 pub mod registry;
 mod scenario;
+pub mod traefik;
 mod writes;
 
 pub use addresses::{PodIps, next_ips};
