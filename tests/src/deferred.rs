@@ -5,9 +5,10 @@
 //! (docs/build-times.md, "The budget"). Helm, the registry, cosign,
 //! promtool and the image's release musl build are a third of a cold run's
 //! CPU and serve a few tests, cilium-agent (`cilium`, about 1,250 CPU-s
-//! cold) serves the Cilium tests and pilot-discovery (`istiod`) the istiod
-//! tests, so on a machine that has not built them yet `./test` does not
-//! build them before the suite: it lists them in `PORTWISE_DEFERRED`, builds
+//! cold) serves the Cilium tests, pilot-discovery (`istiod`) the istiod
+//! tests and Traefik (`traefik`) the Traefik tests, so on a machine that
+//! has not built them yet `./test` does not build them before the suite:
+//! it lists them in `PORTWISE_DEFERRED`, builds
 //! them after the suite for the next run, and prints which tests did not
 //! run and why. Every test that needs one of them asks [`skip`] first.
 //!

@@ -270,7 +270,7 @@ impl Istiod {
 /// The body of a `Transfer-Encoding: chunked` answer ([`http_get`] returns
 /// it as sent, and istiod chunks large answers), or `None` if `body` is not
 /// chunked.
-fn dechunk(body: &str) -> Option<String> {
+pub(crate) fn dechunk(body: &str) -> Option<String> {
     let mut out = String::new();
     let mut rest = body;
     loop {

@@ -47,6 +47,7 @@ pub mod prometheus;
 #[cfg(feature = "registry")]
 pub mod registry;
 mod scenario;
+pub mod traefik;
 mod writes;
 
 pub use addresses::{PodIps, next_ips};

@@ -259,6 +259,14 @@ impl ServiceBuilder {
     pub fn port_to(self, name: &str, port: i32, target: Value) -> Self {
         self.port_full(name, port, target, "TCP")
     }
+    /// A TCP port whose targetPort is the same number, with an
+    /// `appProtocol` (`http`, `kubernetes.io/h2c`, ...).
+    pub fn port_app(mut self, name: &str, port: i32, app_protocol: &str) -> Self {
+        self.ports.push(json!({
+            "name": name, "port": port, "protocol": "TCP", "appProtocol": app_protocol,
+        }));
+        self
+    }
     pub fn port_full(mut self, name: &str, port: i32, target: Value, protocol: &str) -> Self {
         self.ports.push(
             json!({ "name": name, "port": port, "targetPort": target, "protocol": protocol }),

@@ -36,6 +36,7 @@ mod ship;
 mod stable;
 mod support;
 mod target_ports;
+mod traefik;
 mod trigger_time;
 mod write_guards;
 mod writes;
