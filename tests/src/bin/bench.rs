@@ -44,7 +44,7 @@ use futures::{StreamExt, TryStreamExt, stream};
 use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
 use kube::{
     Api, ResourceExt,
-    api::{Patch, PatchParams, PostParams},
+    api::{ListParams, Patch, PatchParams, PostParams},
     runtime::{WatchStreamExt, watcher},
 };
 use portwise_tests::{
@@ -57,6 +57,12 @@ use portwise_tests::{
 };
 use serde_json::{Value, json};
 use tokio::{io::AsyncReadExt, net::TcpStream, process::Child, sync::watch};
+
+/// Row 3's two-port Service: a policy (picked by its annotation) that
+/// includes a ready pod on the ports its [`PORTS_KEY`] annotation lists, so
+/// a pod's set of ports can change without touching its readiness.
+const PORT_SETS_POLICY: &str = "policies:\n  port-sets: {all: [podReady, {portNames: {annotation: bench.portwise.io/ports}}]}\n";
+const PORTS_KEY: &str = "bench.portwise.io/ports";
 
 /// Label the native Services select their pods by.
 const APP_LABEL: &str = "bench.portwise.io/svc";
@@ -1314,6 +1320,54 @@ async fn create_groups(
         .await
 }
 
+/// Waits until portwise's slices of `svc` list exactly `http` and `https`
+/// (addresses) on those ports.
+async fn port_members_are(
+    ns: &TestNs,
+    svc: &str,
+    http: &BTreeSet<String>,
+    https: &BTreeSet<String>,
+    timeout: Duration,
+) -> Result<()> {
+    let api: Api<EndpointSlice> = ns.api();
+    let selector = format!("{SERVICE_NAME_LABEL}={svc},{MANAGED_BY_LABEL}={PORTWISE_MANAGER}");
+    let t = Instant::now();
+    loop {
+        let mut by_port: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for s in api
+            .list(&ListParams::default().labels(&selector))
+            .await?
+            .items
+        {
+            for p in s.ports.iter().flatten() {
+                let set = by_port
+                    .entry(p.name.clone().unwrap_or_default())
+                    .or_default();
+                set.extend(
+                    s.endpoints
+                        .iter()
+                        .flatten()
+                        .flat_map(|e| e.addresses.clone()),
+                );
+            }
+        }
+        let got = |p: &str| by_port.get(p).cloned().unwrap_or_default();
+        if got("http") == *http && got("https") == *https {
+            return Ok(());
+        }
+        if t.elapsed() > timeout {
+            bail!(
+                "{svc}: http {} of {}, https {} of {} after {timeout:?}",
+                got("http").len(),
+                http.len(),
+                got("https").len(),
+                https.len()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 fn portwise_config(extra: &str, membership: &str) -> String {
     format!(
         "managedBy: {PORTWISE_MANAGER}\n\
@@ -1502,7 +1556,10 @@ impl Bench {
             self.cp,
             &self.work,
             "row1",
-            &portwise_config(&self.knobs.portwise_extra, "podReady"),
+            &portwise_config(
+                &format!("{}{PORT_SETS_POLICY}", self.knobs.portwise_extra),
+                "podReady",
+            ),
             &[portwise_ns.name()],
             &[],
             PROFILE_LOG,
@@ -2120,7 +2177,119 @@ impl Bench {
             None,
             Goal::None,
         );
+        self.row3_port_sets(pair).await?;
         self.row3_reconciles(pair, &pb[0]).await
+    }
+
+    /// Row 3's third part: what a flip costs when every pod sits in one
+    /// slice listing the two ports it backs (the native controller's
+    /// layout). A readiness flip keeps the pod's set of ports (it leaves
+    /// both, or rejoins both): one write. A flip of its ports annotation
+    /// changes the set: it moves between slices. portwise only: the native
+    /// controller has no per-port membership, so no pod of it changes its
+    /// set of ports without being re-created.
+    async fn row3_port_sets(&mut self, pair: &mut Pair) -> Result<()> {
+        let big = self.knobs.big_pods;
+        let svc = "two-0000";
+        eprintln!("bench: row 3 port sets: one Service of two ports, {big} pods backing both");
+        let ns = &pair.portwise_ns;
+        ns.create_service(
+            service(svc)
+                .annotation(GROUP_KEY, svc)
+                .annotation("portwise.io/membership", "port-sets")
+                .port_to("http", 80, json!(TARGET_PORT))
+                .port_to("https", 443, json!(TCP_PORT)),
+        )
+        .await?;
+        // The last addresses, past every other row's (row 1 at 5000
+        // Services included): these pods are never reached.
+        let last = 4 * 250 * 250 - 1 - big;
+        let pods: Vec<(String, Ipv4Addr)> = (0..big)
+            .map(|j| (format!("{svc}-{j:04}"), pod_ip(last + j)))
+            .collect();
+        let nodes = &self.nodes;
+        stream::iter(pods.iter().enumerate().map(Ok::<_, anyhow::Error>))
+            .try_for_each_concurrent(
+                self.knobs.setup_concurrency.max(1),
+                |(i, (name, ip))| async move {
+                    let p = pod(name)
+                        .annotation(GROUP_KEY, svc)
+                        .annotation(PORTS_KEY, "http,https")
+                        .node(&nodes[i % nodes.len()])
+                        .ips([ip]);
+                    ns.create_pod(p).await?;
+                    Ok(())
+                },
+            )
+            .await?;
+        let all: BTreeSet<String> = pods.iter().map(|(_, ip)| ip.to_string()).collect();
+        let without = |ip: &Ipv4Addr| {
+            let mut s = all.clone();
+            s.remove(&ip.to_string());
+            s
+        };
+        port_members_are(ns, svc, &all, &all, Duration::from_secs(300)).await?;
+        tokio::time::sleep(Duration::from_secs(5)).await;
+
+        let audit = self.bcp.audit();
+        // (what, the change, http's members after, https's after)
+        let (ready_pod, ready_ip) = &pods[big / 3];
+        let (ports_pod, ports_ip) = &pods[2 * big / 3];
+        let mut keeps = Vec::new();
+        let mut changes = Vec::new();
+        for step in 0..4 {
+            let a0 = audit.offset();
+            let (http, https) = match step {
+                0 => {
+                    ns.set_ready(ready_pod, false).await?;
+                    (without(ready_ip), without(ready_ip))
+                }
+                1 => {
+                    ns.set_ready(ready_pod, true).await?;
+                    (all.clone(), all.clone())
+                }
+                2 => {
+                    ns.annotate_pod(ports_pod, PORTS_KEY, Some("http")).await?;
+                    (all.clone(), without(ports_ip))
+                }
+                _ => {
+                    ns.annotate_pod(ports_pod, PORTS_KEY, Some("http,https"))
+                        .await?;
+                    (all.clone(), all.clone())
+                }
+            };
+            port_members_are(ns, svc, &http, &https, Duration::from_secs(60)).await?;
+            // Trailing writes (a move's finish) land within a few seconds.
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            let writes = audit.between(a0, audit.offset())?.slice_writes("portwise");
+            eprintln!("bench:   port sets step {step}: {writes} slice writes");
+            if step < 2 {
+                keeps.push(writes);
+            } else {
+                changes.push(writes);
+            }
+        }
+        let label = format!(
+            "3 churn, two ports ({big} pods, each in one slice listing the ports it backs)"
+        );
+        let shown = |w: &[u64]| w.iter().map(u64::to_string).collect::<Vec<_>>().join(", ");
+        self.report.row(
+            &label,
+            "EndpointSlice writes per flip that keeps the pod's port set (readiness out, in)",
+            shown(&keeps),
+            "1 (row 3's first part)".into(),
+            None,
+            Goal::Stated("1", keeps.iter().all(|w| *w == 1)),
+        );
+        self.report.row(
+            &label,
+            "EndpointSlice writes per flip that changes it (https out, in: a move)",
+            shown(&changes),
+            "no such flip".into(),
+            None,
+            Goal::Stated("≤ 2", changes.iter().all(|w| *w <= 2)),
+        );
+        Ok(())
     }
 
     /// Row 3's second part: what one reconcile costs at 10 and at 1000
