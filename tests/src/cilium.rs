@@ -641,7 +641,7 @@ fn cleanup_namespace(sysctls: &[(PathBuf, String)]) {
 
 /// Cilium's CRDs (the agent waits for them), server-side: some are too big
 /// for client-side apply's annotation.
-async fn apply_crds(cp: &ControlPlane, dir: &Path) -> Result<()> {
+pub(crate) async fn apply_crds(cp: &ControlPlane, dir: &Path) -> Result<()> {
     let kubectl = cp.dir().join("bin/kubectl");
     let kubeconfig = cp.kubeconfig().to_path_buf();
     let dir = dir.to_path_buf();

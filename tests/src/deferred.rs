@@ -5,7 +5,9 @@
 //! (docs/build-times.md, "The budget"). Helm, the registry, cosign,
 //! promtool and the image's release musl build are a third of a cold run's
 //! CPU and serve a few tests, cilium-agent (`cilium`, about 1,250 CPU-s
-//! cold) serves the Cilium tests, pilot-discovery (`istiod`) the istiod
+//! cold) serves the Cilium tests, clustermesh-apiserver (`clustermesh`,
+//! about 25 CPU-s on the agent's Go build cache, so deferred only with
+//! `cilium`) the ClusterMesh tests, pilot-discovery (`istiod`) the istiod
 //! tests and Traefik (`traefik`) the Traefik tests, so on a machine that
 //! has not built them yet `./test` does not build them before the suite:
 //! it lists them in `PORTWISE_DEFERRED`, builds

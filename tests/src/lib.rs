@@ -26,6 +26,7 @@
 
 mod addresses;
 pub mod cilium;
+pub mod clustermesh;
 pub mod consumers;
 mod control_plane;
 #[cfg(feature = "registry")]

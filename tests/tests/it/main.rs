@@ -10,6 +10,7 @@ mod caches;
 mod checkers;
 mod chunking;
 mod cilium;
+mod clustermesh;
 mod collisions;
 mod conditions;
 mod config;
