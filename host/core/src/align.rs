@@ -144,7 +144,42 @@ fn addresses(pod: &Pod) -> impl Iterator<Item = IpAddr> + '_ {
         .map(|p| p.ip.as_str())
         .chain(status.and_then(|s| s.pod_ip.as_deref()))
         .filter_map(parse_ip)
-        .filter(|ip| is_endpoint_address(*ip))
+        .filter(|ip| is_endpoint_address(*ip) && !is_metadata_address(*ip))
+}
+
+/// Cloud metadata and host services outside the link-local ranges that
+/// [`is_endpoint_address`] already refuses: Azure's WireServer
+/// (168.63.129.16), Alibaba Cloud's metadata (100.100.100.200), AWS's IMDS,
+/// DNS resolver and time service over IPv6 (fd00:ec2::254, ::253, ::123),
+/// and any refused or listed IPv4 address reached through NAT64
+/// (64:ff9b::/96, so 169.254.169.254 as `64:ff9b::a9fe:a9fe`).
+///
+/// Why: whoever can write `pods/status` (a node's kubelet, or anyone
+/// granted it) can claim one of them. Probed, it points portwise's probes
+/// (and a guest's) at a service holding the node's or the cloud account's
+/// credentials; published, it sends the Service's clients there. Such a
+/// pod has no address in that family (docs/reliability.md).
+pub fn is_metadata_address(ip: IpAddr) -> bool {
+    const V4: [[u8; 4]; 2] = [[168, 63, 129, 16], [100, 100, 100, 200]];
+    const AWS_V6: [u16; 3] = [0x254, 0x253, 0x123];
+    match ip {
+        IpAddr::V4(v4) => V4.contains(&v4.octets()),
+        IpAddr::V6(v6) => {
+            let s = v6.segments();
+            if s[..7] == [0xfd00, 0x0ec2, 0, 0, 0, 0, 0] && AWS_V6.contains(&s[7]) {
+                return true;
+            }
+            // NAT64's well-known prefix: the IPv4 address in its last 32
+            // bits is what the packet reaches.
+            if s[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
+                let [a, b] = s[6].to_be_bytes();
+                let [c, d] = s[7].to_be_bytes();
+                let v4 = IpAddr::V4(std::net::Ipv4Addr::new(a, b, c, d));
+                return !is_endpoint_address(v4) || is_metadata_address(v4);
+            }
+            false
+        }
+    }
 }
 
 /// Whether EndpointSlice (and Endpoints) validation accepts `ip` as an

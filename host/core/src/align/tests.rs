@@ -182,6 +182,35 @@ fn addresses_endpoints_may_not_have_are_skipped() {
         let ip: IpAddr = good.parse().unwrap();
         assert!(is_endpoint_address(ip), "{good}");
     }
+    // Metadata services outside link-local (issue 45 item 5): neither
+    // probed nor published.
+    for bad in [
+        "168.63.129.16",
+        "100.100.100.200",
+        "fd00:ec2::254",
+        "fd00:ec2::253",
+        "fd00:ec2::123",
+        "64:ff9b::a9fe:a9fe",
+        "64:ff9b::7f00:1",
+        "64:ff9b::a83f:8110",
+        "::ffff:168.63.129.16",
+    ] {
+        let p = pod_with(vec![], vec![], &[bad]);
+        for family in [Family::V4, Family::V6] {
+            assert_eq!(pod_address(&p, family), None, "{bad}");
+        }
+        assert!(pod_addresses(&p).is_empty(), "{bad}");
+    }
+    for good in [
+        "100.100.100.201",
+        "168.63.129.17",
+        "fd00:ec2::1",
+        "fd00:ec2:1::254",
+        "64:ff9b::a00:5",
+    ] {
+        let ip: IpAddr = good.parse().unwrap();
+        assert!(!is_metadata_address(ip), "{good}");
+    }
     // A bad first address does not hide a good one of the other family.
     let dual = pod_with(vec![], vec![], &["169.254.0.1", "fd00:10:244::7"]);
     assert_eq!(pod_address(&dual, Family::V4), None);
