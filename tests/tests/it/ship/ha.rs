@@ -260,12 +260,19 @@ async fn two_processes_one_writer_failover_and_handover() -> Result<()> {
     ns.annotate_pod("d", PORTS_KEY, Some("http,https")).await?;
     expect_seed(&ns, &["a", "b", "c", "d"], &["a", "b", "c", "d"]).await?;
     // Since the takeover nothing changed until the handover: every write
-    // since is the new leader's (the restarted process).
-    let writes = after_kill.slice_writes(ns.name())?;
-    ensure!(
-        !writes.is_empty(),
-        "the new leader's write is not in the audit log"
-    );
+    // since is the new leader's (the restarted process). d moves between
+    // slices (the taker, the slice it left, the taker's finish); the audit
+    // log is written after each response, so the slices can show the
+    // change a moment before the log does.
+    let writes = wait_for(Duration::from_secs(10), || async {
+        let writes = after_kill.slice_writes(ns.name())?;
+        ensure!(
+            !writes.is_empty(),
+            "the new leader's write is not in the audit log"
+        );
+        Ok(writes)
+    })
+    .await?;
     for w in &writes {
         ensure!(
             w.user == standby.user,

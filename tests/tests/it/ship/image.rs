@@ -222,7 +222,8 @@ async fn image_publishes_the_seed_example_and_stops_on_sigterm() -> Result<()> {
         first.as_secs_f64(),
         converged.as_secs_f64()
     );
-    expect_eq(slices_for(&ns, "my-service").await?.len(), 2)?;
+    // One slice per set of ports: a (http), b and c (both), d (https).
+    expect_eq(slices_for(&ns, "my-service").await?.len(), 3)?;
     slice_invariants(&ns, "my-service", 100).await?;
 
     // It really runs confined: uid 65532, no capabilities at all, no
@@ -269,7 +270,7 @@ async fn image_publishes_the_seed_example_and_stops_on_sigterm() -> Result<()> {
     expect_eq(http_get(ops, "/healthz").await?.0, 200)?;
     let m = Metrics::parse(&http_get(ops, "/metrics").await?.1);
     let svc = [("namespace", ns.name()), ("service", "my-service")];
-    expect_eq(m.value("portwise_slices_managed", &svc)?, Some(2.0))?;
+    expect_eq(m.value("portwise_slices_managed", &svc)?, Some(3.0))?;
     for port in ["http", "https"] {
         let labels = [svc[0], svc[1], ("port", port), ("family", "IPv4")];
         expect_eq(
