@@ -215,6 +215,34 @@ async fn two_processes_one_writer_failover_and_handover() -> Result<()> {
         takeover.as_secs_f64(),
         converged.as_secs_f64()
     );
+    // a moved into the slice of both ports: the slices show it after the
+    // taker's write; the slice it left and the taker's finishing write
+    // follow. Mark the audit log once the move is done.
+    wait_for(SETTLE, || async {
+        expect_eq(
+            slice_shapes(&ns, "my-service").await?,
+            shapes([
+                (&["http", "https"][..], V4, &["a", "b", "c"][..]),
+                (&["https"][..], V4, &["d"][..]),
+            ]),
+        )?;
+        let moving: Vec<_> = slices_for(&ns, "my-service")
+            .await?
+            .into_iter()
+            .filter(|s| {
+                s.metadata
+                    .annotations
+                    .as_ref()
+                    .is_some_and(|a| a.contains_key("portwise.io/moving-in"))
+            })
+            .filter_map(|s| s.metadata.name)
+            .collect();
+        ensure!(moving.is_empty(), "a move is not finished: {moving:?}");
+        Ok(())
+    })
+    .await?;
+    // (The audit log is written after each response: let the last land.)
+    tokio::time::sleep(Duration::from_secs(1)).await;
     let after_kill = AuditMark::now(cp)?;
     std::mem::swap(&mut leader, &mut standby);
 
