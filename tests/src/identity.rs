@@ -66,6 +66,33 @@ pub async fn kubectl_as(
     Ok(out)
 }
 
+/// Applies the CustomResourceDefinitions in `crds` (a file or folder)
+/// and waits until the apiserver serves them; `what` names them in errors.
+pub async fn install_crds(cp: &ControlPlane, crds: &std::path::Path, what: &str) -> Result<()> {
+    let crds = crds.to_string_lossy();
+    kubectl(
+        cp,
+        &["apply", "--server-side", "--force-conflicts", "-f", &crds],
+        None,
+    )
+    .await
+    .with_context(|| format!("applying {what}"))?;
+    kubectl(
+        cp,
+        &[
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            "-f",
+            &crds,
+        ],
+        None,
+    )
+    .await
+    .with_context(|| format!("waiting for {what}"))?;
+    Ok(())
+}
+
 /// kubectl as admin; fails unless it exits 0. Returns stdout.
 pub async fn kubectl(cp: &ControlPlane, args: &[&str], stdin: Option<&str>) -> Result<String> {
     let out = kubectl_as(cp, cp.kubeconfig(), args, stdin).await?;

@@ -35,7 +35,7 @@ use kube::{Api, api::PostParams};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::{ControlPlane, built_tool, free_port, http_get, kubectl};
+use crate::{ControlPlane, built_tool, free_port, http_get, install_crds};
 
 /// The namespace istiod runs as (`POD_NAMESPACE`).
 pub const ISTIO_NAMESPACE: &str = "istio-system";
@@ -115,28 +115,7 @@ impl Istiod {
     pub async fn start(cp: &ControlPlane) -> Result<Self> {
         let cache = tokio::task::spawn_blocking(istiod_dir).await??;
         let bin = cache.join("pilot-discovery");
-        let crds = cache.join("crd-all.gen.yaml");
-        let crds = crds.to_string_lossy();
-        kubectl(
-            cp,
-            &["apply", "--server-side", "--force-conflicts", "-f", &crds],
-            None,
-        )
-        .await
-        .context("applying Istio's CRDs")?;
-        kubectl(
-            cp,
-            &[
-                "wait",
-                "--for=condition=Established",
-                "--timeout=60s",
-                "-f",
-                &crds,
-            ],
-            None,
-        )
-        .await
-        .context("waiting for Istio's CRDs")?;
+        install_crds(cp, &cache.join("crd-all.gen.yaml"), "Istio's CRDs").await?;
         ensure_namespace(cp).await?;
 
         let dir = tempfile::Builder::new().prefix("istiod-").tempdir()?;

@@ -54,8 +54,9 @@ mod writes;
 pub use addresses::{PodIps, next_ips};
 pub use control_plane::{ControlPlane, built_tool};
 pub use identity::{
-    PORTWISE_USER, impersonating, kubeconfig_variant, kubectl, kubectl_as, portwise_identity,
-    service_account_token, token_kubeconfig, unreachable_kubeconfig, write_kubeconfig,
+    PORTWISE_USER, impersonating, install_crds, kubeconfig_variant, kubectl, kubectl_as,
+    portwise_identity, service_account_token, token_kubeconfig, unreachable_kubeconfig,
+    write_kubeconfig,
 };
 pub use image_build::wait_for_image_build;
 pub use listeners::{Concurrency, HttpListener, HttpMode, Request, TcpListener};

@@ -36,7 +36,7 @@ use tokio::{
     net::TcpStream,
 };
 
-use crate::{ControlPlane, built_tool, free_port, http_get, kubectl, wait_for};
+use crate::{ControlPlane, built_tool, free_port, http_get, install_crds, wait_for};
 
 /// The `controllerName` Traefik's Gateway API provider claims classes by.
 pub const GATEWAY_CONTROLLER: &str = "traefik.io/gateway-controller";
@@ -87,28 +87,7 @@ impl Traefik {
     pub async fn start(cp: &ControlPlane, namespace: &str) -> Result<Self> {
         let cache = tokio::task::spawn_blocking(traefik_dir).await??;
         let bin = cache.join("traefik");
-        let crds = cache.join("crds");
-        let crds = crds.to_string_lossy();
-        kubectl(
-            cp,
-            &["apply", "--server-side", "--force-conflicts", "-f", &crds],
-            None,
-        )
-        .await
-        .context("applying the Gateway API CRDs")?;
-        kubectl(
-            cp,
-            &[
-                "wait",
-                "--for=condition=Established",
-                "--timeout=60s",
-                "-f",
-                &crds,
-            ],
-            None,
-        )
-        .await
-        .context("waiting for the Gateway API CRDs")?;
+        install_crds(cp, &cache.join("crds"), "the Gateway API CRDs").await?;
 
         let dir = tempfile::Builder::new().prefix("traefik-").tempdir()?;
         let log = dir.path().join("traefik.log");
