@@ -1,10 +1,7 @@
 //! What a reconcile reads: the caches and indexes, the checkers, the
 //! writers and the per-Service memory, and the reads over them.
 
-use std::{
-    collections::{HashMap, HashSet},
-    sync::{Arc, Mutex},
-};
+use std::sync::Arc;
 
 use k8s_openapi::api::{
     core::v1::{Endpoints, Node, Pod, Service},
@@ -25,8 +22,8 @@ use crate::{
     judge::Judge,
     metrics::Metrics,
     migrate,
-    retry::Retries,
     shadow::Shadows,
+    table::ServiceTable,
     tenure::Tenure,
 };
 
@@ -54,20 +51,8 @@ pub(crate) struct Context {
     pub(crate) events: Arc<Events>,
     pub(crate) metrics: Metrics,
     pub(crate) leader: Option<Tenure>,
-    /// Services whose selector warning was emitted (per transition).
-    pub(crate) selector_warned: Mutex<HashSet<String>>,
-    /// Services whose ExternalName event was emitted.
-    pub(crate) external_warned: Mutex<HashSet<String>>,
-    /// Services warned about an unknown policy, with the name warned about
-    /// (another wrong name warns again).
-    pub(crate) policy_warned: Mutex<HashMap<String, String>>,
-    /// Consecutive failed reconciles per Service, for the retry backoff.
-    pub(crate) retries: Retries,
-    /// Per Service UID: the trigger times its last written plan saw, so
-    /// the next plan knows which changed since (the trigger-time
-    /// annotation, `portwise_core::plan::trigger`). Dropped when the Service
-    /// is deleted or no longer served.
-    pub(crate) trigger_memory: Mutex<HashMap<String, TriggerMemory>>,
+    /// Everything kept per Service, one row each.
+    pub(crate) table: Arc<ServiceTable>,
     pub(crate) migration: migrate::Migrator,
     /// Every watch has listed once: the caches are complete.
     pub(crate) synced: SyncGate,
@@ -75,9 +60,7 @@ pub(crate) struct Context {
     /// watched per namespace ([`crate::pod_scopes`]).
     pub(crate) pods_listed: crate::pod_scopes::ListedPods,
     /// Where every reconcile is asked for ([`crate::queue`]).
-    pub(crate) queue: crate::queue::Queue<kube::runtime::reflector::ObjectRef<Service>>,
-    /// When a pod change first asked for each Service's next reconcile.
-    pub(crate) asked: Arc<crate::asked::Asked>,
+    pub(crate) queue: crate::queue::Queue<ObjectRef<Service>>,
 }
 
 impl Context {
@@ -129,39 +112,22 @@ impl Context {
             .is_some_and(|s| s.uid() == svc.uid())
     }
 
-    /// Drops everything kept for a Service that left the cache: verdicts,
-    /// abstain runs, shadow state, migration sets, warning latches, retry
-    /// backoff, trigger memory, and its metric series (last, after the
-    /// judge's: see [`crate::judge::Judge::forget`]). Idempotent.
+    /// Drops everything kept for a Service that left the cache: its row
+    /// (verdicts, abstain runs, shadow state, cleanup's findings, warning
+    /// latches, retry backoff, trigger memory), what the start-up LISTs
+    /// said of it, and its metric series (last, after the row: see
+    /// [`crate::judge::Judge::judge`]). Idempotent.
     pub(crate) fn forget_service(&self, svc: &Service) {
-        let ns = svc.namespace().unwrap_or_default();
-        let uid = svc.uid().unwrap_or_default();
-        self.judge.forget(&uid);
-        if let Some(shadows) = &self.shadows {
-            shadows.forget(&uid);
-        }
         self.migration.forget(svc);
-        self.selector_warned.lock().unwrap().remove(&uid);
-        self.external_warned.lock().unwrap().remove(&uid);
-        self.policy_warned.lock().unwrap().remove(&uid);
-        let key = format!("{ns}/{}", svc.name_any());
-        self.retries.succeeded(&key);
-        self.asked.take(&key);
-        self.trigger_memory.lock().unwrap().remove(&uid);
-        self.metrics.forget_service(&ns, &svc.name_any());
+        self.table.forget(svc);
+        self.metrics
+            .forget_service(&svc.namespace().unwrap_or_default(), &svc.name_any());
     }
 
-    /// Keeps what `svc`'s written plan saw for its next plan, if the
-    /// Service still exists. Checked under the lock that its deletion takes
-    /// to drop the entry, after the cache has dropped the Service: an entry
-    /// kept by a reconcile that raced the deletion would never go.
+    /// Keeps what `svc`'s written plan saw for its next plan, unless the
+    /// Service was forgotten meanwhile (the entry would never go).
     pub(crate) fn remember_triggers(&self, svc: &Service, memory: TriggerMemory) {
-        let uid = svc.uid().unwrap_or_default();
-        let mut all = self.trigger_memory.lock().unwrap();
-        let current = self.services.get(&ObjectRef::from_obj(svc));
-        if current.is_some_and(|s| s.uid().as_deref() == Some(uid.as_str())) {
-            all.insert(uid, memory);
-        }
+        self.table.update_existing(svc, |row| row.triggers = memory);
     }
 
     pub(crate) fn zone_of(&self, node: &str) -> Option<String> {

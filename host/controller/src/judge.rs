@@ -12,7 +12,7 @@
 use std::{
     collections::{BTreeMap, HashMap},
     net::IpAddr,
-    sync::{Arc, Mutex},
+    sync::Arc,
     time::{Duration, Instant},
 };
 
@@ -29,12 +29,12 @@ use portwise_core::{
     policy::Policy,
 };
 
-use crate::metrics::Metrics;
+use crate::{metrics::Metrics, table::ServiceTable};
 
 /// A subject as the judge remembers it between reconciles: one pod
 /// address under one port.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-struct SubjectKey {
+pub(crate) struct SubjectKey {
     /// A Service that switches policy is judged afresh: verdicts and
     /// abstain runs of another expression say nothing about this one.
     policy: Policy,
@@ -55,7 +55,7 @@ struct Basis {
 
 /// What the judge remembers of one subject.
 #[derive(Clone, Debug)]
-struct Remembered {
+pub(crate) struct Remembered {
     verdict: Verdict,
     basis: Basis,
     /// When the verdict was reached.
@@ -64,8 +64,17 @@ struct Remembered {
     abstaining_since: Option<Instant>,
 }
 
-/// One Service's subjects, as its last reconcile left them.
-type Memory = HashMap<SubjectKey, Remembered>;
+/// One Service's subjects, as its last judgement left them.
+pub(crate) type Memory = HashMap<SubjectKey, Remembered>;
+
+/// Whose verdicts a Service's row keeps ([`crate::table::Row::verdicts`]):
+/// the live judge's, or a shadow's (by where the configuration defines it),
+/// so a shadow never disturbs the live verdicts, nor one shadow another's.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Id {
+    Live,
+    Shadow(Arc<str>),
+}
 
 /// The checker of each policy (`membership` and `policies.NAME`), built
 /// once at start.
@@ -79,12 +88,12 @@ pub struct Judge {
     timeout: Duration,
     freshness: Duration,
     metrics: Metrics,
-    /// Per Service UID: its subjects' verdicts and abstain runs.
-    memory: Mutex<HashMap<String, Memory>>,
+    /// Where each Service's verdicts and abstain runs are kept, under
+    /// `id`.
+    table: Arc<ServiceTable>,
+    id: Id,
     /// `abstainLimit`.
     abstain_limit: Duration,
-    /// A shadow's judge: its checks are kept out of the live metrics.
-    shadow: bool,
 }
 
 impl Judge {
@@ -95,6 +104,7 @@ impl Judge {
         resync: Duration,
         abstain_limit: Duration,
         metrics: Metrics,
+        table: Arc<ServiceTable>,
     ) -> Self {
         Self {
             checkers,
@@ -105,9 +115,9 @@ impl Judge {
             // always finds the previous results stale and probes again.
             freshness: resync.mul_f32(0.9),
             metrics,
-            memory: Mutex::default(),
+            table,
+            id: Id::Live,
             abstain_limit,
-            shadow: false,
         }
     }
 
@@ -118,11 +128,16 @@ impl Judge {
         self
     }
 
-    /// Marks this judge as a shadow's (see `crate::shadow`): the live
-    /// metrics (checks, abstain runs) do not count its work.
-    pub fn as_shadow(mut self) -> Self {
-        self.shadow = true;
+    /// Marks this judge as the shadow defined `at` (see `crate::shadow`):
+    /// its verdicts are kept apart, and the live metrics (checks, abstain
+    /// runs) do not count its work.
+    pub fn as_shadow(mut self, at: &str) -> Self {
+        self.id = Id::Shadow(at.into());
         self
+    }
+
+    fn is_shadow(&self) -> bool {
+        matches!(self.id, Id::Shadow(_))
     }
 
     /// A judge of one checker, as [`Policy::Default`] (a shadow's).
@@ -139,18 +154,20 @@ impl Judge {
     ) -> Vec<Judged> {
         let checker = self.checkers.get(policy).cloned();
         let label = policy.label();
-        let svc_uid = svc.uid().unwrap_or_default();
         let svc_rv = svc.resource_version().unwrap_or_default();
-        // Take what the last reconcile left, and leave an empty entry: it
-        // marks the judgement in flight. `forget` removes it, and then what
-        // this judgement learns is dropped instead of outliving the Service.
-        let previous = std::mem::take(
-            self.memory
-                .lock()
-                .unwrap()
-                .entry(svc_uid.clone())
-                .or_default(),
-        );
+        // Take what the last judgement left. If the Service is forgotten
+        // meanwhile, its row goes, and what this judgement learns is
+        // dropped instead of outliving the Service.
+        // A shadow judges off the reconcile, perhaps after its Service was
+        // deleted and made again under its name: it reads only a row the
+        // live judgement made for this very object, never resetting
+        // another's.
+        let take = |row: &mut crate::table::Row| row.verdicts.remove(&self.id).unwrap_or_default();
+        let previous = if self.is_shadow() {
+            self.table.update_existing(svc, take).unwrap_or_default()
+        } else {
+            self.table.update(svc, take)
+        };
         let now = Instant::now();
 
         let results: Vec<(SubjectKey, Basis, Subject, Verdict, Instant)> = stream::iter(subjects)
@@ -203,7 +220,7 @@ impl Judge {
             if let Some(since) = since {
                 longest = longest.max(now.saturating_duration_since(since));
             }
-            if decision != verdict.decision && !self.shadow {
+            if decision != verdict.decision && !self.is_shadow() {
                 self.metrics.count_abstain_expired();
                 debug!(pod = %subject.pod.name_any(), port = %subject.port.name,
                     limit = ?self.abstain_limit, "abstained for longer than abstainLimit: excluded");
@@ -225,29 +242,17 @@ impl Judge {
                 },
             );
         }
-        // Under the lock `forget` takes: a Service forgotten meanwhile gets
-        // neither its memory nor its metric series back.
-        let mut all = self.memory.lock().unwrap();
-        if let Some(slot) = all.get_mut(&svc_uid) {
-            *slot = memory;
-            if !self.shadow {
+        // Under the table's lock, which forgetting takes: a Service
+        // forgotten meanwhile gets neither its memory nor its metric series
+        // back (callers drop the series after the row).
+        self.table.update_existing(svc, |row| {
+            row.verdicts.insert(self.id.clone(), memory);
+            if !self.is_shadow() {
                 let (ns, name) = (svc.namespace().unwrap_or_default(), svc.name_any());
                 self.metrics.set_abstain_longest(&ns, &name, longest);
             }
-        }
+        });
         judged
-    }
-
-    /// Forgets a deleted Service's verdicts and abstain runs, also those of
-    /// a judgement still in flight. Callers drop the Service's metric series
-    /// after this returns.
-    pub fn forget(&self, svc_uid: &str) {
-        self.memory.lock().unwrap().remove(svc_uid);
-    }
-
-    /// Services the judge remembers anything of (for tests and the sweep).
-    pub fn remembered(&self) -> usize {
-        self.memory.lock().unwrap().len()
     }
 
     async fn check_one(&self, checker: &dyn Checker, policy: &str, subject: &Subject) -> Verdict {
@@ -264,7 +269,7 @@ impl Judge {
             Err(_) => Verdict::abstain()
                 .because(format!("check did not finish within {:?}", self.timeout)),
         };
-        if !self.shadow {
+        if !self.is_shadow() {
             self.metrics
                 .observe_check(policy, verdict.decision, started.elapsed());
         }
@@ -359,6 +364,7 @@ mod tests {
             Duration::from_secs(30),
             Duration::from_secs(300),
             metrics,
+            Arc::default(),
         )
     }
 
@@ -391,12 +397,12 @@ mod tests {
     async fn a_service_forgotten_mid_judgement_leaves_nothing_behind() {
         let (held, metrics, judge, running) = judging();
         held.started.notified().await;
-        judge.forget("uid-web");
+        judge.table.forget(&service());
         metrics.forget_service("shop", "web");
         held.release.notify_one();
         let judged = running.await.unwrap();
         assert_eq!(judged.len(), 1, "the judgement itself still answers");
-        assert_eq!(judge.remembered(), 0, "the forgotten Service came back");
+        assert_eq!(judge.table.len(), 0, "the forgotten Service came back");
         let text = metrics.encode();
         assert!(
             !text.contains("service=\"web\""),
@@ -449,7 +455,7 @@ mod tests {
         held.started.notified().await;
         held.release.notify_one();
         running.await.unwrap();
-        assert_eq!(judge.remembered(), 1);
+        assert_eq!(judge.table.len(), 1);
         assert!(metrics.encode().contains("service=\"web\""));
     }
 }

@@ -24,7 +24,6 @@
 //! Only the elected leader writes.
 
 pub mod apply;
-mod asked;
 pub mod cache;
 mod context;
 mod echo;
@@ -41,6 +40,7 @@ mod readiness;
 mod reconcile;
 mod retry;
 mod shadow;
+mod table;
 mod tenure;
 mod watches;
 mod wiring;
@@ -53,7 +53,6 @@ use portwise_core::config::Config;
 
 pub use error::Error;
 pub use events::Reason;
-pub use judge::Judge;
 pub use options::RunOptions;
 /// One ownership rule and one spelling of the slice labels, in the core.
 pub use portwise_core::plan::{MANAGED_BY_LABEL, SERVICE_NAME_LABEL, is_ours};

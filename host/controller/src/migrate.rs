@@ -12,8 +12,8 @@
 //! simply resumes on the next reconcile.
 
 use std::{
-    collections::{HashMap, HashSet},
-    sync::Mutex,
+    collections::HashMap,
+    sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
@@ -28,7 +28,10 @@ use kube::{
 use portwise_core::plan::{MANAGED_BY_LABEL, SERVICE_NAME_LABEL};
 use tracing::{debug, info, warn};
 
-use crate::metrics::{CleanupKind, Metrics};
+use crate::{
+    metrics::{CleanupKind, Metrics},
+    table::ServiceTable,
+};
 
 /// The native EndpointSlice controller's managed-by value.
 pub const NATIVE_MANAGER: &str = "endpointslice-controller.k8s.io";
@@ -77,9 +80,10 @@ impl Cleaned {
 pub struct Migrator {
     client: Client,
     managed_by: String,
-    /// Services (by UID) whose Endpoints object is known to be gone, so a
-    /// steady state does not GET it on every reconcile.
-    endpoints_gone: Mutex<HashSet<String>>,
+    /// What each Service's cleanup learnt (its row's `endpoints_gone` and
+    /// `native_slices_gone`), so a steady state neither GETs its Endpoints
+    /// nor LISTs its slices on every reconcile.
+    table: Arc<ServiceTable>,
     /// The native Endpoints objects (namespace, name) -> uid that one
     /// label-selected LIST found at start ([`Migrator::prime`]), so that the
     /// cold start's cleanup costs one request, not one GET per Service.
@@ -89,11 +93,6 @@ pub struct Migrator {
     /// does not manage, and keeping them would cost memory in proportion to
     /// the cluster rather than to what portwise manages.
     native_at_start: Mutex<Option<(Instant, NativeAtStart)>>,
-    /// Services (by UID) that a cleanup pass found without native slices:
-    /// no further LIST until [`Migrator::forget`]. The native controller
-    /// does not publish for a selector-less Service, so none come back
-    /// unless a selector does.
-    slices_gone: Mutex<HashSet<String>>,
     /// The native EndpointSlices the start-up LIST found, by (namespace,
     /// Service name): portwise's slice watch selects only its own slices,
     /// so this (and, later, one label-selected LIST per hand-over) is how
@@ -165,13 +164,12 @@ fn is_native_endpoints(ep: &Endpoints) -> bool {
 }
 
 impl Migrator {
-    pub fn new(client: Client, managed_by: String) -> Self {
+    pub(crate) fn new(client: Client, managed_by: String, table: Arc<ServiceTable>) -> Self {
         Self {
             client,
             managed_by,
-            endpoints_gone: Mutex::default(),
+            table,
             native_at_start: Mutex::default(),
-            slices_gone: Mutex::default(),
             slices_at_start: Mutex::default(),
         }
     }
@@ -278,10 +276,12 @@ impl Migrator {
     pub async fn cleanup(&self, svc: &Service, metrics: &Metrics) -> Result<Cleaned, Error> {
         let ns = svc.namespace().unwrap_or_default();
         let name = svc.name_any();
-        let uid = svc.uid().unwrap_or_default();
         let mut cleaned = Cleaned::default();
+        let (endpoints_gone, slices_gone) = self.table.read(svc, |row| {
+            row.map_or((false, false), |r| (r.endpoints_gone, r.native_slices_gone))
+        });
 
-        if !self.endpoints_gone.lock().unwrap().contains(&uid) {
+        if !endpoints_gone {
             let api: Api<Endpoints> = Api::namespaced(self.client.clone(), &ns);
             let native = match self.primed(&ns, &name) {
                 Primed::Present(uid) => Some(uid),
@@ -297,10 +297,12 @@ impl Migrator {
                 info!(namespace = %ns, service = %name, "deleted native Endpoints");
                 cleaned.endpoints = true;
             }
-            self.endpoints_gone.lock().unwrap().insert(uid.clone());
+            // Not for a Service forgotten meanwhile: it would never go.
+            self.table
+                .update_existing(svc, |row| row.endpoints_gone = true);
         }
 
-        if self.slices_gone.lock().unwrap().contains(&uid) {
+        if slices_gone {
             return Ok(cleaned);
         }
         let api: Api<EndpointSlice> = Api::namespaced(self.client.clone(), &ns);
@@ -308,8 +310,11 @@ impl Migrator {
         if native.is_empty() {
             // Only a pass that finds none settles it: one that deleted
             // some looks again next time, in case the native controller
-            // wrote late.
-            self.slices_gone.lock().unwrap().insert(uid);
+            // wrote late. The native controller does not publish for a
+            // selector-less Service, so none come back unless a selector
+            // does ([`Migrator::forget`]).
+            self.table
+                .update_existing(svc, |row| row.native_slices_gone = true);
         }
         for (slice_name, slice_uid) in native {
             delete_guarded(&api, &slice_name, slice_uid).await?;
@@ -338,9 +343,10 @@ impl Migrator {
     /// so the native controller may publish one again; or it was deleted),
     /// including what the start-up LIST said: from now on only a GET tells.
     pub fn forget(&self, svc: &Service) {
-        let uid = svc.uid().unwrap_or_default();
-        self.endpoints_gone.lock().unwrap().remove(&uid);
-        self.slices_gone.lock().unwrap().remove(&uid);
+        self.table.update_existing(svc, |row| {
+            row.endpoints_gone = false;
+            row.native_slices_gone = false;
+        });
         // The start-up LISTs are consulted for PRIMED_FOR only; past it
         // they go, so a deletion never grows them.
         let key = (svc.namespace().unwrap_or_default(), svc.name_any());
@@ -354,11 +360,6 @@ impl Migrator {
         if let Some((_, found)) = slices.as_mut() {
             found.insert(key, None);
         }
-    }
-
-    /// Entries kept for Services by uid (tests: nothing outlives a Service).
-    pub fn remembered(&self) -> usize {
-        self.endpoints_gone.lock().unwrap().len() + self.slices_gone.lock().unwrap().len()
     }
 
     /// Publishes `desired` as the Service's Endpoints object, unless an

@@ -5,8 +5,8 @@
 //! to serve and what follows from it is not decided here.
 
 use std::{
-    collections::{BTreeMap, HashSet},
-    sync::{Arc, Mutex},
+    collections::BTreeMap,
+    sync::Arc,
     time::{Duration, Instant},
 };
 
@@ -26,11 +26,11 @@ use crate::{
 
 /// Marks a once-per-transition warning for `uid` as the decision says;
 /// `true` when the Event is due now (raised and not marked before).
-fn latch(marks: &Mutex<HashSet<String>>, uid: &str, once: Once) -> bool {
+fn latch(mark: &mut bool, once: Once) -> bool {
     match once {
-        Once::Raise => marks.lock().unwrap().insert(uid.to_string()),
+        Once::Raise => !std::mem::replace(mark, true),
         Once::Rearm => {
-            marks.lock().unwrap().remove(uid);
+            *mark = false;
             false
         }
         Once::Keep => false,
@@ -72,8 +72,6 @@ pub(crate) async fn reconcile(
         debug!(namespace = %ns, "pods of the namespace not listed yet");
         return Ok(None);
     }
-    let uid = svc.uid().unwrap_or_default();
-
     let decided = {
         let node_known = |node: &str| ctx.node_known(node);
         let pods_in_group = |group: &str| ctx.pods_in_group(&ns, group);
@@ -92,7 +90,16 @@ pub(crate) async fn reconcile(
     };
 
     let warnings = decided.warnings();
-    if latch(&ctx.external_warned, &uid, warnings.external_name) {
+    let (external_name, selector) = ctx.table.update(&svc, |row| {
+        if warnings.unknown_policy == Once::Rearm {
+            row.warned.policy = None;
+        }
+        (
+            latch(&mut row.warned.external_name, warnings.external_name),
+            latch(&mut row.warned.selector, warnings.selector),
+        )
+    });
+    if external_name {
         ctx.events
             .publish(
                 &svc,
@@ -106,7 +113,7 @@ pub(crate) async fn reconcile(
     {
         ctx.migration.forget(&svc);
     }
-    if latch(&ctx.selector_warned, &uid, warnings.selector) {
+    if selector {
         ctx.events.publish(
             &svc,
             Reason::SelectorIgnored,
@@ -117,17 +124,14 @@ pub(crate) async fn reconcile(
         .await;
     }
 
-    if warnings.unknown_policy == Once::Rearm {
-        ctx.policy_warned.lock().unwrap().remove(&uid);
-    }
-
     let requeue = match decided.requeue() {
         Requeue::OnChange => None,
         Requeue::AfterResync => Some(ctx.config.resync_period),
     };
     match decided {
         Decision::Release(release) => {
-            ctx.trigger_memory.lock().unwrap().remove(&uid);
+            ctx.table
+                .update(&svc, |row| row.triggers = Default::default());
             self::release(&ctx, &svc, &release).await?;
             if release.forget_metrics {
                 ctx.metrics.forget_service(&ns, &svc.name_any());
@@ -138,12 +142,9 @@ pub(crate) async fn reconcile(
             // Nothing is judged, written or released: a typo must not
             // change what the Service publishes. Warned once per name.
             let name = hold.unknown.name.clone();
-            let fresh = ctx
-                .policy_warned
-                .lock()
-                .unwrap()
-                .insert(uid.clone(), name.clone())
-                != Some(name.clone());
+            let fresh = ctx.table.update(&svc, |row| {
+                row.warned.policy.replace(name.clone()).as_ref() != Some(&name)
+            });
             if fresh {
                 warn!(namespace = %ns, service = %svc.name_any(), policy = %name, "{}", hold.unknown);
                 ctx.events
@@ -189,13 +190,9 @@ async fn serve(
     // The planner's inputs borrow non-Send closures; keep them out of the
     // awaits below.
     let mut plan = {
-        let previous = ctx
-            .trigger_memory
-            .lock()
-            .unwrap()
-            .get(&svc.uid().unwrap_or_default())
-            .cloned()
-            .unwrap_or_default();
+        let previous = ctx.table.read(svc, |row| {
+            row.map(|r| r.triggers.clone()).unwrap_or_default()
+        });
         let owned = ctx.candidate_slices(svc);
         let zones = |node: &str| ctx.zone_of(node);
         let lookup = |n: &str| ctx.slice_by_name(&ns, n);

@@ -9,7 +9,7 @@
 //! successful reconcile starts it over. A change to the Service or its pods
 //! still reconciles at once: triggers are not subject to the backoff.
 
-use std::{collections::HashMap, sync::Mutex, time::Duration};
+use std::time::Duration;
 
 use backon::BackoffBuilder as _;
 
@@ -29,38 +29,34 @@ fn backoff() -> backon::ExponentialBackoff {
         .build()
 }
 
-/// One Service's consecutive failures and where its backoff is.
+/// One Service's consecutive failures and where its backoff is (kept in
+/// its row of the [`crate::table::ServiceTable`]).
 #[derive(Debug)]
-struct Failing {
+pub(crate) struct Backoff {
     failures: u32,
-    backoff: backon::ExponentialBackoff,
+    delays: backon::ExponentialBackoff,
 }
 
-/// Consecutive failures per Service (`namespace/name`).
-#[derive(Debug, Default)]
-pub struct Retries(Mutex<HashMap<String, Failing>>);
-
-impl Retries {
-    /// Records a failure of `key`; the delay before its next retry.
-    pub fn failed(&self, key: &str) -> Duration {
-        let mut failing = self.0.lock().unwrap();
-        let f = failing.entry(key.to_string()).or_insert_with(|| Failing {
+impl Default for Backoff {
+    fn default() -> Self {
+        Backoff {
             failures: 0,
-            backoff: backoff(),
-        });
-        f.failures = f.failures.saturating_add(1);
+            delays: backoff(),
+        }
+    }
+}
+
+impl Backoff {
+    /// Records a failure; the delay before the next retry.
+    pub(crate) fn fail(&mut self) -> Duration {
+        self.failures = self.failures.saturating_add(1);
         // Never None without a maximum number of retries.
-        f.backoff.next().unwrap_or(MAX)
+        self.delays.next().unwrap_or(MAX)
     }
 
-    /// A successful reconcile (or the Service's deletion) starts over.
-    pub fn succeeded(&self, key: &str) {
-        self.0.lock().unwrap().remove(key);
-    }
-
-    /// Consecutive failures of `key` so far.
-    pub fn failures(&self, key: &str) -> u32 {
-        self.0.lock().unwrap().get(key).map_or(0, |f| f.failures)
+    /// Consecutive failures so far.
+    pub(crate) fn failures(&self) -> u32 {
+        self.failures
     }
 }
 
@@ -70,28 +66,13 @@ mod tests {
 
     #[test]
     fn delays_double_up_to_the_cap() {
-        let r = Retries::default();
-        let all: Vec<Duration> = (0..100).map(|_| r.failed("ns/a")).collect();
+        let mut b = Backoff::default();
+        let all: Vec<Duration> = (0..100).map(|_| b.fail()).collect();
         assert_eq!(all[..4], [FIRST, FIRST * 2, FIRST * 4, FIRST * 8]);
         assert!(all.windows(2).all(|w| w[0] <= w[1]), "{all:?}");
         // 500 ms * 2^9 = 256 s, then the cap.
         assert_eq!(all[9], Duration::from_secs(256));
         assert!(all[10..].iter().all(|d| *d == MAX), "{all:?}");
-        assert_eq!(r.failures("ns/a"), 100);
-    }
-
-    #[test]
-    fn each_service_backs_off_on_its_own_and_success_starts_over() {
-        let r = Retries::default();
-        assert_eq!(r.failed("ns/a"), FIRST);
-        assert_eq!(r.failed("ns/a"), FIRST * 2);
-        assert_eq!(r.failed("ns/a"), FIRST * 4);
-        // Another Service's failures do not add to a's.
-        assert_eq!(r.failed("ns/b"), FIRST);
-        assert_eq!(r.failures("ns/a"), 3);
-        r.succeeded("ns/a");
-        assert_eq!(r.failures("ns/a"), 0);
-        assert_eq!(r.failed("ns/a"), FIRST);
-        assert_eq!(r.failures("ns/b"), 1);
+        assert_eq!(b.failures(), 100);
     }
 }

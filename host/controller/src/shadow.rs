@@ -35,13 +35,15 @@ use crate::{
     events::{Events, Reason},
     judge::Judge,
     metrics::Metrics,
+    table::ServiceTable,
 };
 
 /// Shortest gap between two shadow Events of one Service.
 pub(crate) const EVENT_INTERVAL: Duration = Duration::from_secs(60);
 
-/// What was last reported for one Service.
-struct Reported {
+/// What was last reported for one Service (kept in its row).
+#[derive(Debug)]
+pub(crate) struct Reported {
     at: Instant,
     digest: u64,
 }
@@ -51,11 +53,11 @@ pub(crate) struct Shadows {
     spec: ShadowSpec,
     default: Option<Judge>,
     named: BTreeMap<String, Judge>,
-    /// Per Service UID.
-    reported: Mutex<HashMap<String, Reported>>,
-    /// Services warned about an unknown shadow name (per name).
-    unknown_warned: Mutex<HashMap<String, String>>,
-    /// Per Service UID, while a shadow run of it is in flight: the newest
+    /// Where each Service's verdicts, last report and warning are kept.
+    table: Arc<ServiceTable>,
+    /// Not Service memory but the runner's own bookkeeping, so it is
+    /// here rather than in the table, and survives the Service's
+    /// forgetting until the run ends: per Service UID, while a shadow run of it is in flight: the newest
     /// live verdicts that came in meanwhile, judged when the run ends (the
     /// newest says all; older ones are dropped). So each Service has at
     /// most one shadow run, and a slow one never holds up its reconciles.
@@ -84,6 +86,7 @@ impl Shadows {
     pub(crate) fn build(
         config: &Config,
         ctx: &BuildContext<'_>,
+        table: Arc<ServiceTable>,
         judge: impl Fn(Arc<dyn Checker>) -> Judge,
     ) -> Result<Option<Self>, Error> {
         let Some(spec) = &config.shadow else {
@@ -91,7 +94,7 @@ impl Shadows {
         };
         let make = |expr: &CheckerExpr, at: &str| -> Result<Judge, Error> {
             portwise_checkers::build_at(expr, ctx, at)
-                .map(&judge)
+                .map(|checker| judge(checker).as_shadow(at))
                 .map_err(|e| Error::Build(e.to_string()))
         };
         let default = spec
@@ -113,8 +116,7 @@ impl Shadows {
             spec: spec.clone(),
             default,
             named,
-            reported: Mutex::default(),
-            unknown_warned: Mutex::default(),
+            table,
             queued: Mutex::default(),
         }))
     }
@@ -128,18 +130,6 @@ impl Shadows {
             Pick::Off | Pick::Unknown(_) => None,
         };
         (pick, judge)
-    }
-
-    /// Forgets a deleted Service.
-    pub(crate) fn forget(&self, svc_uid: &str) {
-        self.reported.lock().unwrap().remove(svc_uid);
-        self.unknown_warned.lock().unwrap().remove(svc_uid);
-        if let Some(j) = &self.default {
-            j.forget(svc_uid);
-        }
-        for j in self.named.values() {
-            j.forget(svc_uid);
-        }
     }
 
     /// Hands `svc`'s live verdicts to its shadow, off the reconcile: a run
@@ -175,7 +165,7 @@ impl Shadows {
                     .get(&ObjectRef::from_obj(run.svc.as_ref()))
                     .is_some_and(|s| s.uid() == run.svc.uid());
                 if !cached {
-                    shadows.forget(&uid);
+                    shadows.table.forget(&run.svc);
                     let ns = run.svc.namespace().unwrap_or_default();
                     outlets.metrics.forget_shadow(&ns, &run.svc.name_any());
                 }
@@ -195,19 +185,15 @@ impl Shadows {
     /// from `live`.
     async fn observe(&self, outlets: &Outlets, svc: &Arc<Service>, live: &[Judged]) {
         let (events, metrics) = (outlets.events.as_ref(), &outlets.metrics);
-        let (ns, name, uid) = (
-            svc.namespace().unwrap_or_default(),
-            svc.name_any(),
-            svc.uid().unwrap_or_default(),
-        );
+        let (ns, name) = (svc.namespace().unwrap_or_default(), svc.name_any());
         let (pick, judge) = self.for_service(svc);
         if let Pick::Unknown(wanted) = &pick {
             let first = self
-                .unknown_warned
-                .lock()
-                .unwrap()
-                .insert(uid.clone(), wanted.clone())
-                .is_none_or(|before| before != *wanted);
+                .table
+                .update_existing(svc, |row| {
+                    row.warned.shadow.replace(wanted.clone()).as_ref() != Some(wanted)
+                })
+                .unwrap_or(false);
             if first {
                 let known: Vec<&str> = self.named.keys().map(String::as_str).collect();
                 events.publish(
@@ -224,7 +210,8 @@ impl Shadows {
         }
         let Some(judge) = judge else {
             metrics.forget_shadow(&ns, &name);
-            self.reported.lock().unwrap().remove(&uid);
+            self.table
+                .update_existing(svc, |row| row.shadow_report = None);
             return;
         };
         let subjects: Vec<Subject> = live
@@ -256,29 +243,26 @@ impl Shadows {
             }
             h.finish()
         };
-        let due = {
-            let mut reported = self.reported.lock().unwrap();
+        // A Service forgotten while its shadow judged reports nothing.
+        let due = self.table.update_existing(svc, |row| {
             let now = Instant::now();
-            let due = match reported.get(&uid) {
+            let due = match &row.shadow_report {
                 // Nothing to say the first time if the shadow agrees.
                 None => !diffs.is_empty(),
                 Some(r) => r.digest != digest && now.duration_since(r.at) >= EVENT_INTERVAL,
             };
             if due {
-                reported.insert(uid.clone(), Reported { at: now, digest });
-            } else if !reported.contains_key(&uid) {
+                row.shadow_report = Some(Reported { at: now, digest });
+            } else if row.shadow_report.is_none() {
                 // Remember the agreeing state, so a later difference is news.
-                reported.insert(
-                    uid.clone(),
-                    Reported {
-                        at: now - EVENT_INTERVAL,
-                        digest,
-                    },
-                );
+                row.shadow_report = Some(Reported {
+                    at: now - EVENT_INTERVAL,
+                    digest,
+                });
             }
             due
-        };
-        if due {
+        });
+        if due == Some(true) {
             let reason = if diffs.is_empty() {
                 Reason::ShadowAgrees
             } else {
@@ -299,6 +283,7 @@ pub(crate) fn shadow_judge(
     check_timeout: Duration,
     metrics: Metrics,
     permits: Arc<Semaphore>,
+    table: Arc<ServiceTable>,
 ) -> Judge {
     Judge::new(
         Judge::single(checker),
@@ -307,7 +292,7 @@ pub(crate) fn shadow_judge(
         config.resync_period,
         config.abstain_limit(),
         metrics,
+        table,
     )
     .sharing_permits(permits)
-    .as_shadow()
 }

@@ -115,13 +115,15 @@ pub(crate) async fn run(
     let shadow_permits = Arc::new(tokio::sync::Semaphore::new(
         config.max_concurrent_checks.max(1),
     ));
-    let shadows = crate::shadow::Shadows::build(&config, &build_ctx, |checker| {
+    let table = Arc::new(crate::table::ServiceTable::default());
+    let shadows = crate::shadow::Shadows::build(&config, &build_ctx, table.clone(), |checker| {
         crate::shadow::shadow_judge(
             checker,
             &config,
             opts.check_timeout,
             opts.metrics.clone(),
             shadow_permits.clone(),
+            table.clone(),
         )
     })?
     .map(Arc::new);
@@ -205,7 +207,6 @@ pub(crate) async fn run(
     };
     let pod_groups = Arc::new(GroupIndex::default());
     let (pod_reader, pod_writer) = reflector::store::<Pod>();
-    let asked = Arc::new(crate::asked::Asked::default());
     let (pod_events, pods_listed) = if per_namespace_pods {
         let scopes = PodScopes {
             client: client.clone(),
@@ -242,10 +243,10 @@ pub(crate) async fn run(
         let svc_groups = svc_groups.clone();
         let tx = trigger_tx.clone();
         let key = config.pod_key().clone();
-        let asked = asked.clone();
+        let table = table.clone();
         pod_events.reflect(pod_writer).for_each(move |ev| {
             if let Ok(ev) = ev {
-                on_pod_event(&ev, &key, &pod_groups, &svc_groups, &tx, &asked);
+                on_pod_event(&ev, &key, &pod_groups, &svc_groups, &tx, &table);
             } else if let Err(e) = ev {
                 warn!(error = %e, "pod watch");
             }
@@ -288,6 +289,7 @@ pub(crate) async fn run(
             config.resync_period,
             config.abstain_limit(),
             opts.metrics.clone(),
+            table.clone(),
         ),
         shadows,
         writer: SliceWriter::new(client.clone(), config.managed_by.clone()).with_echoes(echoes),
@@ -297,7 +299,7 @@ pub(crate) async fn run(
             metrics: opts.metrics.clone(),
             services: svc_reader.clone(),
         },
-        migration: migrate::Migrator::new(client.clone(), config.managed_by.clone()),
+        migration: migrate::Migrator::new(client.clone(), config.managed_by.clone(), table.clone()),
         synced: gate.clone(),
         pods_listed,
         queue: queue.clone(),
@@ -311,12 +313,7 @@ pub(crate) async fn run(
         slice_owners,
         metrics: opts.metrics.clone(),
         leader: opts.leader.clone(),
-        selector_warned: Mutex::default(),
-        policy_warned: Mutex::default(),
-        external_warned: Mutex::default(),
-        retries: Default::default(),
-        trigger_memory: Mutex::default(),
-        asked,
+        table,
     });
     // Every task below is the supervisor's: stopped with the controller,
     // so that an in-process run leaves no writer (or watch) behind.

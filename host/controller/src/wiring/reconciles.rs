@@ -7,16 +7,6 @@ use super::*;
 
 use crate::queue::{Queue, Turn};
 
-/// The key every per-Service table here uses (the retry backoff's, the
-/// trigger marks').
-fn service_key(svc: &Service) -> String {
-    format!("{}/{}", svc.namespace().unwrap_or_default(), svc.name_any())
-}
-
-fn ref_key(r: &ObjectRef<Service>) -> String {
-    format!("{}/{}", r.namespace.as_deref().unwrap_or_default(), r.name)
-}
-
 /// Logs once every Service the synced cache held has been reconciled
 /// (docs/benchmarks.md, row 1b).
 pub(super) struct ColdStart {
@@ -105,10 +95,7 @@ async fn reconcile_turn(
     // The profile's trigger phase ends where its queue phase begins: when
     // the key became ready (later than the ask if a run of the Service was
     // under way then).
-    let asked = ctx
-        .asked
-        .take(&ref_key(&key))
-        .map(|a| a.saturating_sub(waited));
+    let asked = ctx.table.take_asked(&key).map(|a| a.saturating_sub(waited));
     // Only Services the cache holds are reconciled here (one that left it
     // is released by `release_gone`).
     let Some(svc) = ctx.services.get(&key) else {
@@ -146,7 +133,7 @@ async fn reconcile_turn(
 /// here, after the last insert, closes the race).
 fn finish(ctx: &Context, svc: &Arc<Service>, result: &Result<Option<Duration>, Error>) {
     if result.is_ok() {
-        ctx.retries.succeeded(&service_key(svc));
+        ctx.table.succeeded(svc);
     }
     if !ctx.still_cached(svc) {
         ctx.forget_service(svc);
@@ -156,15 +143,14 @@ fn finish(ctx: &Context, svc: &Arc<Service>, result: &Result<Option<Duration>, E
 /// When a failed reconcile of `svc` is tried again; `None` if the Service
 /// is gone.
 fn retry_after(svc: &Arc<Service>, err: &Error, ctx: &Context) -> Option<Duration> {
-    let key = service_key(svc);
     if !ctx.still_cached(svc) {
         // Deleted while it failed: nothing to retry, nothing to keep.
         ctx.forget_service(svc);
         return None;
     }
-    let delay = ctx.retries.failed(&key);
-    warn!(service = %key, error = %err, retry_in = ?delay,
-        failures = ctx.retries.failures(&key), "will retry");
+    let key = ObjectRef::from_obj(svc.as_ref());
+    let (delay, failures) = ctx.table.failed(&key);
+    warn!(service = %key, error = %err, retry_in = ?delay, failures, "will retry");
     Some(delay)
 }
 

@@ -87,9 +87,8 @@ fn retry_gone(
     r: ObjectRef<Service>,
     error: &str,
 ) {
-    let key = format!("{}/{}", r.namespace.as_deref().unwrap_or_default(), r.name);
-    let delay = ctx.retries.failed(&key);
-    warn!(service = %key, error, retry_in = ?delay, "releasing a Service that left the cache");
+    let (delay, _) = ctx.table.failed(&r);
+    warn!(service = %r, error, retry_in = ?delay, "releasing a Service that left the cache");
     let tx = tx.clone();
     tokio::spawn(async move {
         tokio::time::sleep(delay).await;

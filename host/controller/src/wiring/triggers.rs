@@ -73,7 +73,7 @@ pub(super) fn on_pod_event(
     pod_groups: &GroupIndex,
     svc_groups: &GroupIndex,
     tx: &Triggers,
-    asked: &crate::asked::Asked,
+    table: &crate::table::ServiceTable,
 ) {
     let (pod, group) = match ev {
         watcher::Event::Apply(p) | watcher::Event::InitApply(p) => (p, key_value(&p.metadata, key)),
@@ -92,8 +92,9 @@ pub(super) fn on_pod_event(
     }
     for g in groups {
         for svc in svc_groups.members(&ns, &g) {
-            asked.mark(format!("{ns}/{svc}"));
-            tx.ask(ObjectRef::new(&svc).within(&ns));
+            let key = ObjectRef::new(&svc).within(&ns);
+            table.mark_asked(&key);
+            tx.ask(key);
         }
     }
 }
