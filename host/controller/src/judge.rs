@@ -131,7 +131,7 @@ impl Judge {
     /// Marks this judge as the shadow defined `at` (see `crate::shadow`):
     /// its verdicts are kept apart, and the live metrics (checks, abstain
     /// runs) do not count its work.
-    pub fn as_shadow(mut self, at: &str) -> Self {
+    pub fn for_shadow(mut self, at: &str) -> Self {
         self.id = Id::Shadow(at.into());
         self
     }

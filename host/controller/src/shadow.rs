@@ -94,7 +94,7 @@ impl Shadows {
         };
         let make = |expr: &CheckerExpr, at: &str| -> Result<Judge, Error> {
             portwise_checkers::build_at(expr, ctx, at)
-                .map(|checker| judge(checker).as_shadow(at))
+                .map(|checker| judge(checker).for_shadow(at))
                 .map_err(|e| Error::Build(e.to_string()))
         };
         let default = spec

@@ -9,8 +9,10 @@
 //! Service) so probe results stay fresh even when no API object changes.
 //! What a reconcile then does is [`crate::reconcile`]'s business.
 //!
-//! One file a job: this one assembles the parts ([`run`]); `informers.rs`
-//! builds the watches of our own objects and of nodes; `triggers.rs` is
+//! One file a job: this one assembles the parts ([`run`]); `judges.rs`
+//! builds the live judge and the shadows; `keyed.rs` builds the Service and
+//! pod watches, `informers.rs` the watches of our own objects and of nodes;
+//! `background.rs` starts the work beside them; `triggers.rs` is
 //! where events ask for reconciles; `terms.rs` follows the caches' sync and
 //! the leader's terms; `release.rs` takes back the slices of Services that
 //! left the cache; `reconciles.rs` runs reconciles in turn and retries
@@ -24,7 +26,7 @@ use std::{
 };
 
 use futures::{
-    FutureExt, StreamExt, TryStreamExt,
+    FutureExt, StreamExt,
     future::{self, BoxFuture},
 };
 use k8s_openapi::{
@@ -63,26 +65,38 @@ use crate::{
     events::Events,
     judge::Judge,
     metrics::SyncResult,
-    migrate,
+    migrate::Migrator,
     options::RunOptions,
     pod_scopes::{ListedPods, PodScopes, ServiceSeen},
     queue::Queue,
     reconcile::reconcile,
+    shadow::Shadows,
+    table::ServiceTable,
     watches::{watch_all, watch_keyed},
 };
+use tokio::{
+    sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel},
+    task::JoinSet,
+};
 
+mod background;
 mod informers;
+mod judges;
+mod keyed;
 mod reconciles;
 mod release;
 mod terms;
 mod triggers;
 
+use informers::Watches;
 use reconciles::{ColdStart, reconcile_outside, serve};
 use release::{Gone, release_gone, slice_service, sweep_gone};
 use terms::terms;
 use triggers::{Triggers, on_pod_event, trigger_unless_echo};
 
-/// Runs the controller until `shutdown` resolves.
+/// Runs the controller until `shutdown` resolves: builds the judges, the
+/// watches and the context, hands every task to one supervisor, and serves
+/// the queue's reconciles; on shutdown, drains them before the tasks stop.
 pub(crate) async fn run(
     client: Client,
     config: Config,
@@ -91,179 +105,43 @@ pub(crate) async fn run(
 ) -> Result<(), Error> {
     let started = std::time::Instant::now();
     let config = Arc::new(config);
-    let build_ctx = BuildContext {
-        wasm: opts.wasm.as_deref(),
-        stable_ttl: BuildContext::stable_ttl_for(config.resync_period),
-        stable_spacing: BuildContext::stable_spacing_for(config.resync_period),
-    };
-    // One checker per policy, `membership` included, built (and so
-    // validated) at start.
-    let mut checkers = crate::judge::Checkers::new();
-    let membership: Arc<dyn Checker> = portwise_checkers::build(&config.membership, &build_ctx)
-        .map_err(|e| Error::Build(e.to_string()))?;
-    checkers.insert(Policy::Default, membership);
-    for (name, expr) in &config.policies {
-        let policy = Policy::Named(name.clone());
-        let checker: Arc<dyn Checker> =
-            portwise_checkers::build_at(expr, &build_ctx, &policy.label())
-                .map_err(|e| Error::Build(e.to_string()))?;
-        checkers.insert(policy, checker);
-    }
-    // maxConcurrentChecks bounds the live checks; the shadows share a pool
-    // of the same size of their own, so a slow shadow never takes a live
-    // check's place.
-    let shadow_permits = Arc::new(tokio::sync::Semaphore::new(
-        config.max_concurrent_checks.max(1),
-    ));
-    let table = Arc::new(crate::table::ServiceTable::default());
-    let shadows = crate::shadow::Shadows::build(&config, &build_ctx, table.clone(), |checker| {
-        crate::shadow::shadow_judge(
-            checker,
-            &config,
-            opts.check_timeout,
-            opts.metrics.clone(),
-            shadow_permits.clone(),
-            table.clone(),
-        )
-    })?
-    .map(Arc::new);
+    let table = Arc::new(ServiceTable::default());
+    let (judge, shadows) = judges::build(&config, &opts, &table)?;
 
     let gate = SyncGate::default();
-    // Streamed from the watch cache, as the native controller's informers
-    // do (`watches::streaming_or_listing` falls back to LIST + WATCH).
-    let list_cfg = watcher::Config::default().any_semantic().streaming_lists();
-
-    // With an annotation key and every namespace watched, pods are watched
-    // per namespace that holds a keyed Service (`crate::pod_scopes`); the
-    // Service watch reports its namespaces, and has a gate of its own that
-    // the pod scopes wait for before the cold start's.
-    let per_namespace_pods =
-        opts.namespaces.is_empty() && matches!(config.pod_key(), KeySource::Annotation(_));
-    let (seen_tx, seen_rx) = tokio::sync::mpsc::unbounded_channel::<ServiceSeen>();
-    let seen_tx = per_namespace_pods.then_some(seen_tx);
-    let services_gate = if per_namespace_pods {
-        SyncGate::default()
-    } else {
-        gate.clone()
-    };
-
-    // Services
-    let (svc_reader, svc_writer) = reflector::store::<Service>();
-    // Services, indexed by group; deletions are reported so per-Service
-    // state (verdict cache, trigger times, metrics series) is dropped with them.
-    let svc_groups = Arc::new(GroupIndex::default());
-    let (gone_tx, mut gone_rx) = tokio::sync::mpsc::unbounded_channel::<Arc<Service>>();
-    let (release_tx, release_rx) = tokio::sync::mpsc::unbounded_channel::<Gone>();
-    let services = {
-        let svc_groups = svc_groups.clone();
-        let key = config.service_key.clone();
-        let release_tx = release_tx.clone();
-        watch_keyed(&client, &opts.namespaces, &list_cfg, &key, &services_gate)
-            .reflect(svc_writer)
-            .inspect_ok(move |ev| match ev {
-                watcher::Event::Apply(svc) | watcher::Event::InitApply(svc) => {
-                    let ns = svc.namespace().unwrap_or_default();
-                    svc_groups.set(&ns, &svc.name_any(), key_value(&svc.metadata, &key));
-                    if let Some(seen) = &seen_tx {
-                        let name = svc.name_any();
-                        let _ = seen.send(ServiceSeen::Present { ns, name });
-                    }
-                }
-                watcher::Event::Delete(svc) => {
-                    let ns = svc.namespace().unwrap_or_default();
-                    svc_groups.set(&ns, &svc.name_any(), None);
-                    if let Some(seen) = &seen_tx {
-                        let (ns, name) = (ns.clone(), svc.name_any());
-                        let _ = seen.send(ServiceSeen::Gone { ns, name });
-                    }
-                    let svc = Arc::new(svc.clone());
-                    let _ = gone_tx.send(svc.clone());
-                    // Deleted, or dropped from the cache for losing its
-                    // key: only the latter needs its slices released.
-                    let lost = svc.metadata.resource_version.is_some()
-                        && key_value(&svc.metadata, &key).is_none();
-                    let _ = release_tx.send(if lost {
-                        Gone::Lost(svc)
-                    } else {
-                        Gone::Check(ObjectRef::from_obj(svc.as_ref()))
-                    });
-                }
-                _ => {}
-            })
-            .applied_objects()
-            // Like every other ask (`Triggers`): none before the caches
-            // sync, whose opening triggers every Service.
-            .try_filter({
-                let gate = gate.clone();
-                move |_| future::ready(gate.synced())
-            })
-    };
-
-    // Pods, indexed by group; a change triggers the group's Services.
     let queue = Queue::new();
-    let trigger_tx = Triggers {
+    let triggers = Triggers {
         queue: queue.clone(),
         gate: gate.clone(),
     };
-    let pod_groups = Arc::new(GroupIndex::default());
-    let (pod_reader, pod_writer) = reflector::store::<Pod>();
-    let (pod_events, pods_listed) = if per_namespace_pods {
-        let scopes = PodScopes {
-            client: client.clone(),
-            cfg: list_cfg.clone(),
-            key: config.pod_key().clone(),
-            services_listed: services_gate.clone(),
-            gate: gate.clone(),
-            pods: pod_reader.clone(),
-            limit: opts.pod_watch_namespaces,
-            on_listed: Box::new({
-                let (tx, services) = (trigger_tx.clone(), svc_reader.clone());
-                move |ns: &str| {
-                    for svc in services.state() {
-                        if svc.namespace().as_deref() == Some(ns) {
-                            tx.ask(ObjectRef::from_obj(svc.as_ref()));
-                        }
-                    }
-                }
-            }),
-        };
-        scopes.stream(seen_rx)
-    } else {
-        let events = watch_keyed(
-            &client,
-            &opts.namespaces,
-            &list_cfg,
-            config.pod_key(),
-            &gate,
-        );
-        (events, ListedPods::with_the_caches())
-    };
-    let pod_stream = {
-        let pod_groups = pod_groups.clone();
-        let svc_groups = svc_groups.clone();
-        let tx = trigger_tx.clone();
-        let key = config.pod_key().clone();
-        let table = table.clone();
-        pod_events.reflect(pod_writer).for_each(move |ev| {
-            if let Ok(ev) = ev {
-                on_pod_event(&ev, &key, &pod_groups, &svc_groups, &tx, &table);
-            } else if let Err(e) = ev {
-                warn!(error = %e, "pod watch");
-            }
-            future::ready(())
-        })
-    };
-
-    // Our slices, our legacy Endpoints, node zones ([`informers`]).
-    let watches = informers::Watches {
+    let (svc_reader, svc_writer) = reflector::store::<Service>();
+    let (release_tx, release_rx) = unbounded_channel::<Gone>();
+    // Streamed from the watch cache, as the native controller's informers
+    // do (`watches::streaming_or_listing` falls back to LIST + WATCH).
+    let list_cfg = watcher::Config::default().any_semantic().streaming_lists();
+    let watches = Watches {
         client: &client,
         namespaces: &opts.namespaces,
         cfg: &list_cfg,
         gate: &gate,
-        triggers: &trigger_tx,
+        triggers: &triggers,
         services: &svc_reader,
         managed_by: &config.managed_by,
     };
+    let per_namespace = keyed::per_namespace_pods(&config, &opts.namespaces);
+    let mut services = watches.services(
+        svc_writer,
+        &config.service_key,
+        per_namespace,
+        release_tx.clone(),
+    );
+    let pods = watches.pods(
+        config.pod_key(),
+        services.seen.take(),
+        opts.pod_watch_namespaces,
+        &services,
+        table.clone(),
+    );
     let slice_owners = Arc::new(GroupIndex::default());
     let echoes = Arc::new(Echoes::default());
     let (slice_reader, slice_stream) =
@@ -282,15 +160,7 @@ pub(crate) async fn run(
     };
     let events = Arc::new(Events::new(Recorder::new(client.clone(), reporter)));
     let ctx = Arc::new(Context {
-        judge: Judge::new(
-            checkers,
-            config.max_concurrent_checks,
-            opts.check_timeout,
-            config.resync_period,
-            config.abstain_limit(),
-            opts.metrics.clone(),
-            table.clone(),
-        ),
+        judge,
         shadows,
         writer: SliceWriter::new(client.clone(), config.managed_by.clone()).with_echoes(echoes),
         events: events.clone(),
@@ -299,47 +169,38 @@ pub(crate) async fn run(
             metrics: opts.metrics.clone(),
             services: svc_reader.clone(),
         },
-        migration: migrate::Migrator::new(client.clone(), config.managed_by.clone(), table.clone()),
+        migration: Migrator::new(client.clone(), config.managed_by.clone(), table.clone()),
         synced: gate.clone(),
-        pods_listed,
+        pods_listed: pods.listed,
         queue: queue.clone(),
         config: config.clone(),
-        services: svc_reader.clone(),
-        pods: pod_reader,
+        services: svc_reader,
+        pods: pods.store,
         slices: slice_reader,
         our_endpoints: our_endpoints_reader,
         nodes: node_store,
-        pod_groups,
+        pod_groups: pods.groups,
         slice_owners,
         metrics: opts.metrics.clone(),
         leader: opts.leader.clone(),
         table,
     });
-    // Every task below is the supervisor's: stopped with the controller,
-    // so that an in-process run leaves no writer (or watch) behind.
-    let mut tasks = tokio::task::JoinSet::new();
-    {
-        let ctx = ctx.clone();
-        tasks.spawn(async move {
-            while let Some(svc) = gone_rx.recv().await {
-                ctx.forget_service(&svc);
-            }
-        });
-    }
 
-    // Native Endpoints, listed once so that the cold start's migration
-    // cleanup does not GET one per Service; reconciles wait for it like for
-    // the watches' first lists.
-    if config.native_cleanup {
-        let mut listed = gate.register();
-        let ctx = ctx.clone();
-        let namespaces = opts.namespaces.clone();
-        tasks.spawn(async move {
-            ctx.migration.prime(&namespaces).await;
-            listed.complete();
-        });
+    // The supervisor: every task is stopped with the controller, so that an
+    // in-process run leaves no writer (or watch) behind.
+    let mut tasks = JoinSet::new();
+    // First: the start-up LIST joins the sync gate before any watch can
+    // open it.
+    background::spawn(&mut tasks, &ctx, &opts, services.gone);
+    for stream in [
+        services.stream,
+        pods.stream,
+        slice_stream,
+        our_endpoints_stream,
+        node_stream,
+    ] {
+        tasks.spawn(stream);
     }
-
     // Services that leave the cache but not the cluster are released
     // there ([`release_gone`]).
     tasks.spawn(release_gone(
@@ -352,53 +213,9 @@ pub(crate) async fn run(
         ctx.clone(),
         opts.leader.clone(),
         started,
-        trigger_tx.clone(),
-        release_tx.clone(),
+        triggers,
+        release_tx,
     ));
-    {
-        let (services, pods, slices, nodes) = (
-            svc_reader.clone(),
-            ctx.pods.clone(),
-            ctx.slices.clone(),
-            ctx.nodes.clone(),
-        );
-        opts.metrics.read_cache_sizes(move || {
-            let mut rows = vec![
-                ("services", services.len()),
-                ("pods", pods.len()),
-                ("endpointslices", slices.len()),
-            ];
-            rows.extend(nodes.as_ref().map(|n| ("nodes", n.len())));
-            rows
-        });
-    }
-
-    // Readiness: flip once every watch has listed once.
-    if let Some(ready) = opts.ready.clone() {
-        let gate = gate.clone();
-        tasks.spawn(async move {
-            gate.opened().await;
-            ready.set_ready(true);
-        });
-    }
-
-    tasks.spawn(pod_stream);
-    tasks.spawn(slice_stream);
-    tasks.spawn(our_endpoints_stream);
-    tasks.spawn(node_stream);
-
-    // A Service's own changes ask for it too (after the caches sync, like
-    // every other ask, see `Triggers`).
-    {
-        let tx = trigger_tx.clone();
-        tasks.spawn(services.for_each(move |svc| {
-            match svc {
-                Ok(svc) => tx.ask(ObjectRef::from_obj(&svc)),
-                Err(e) => warn!(error = %e, "service watch"),
-            }
-            future::ready(())
-        }));
-    }
 
     info!(namespaces = ?opts.namespaces, managed_by = %config.managed_by, "portwise controller starting");
     let cold = Arc::new(ColdStart::new(started));
