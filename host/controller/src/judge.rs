@@ -10,8 +10,7 @@
 //! `resyncPeriod`, and a changed pod is judged afresh at once.
 
 use std::{
-    collections::{BTreeMap, HashMap},
-    net::IpAddr,
+    collections::BTreeMap,
     sync::Arc,
     time::{Duration, Instant},
 };
@@ -24,57 +23,16 @@ use tracing::debug;
 
 use portwise_checkers::Checker;
 use portwise_core::{
-    membership::{Decision, Family, Subject, Verdict, algebra::bound_abstain},
+    membership::{Decision, Subject, Verdict, algebra::bound_abstain},
     plan::Judged,
     policy::Policy,
 };
 
 use crate::{metrics::Metrics, table::ServiceTable};
 
-/// A subject as the judge remembers it between reconciles: one pod
-/// address under one port.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub(crate) struct SubjectKey {
-    /// A Service that switches policy is judged afresh: verdicts and
-    /// abstain runs of another expression say nothing about this one.
-    policy: Policy,
-    pod_uid: String,
-    port: String,
-    family: Family,
-    address: IpAddr,
-}
+pub(crate) mod memory;
 
-/// What a verdict was reached under: it is reused only while all of it
-/// holds.
-#[derive(Clone, Debug, PartialEq, Eq)]
-struct Basis {
-    service_rv: String,
-    pod_rv: String,
-    target: u16,
-}
-
-/// What the judge remembers of one subject.
-#[derive(Clone, Debug)]
-pub(crate) struct Remembered {
-    verdict: Verdict,
-    basis: Basis,
-    /// When the verdict was reached.
-    at: Instant,
-    /// Since when the subject has abstained without a break, if it abstains.
-    abstaining_since: Option<Instant>,
-}
-
-/// One Service's subjects, as its last judgement left them.
-pub(crate) type Memory = HashMap<SubjectKey, Remembered>;
-
-/// Whose verdicts a Service's row keeps ([`crate::table::Row::verdicts`]):
-/// the live judge's, or a shadow's (by where the configuration defines it),
-/// so a shadow never disturbs the live verdicts, nor one shadow another's.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub(crate) enum Id {
-    Live,
-    Shadow(Arc<str>),
-}
+use memory::{Basis, Id, Memory, Remembered, SubjectKey};
 
 /// The checker of each policy (`membership` and `policies.NAME`), built
 /// once at start.
@@ -292,11 +250,11 @@ impl Judge {
 
 #[cfg(test)]
 mod tests {
-    use std::net::Ipv4Addr;
+    use std::net::{IpAddr, Ipv4Addr};
 
     use k8s_openapi::{api::core::v1::Pod, apimachinery::pkg::apis::meta::v1::ObjectMeta};
     use portwise_checkers::BoxFuture;
-    use portwise_core::membership::ResolvedPort;
+    use portwise_core::membership::{Family, ResolvedPort};
     use tokio::sync::Notify;
 
     use super::*;

@@ -35,18 +35,11 @@ use crate::{
     events::{Events, Reason},
     judge::Judge,
     metrics::Metrics,
-    table::ServiceTable,
+    table::{ServiceTable, ShadowReport},
 };
 
 /// Shortest gap between two shadow Events of one Service.
 pub(crate) const EVENT_INTERVAL: Duration = Duration::from_secs(60);
-
-/// What was last reported for one Service (kept in its row).
-#[derive(Debug)]
-pub(crate) struct Reported {
-    at: Instant,
-    digest: u64,
-}
 
 /// The configured shadows, built once at start like the live checker.
 pub(crate) struct Shadows {
@@ -252,10 +245,10 @@ impl Shadows {
                 Some(r) => r.digest != digest && now.duration_since(r.at) >= EVENT_INTERVAL,
             };
             if due {
-                row.shadow_report = Some(Reported { at: now, digest });
+                row.shadow_report = Some(ShadowReport { at: now, digest });
             } else if row.shadow_report.is_none() {
                 // Remember the agreeing state, so a later difference is news.
-                row.shadow_report = Some(Reported {
+                row.shadow_report = Some(ShadowReport {
                     at: now - EVENT_INTERVAL,
                     digest,
                 });

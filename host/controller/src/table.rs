@@ -29,7 +29,7 @@ use kube::{ResourceExt, runtime::reflector::ObjectRef};
 
 use portwise_core::plan::TriggerMemory;
 
-use crate::{judge, retry::Backoff, shadow};
+use crate::{judge::memory as judge, retry::Backoff};
 
 /// The queue's key for a Service.
 pub(crate) type Key = ObjectRef<Service>;
@@ -54,7 +54,7 @@ pub(crate) struct Row {
     /// Warnings sent once per transition.
     pub(crate) warned: Warned,
     /// What the shadow last reported.
-    pub(crate) shadow_report: Option<shadow::Reported>,
+    pub(crate) shadow_report: Option<ShadowReport>,
     /// Its legacy Endpoints object is known to be gone: a steady state
     /// does not GET it on every reconcile.
     pub(crate) endpoints_gone: bool,
@@ -73,6 +73,14 @@ pub(crate) struct Warned {
     pub(crate) policy: Option<String>,
     /// The unknown shadow name warned about.
     pub(crate) shadow: Option<String>,
+}
+
+/// What the shadow last reported of a Service: when, and a digest of the
+/// differences it reported.
+#[derive(Debug)]
+pub(crate) struct ShadowReport {
+    pub(crate) at: Instant,
+    pub(crate) digest: u64,
 }
 
 /// One row per Service (see the module docs).
