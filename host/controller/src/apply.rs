@@ -437,8 +437,8 @@ async fn write(
         };
         match applied {
             Ok(written) => {
-                metrics.count_write(WriteKind::Apply);
-                metrics.count_slice_change(if seen.is_some() {
+                metrics.writes.count(WriteKind::Apply);
+                metrics.native.count_slice_change(if seen.is_some() {
                     SliceChange::Update
                 } else {
                     SliceChange::Create
@@ -471,8 +471,8 @@ async fn write(
         let deleted = api.delete(name, seen.uid.clone()).await;
         match deleted {
             Ok(()) => {
-                metrics.count_write(WriteKind::Delete);
-                metrics.count_slice_change(SliceChange::Delete);
+                metrics.writes.count(WriteKind::Delete);
+                metrics.native.count_slice_change(SliceChange::Delete);
                 info!(namespace = ns, slice = %name, "deleted EndpointSlice");
             }
             Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
@@ -504,8 +504,8 @@ async fn write(
         let flight = echoes.writing(ns, &name);
         match update(api, onto, slice).await {
             Ok(written) => {
-                metrics.count_write(WriteKind::Apply);
-                metrics.count_slice_change(SliceChange::Update);
+                metrics.writes.count(WriteKind::Apply);
+                metrics.native.count_slice_change(SliceChange::Update);
                 debug!(namespace = ns, slice = %name, "finished a move into EndpointSlice");
                 echoes.applied(&written);
                 drop(flight);

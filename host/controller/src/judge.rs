@@ -179,7 +179,7 @@ impl Judge {
                 longest = longest.max(now.saturating_duration_since(since));
             }
             if decision != verdict.decision && !self.is_shadow() {
-                self.metrics.count_abstain_expired();
+                self.metrics.checks.count_abstain_expired();
                 debug!(pod = %subject.pod.name_any(), port = %subject.port.name,
                     limit = ?self.abstain_limit, "abstained for longer than abstainLimit: excluded");
             }
@@ -207,7 +207,9 @@ impl Judge {
             row.verdicts.insert(self.id.clone(), memory);
             if !self.is_shadow() {
                 let (ns, name) = (svc.namespace().unwrap_or_default(), svc.name_any());
-                self.metrics.set_abstain_longest(&ns, &name, longest);
+                self.metrics
+                    .services
+                    .set_abstain_longest(&ns, &name, longest);
             }
         });
         judged
@@ -229,7 +231,8 @@ impl Judge {
         };
         if !self.is_shadow() {
             self.metrics
-                .observe_check(policy, verdict.decision, started.elapsed());
+                .checks
+                .observe(policy, verdict.decision, started.elapsed());
         }
         debug!(
             policy,

@@ -293,7 +293,7 @@ impl Migrator {
             };
             if let Some(ep_uid) = native {
                 delete_guarded(&api, &name, ep_uid).await?;
-                metrics.count_native_cleanup_deletion(CleanupKind::Endpoints);
+                metrics.writes.count_native_cleanup(CleanupKind::Endpoints);
                 info!(namespace = %ns, service = %name, "deleted native Endpoints");
                 cleaned.endpoints = true;
             }
@@ -318,7 +318,9 @@ impl Migrator {
         }
         for (slice_name, slice_uid) in native {
             delete_guarded(&api, &slice_name, slice_uid).await?;
-            metrics.count_native_cleanup_deletion(CleanupKind::EndpointSlice);
+            metrics
+                .writes
+                .count_native_cleanup(CleanupKind::EndpointSlice);
             info!(namespace = %ns, service = %name, slice = %slice_name, "deleted native EndpointSlice");
             cleaned.slices.push(slice_name);
         }

@@ -158,7 +158,7 @@ pub(crate) async fn reconcile(
             if !self::serve(&ctx, &svc, serve, &mut profile).await? {
                 return Ok(None);
             }
-            ctx.metrics.observe_reconcile(started.elapsed());
+            ctx.metrics.reconciles.observe(started.elapsed());
             profile.report(&ctx, &ns, &svc.name_any());
             Ok(requeue)
         }
@@ -179,7 +179,9 @@ async fn serve(
     // their own (probe results, annotations, guests' verdicts, ...): when
     // portwise began to look, before judging.
     let observed = Timestamp::now();
-    ctx.metrics.set_not_judged(&ns, &name, &serve.not_judged);
+    ctx.metrics
+        .services
+        .set_not_judged(&ns, &name, &serve.not_judged);
     let judged = ctx
         .judge
         .judge(svc, std::mem::take(&mut serve.subjects), &serve.policy)
@@ -218,9 +220,10 @@ async fn serve(
     // Counted as planned, as the native controller does: a sync whose
     // writes fail counts again when it is retried.
     ctx.metrics
+        .native
         .observe_sync_plan(plan.summary.endpoints_added, plan.summary.endpoints_removed);
     for c in &plan.collisions {
-        ctx.metrics.count_name_collision();
+        ctx.metrics.writes.count_name_collision();
         ctx.events.publish(
             svc,
             Reason::EndpointSliceNameCollision,
@@ -258,7 +261,7 @@ async fn serve(
     for ((port, family), n) in &plan.summary.endpoints {
         published.insert((port.clone(), family.clone()), *n);
     }
-    ctx.metrics.set_service(
+    ctx.metrics.services.set(
         &ns,
         &name,
         &published,
@@ -315,7 +318,8 @@ async fn serve(
         shadows.submit(&ctx.shadow_outlets, svc.clone(), judged);
     }
     ctx.metrics
-        .set_service_synced(&ns, &name, std::time::SystemTime::now());
+        .services
+        .set_synced(&ns, &name, std::time::SystemTime::now());
     profile.finish = profile.lap();
     Ok(true)
 }
@@ -375,7 +379,7 @@ impl Profile {
             (Finish, self.finish),
         ];
         for (phase, took) in self.asked.map(|t| (Trigger, t)).into_iter().chain(timed) {
-            ctx.metrics.observe_reconcile_phase(phase, took);
+            ctx.metrics.reconciles.observe_phase(phase, took);
         }
         let us = |d: Duration| d.as_micros() as u64;
         debug!(

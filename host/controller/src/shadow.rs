@@ -160,7 +160,10 @@ impl Shadows {
                 if !cached {
                     shadows.table.forget(&run.svc);
                     let ns = run.svc.namespace().unwrap_or_default();
-                    outlets.metrics.forget_shadow(&ns, &run.svc.name_any());
+                    outlets
+                        .metrics
+                        .services
+                        .forget_shadow(&ns, &run.svc.name_any());
                 }
                 let mut queued = shadows.queued.lock().unwrap();
                 match queued.get_mut(&uid).and_then(Option::take) {
@@ -202,7 +205,7 @@ impl Shadows {
             }
         }
         let Some(judge) = judge else {
-            metrics.forget_shadow(&ns, &name);
+            metrics.services.forget_shadow(&ns, &name);
             self.table
                 .update_existing(svc, |row| row.shadow_report = None);
             return;
@@ -221,7 +224,7 @@ impl Shadows {
             .judge(svc, subjects, &portwise_core::policy::Policy::Default)
             .await;
         let diffs = shadow::differences(live, &shadowed);
-        metrics.set_shadow(
+        metrics.services.set_shadow(
             &ns,
             &name,
             &pick.label(),

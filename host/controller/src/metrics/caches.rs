@@ -8,12 +8,13 @@ use prometheus_client::{
     collector::Collector,
     encoding::{DescriptorEncoder, EncodeMetric},
     metrics::{MetricType, gauge::ConstGauge},
+    registry::Registry,
 };
 
 use super::labels::KindLabels;
 
 /// Reads the caches' sizes at scrape time: `(kind, objects)` rows.
-pub type CacheSource = Box<dyn Fn() -> Vec<(&'static str, usize)> + Send + Sync>;
+type CacheSource = Box<dyn Fn() -> Vec<(&'static str, usize)> + Send + Sync>;
 
 const HELP: &str =
     "Objects held in the informer caches by kind (services|pods|endpointslices|nodes).";
@@ -21,7 +22,7 @@ const HELP: &str =
 /// A gauge family whose values are the stores' lengths. Without a source
 /// (before the controller runs) the family is declared and empty.
 #[derive(Clone, Default)]
-pub(super) struct CacheSizes {
+pub struct CacheSizes {
     source: Arc<RwLock<Option<CacheSource>>>,
 }
 
@@ -48,8 +49,18 @@ impl Collector for CacheSizes {
 }
 
 impl CacheSizes {
-    /// Reads from `source` at every scrape from now on.
-    pub(super) fn read_from(&self, source: CacheSource) {
-        *self.source.write().unwrap_or_else(PoisonError::into_inner) = Some(source);
+    pub(super) fn register(registry: &mut Registry) -> Self {
+        let sizes = CacheSizes::default();
+        registry.register_collector(Box::new(sizes.clone()));
+        sizes
+    }
+
+    /// Makes `portwise_cache_objects` report what `source` says (the
+    /// informer caches' sizes) at every scrape from now on.
+    pub fn read_from(
+        &self,
+        source: impl Fn() -> Vec<(&'static str, usize)> + Send + Sync + 'static,
+    ) {
+        *self.source.write().unwrap_or_else(PoisonError::into_inner) = Some(Box::new(source));
     }
 }

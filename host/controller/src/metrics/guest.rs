@@ -1,6 +1,7 @@
-//! `portwise_guest_failures`: guest failures are counted by the WebAssembly
-//! runtime itself (plain atomics, so that crate needs no metrics library
-//! and this one no wasmtime); this collector reads them at every scrape.
+//! The WebAssembly guests: module loads, and `portwise_guest_failures`.
+//! Guest failures are counted by the WebAssembly runtime itself (plain
+//! atomics, so that crate needs no metrics library and this one no
+//! wasmtime); a collector reads them at every scrape.
 
 use std::{
     collections::BTreeMap,
@@ -10,10 +11,15 @@ use std::{
 use prometheus_client::{
     collector::Collector,
     encoding::{DescriptorEncoder, EncodeMetric},
-    metrics::{MetricType, counter::ConstCounter},
+    metrics::{
+        MetricType,
+        counter::{ConstCounter, Counter},
+        family::Family as MetricFamily,
+    },
+    registry::Registry,
 };
 
-use super::labels::{GuestFailureLabels, label};
+use super::labels::{GuestFailureLabels, ModuleLoad, ModuleLoadLabels, label};
 
 /// Why a WebAssembly guest's answer was replaced by `abstain`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -58,7 +64,7 @@ const GUEST_FAILURES_HELP: &str = "WebAssembly guest answers replaced by abstain
 /// (no copy to keep in step). Without a source the family is declared and
 /// empty, as a registered family with no series would be.
 #[derive(Clone, Default)]
-pub(super) struct GuestFailures {
+struct GuestFailures {
     source: Arc<RwLock<Option<GuestFailureSource>>>,
 }
 
@@ -91,10 +97,49 @@ impl Collector for GuestFailures {
     }
 }
 
-impl GuestFailures {
-    /// Reads from `source` at every scrape from now on (replaces any earlier
-    /// source).
-    pub(super) fn read_from(&self, source: GuestFailureSource) {
-        *self.source.write().unwrap_or_else(PoisonError::into_inner) = Some(source);
+/// Module loads and guest failures. Clones share the series.
+#[derive(Clone, Debug)]
+pub struct Guests {
+    failures: GuestFailures,
+    loads: MetricFamily<ModuleLoadLabels, Counter>,
+}
+
+impl Guests {
+    pub(super) fn register(registry: &mut Registry) -> Self {
+        let guests = Guests {
+            failures: GuestFailures::default(),
+            loads: MetricFamily::default(),
+        };
+        registry.register_collector(Box::new(guests.failures.clone()));
+        registry.register(
+            "module_loads",
+            "WebAssembly module loads by module and result (compiled|cached|failed)",
+            guests.loads.clone(),
+        );
+        guests
+    }
+
+    /// Makes `portwise_guest_failures` report what `source` says at every
+    /// scrape (`module` is the file name in the modules directory); replaces
+    /// any earlier source.
+    pub fn read_failures(
+        &self,
+        source: impl Fn() -> Vec<(String, GuestFailure, u64)> + Send + Sync + 'static,
+    ) {
+        *self
+            .failures
+            .source
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = Some(Box::new(source));
+    }
+
+    /// Counts one module load.
+    pub fn count_load(&self, module: &str, result: ModuleLoad) {
+        self.loads
+            .get_or_create(&ModuleLoadLabels {
+                module: label(module),
+                result: result.as_str(),
+            })
+            .inc();
     }
 }

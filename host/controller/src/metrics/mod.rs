@@ -8,46 +8,59 @@
 //! leader-elected controller need (guest failures, module loads, reconcile
 //! errors and durations, writes, leadership).
 //!
-//! [`Metrics`] is a cheap-to-clone handle; every clone updates the same
-//! series. The per-Service gauges are *levels*, not events, so they must
-//! disappear with the Service: [`Metrics::set_service`] replaces all series of
-//! one Service at once (a renamed or removed port does not linger) and
-//! [`Metrics::forget_service`] drops them when the Service is deleted or no
-//! longer managed. Counters are never reset; Prometheus handles restarts.
+//! [`Metrics`] is a cheap-to-clone handle made of parts, one per subject,
+//! each registering its own families (`ServiceLevels::register`, ...);
+//! every clone updates the same series. The per-Service gauges are
+//! *levels*, not events, so they must disappear with the Service: they are
+//! kept as one entry per Service and encoded at every scrape
+//! ([`ServiceLevels`]), so [`ServiceLevels::set`] replaces all of one
+//! Service's series at once (a renamed or removed port does not linger) and
+//! [`Metrics::forget_service`] drops them with one removal. The native
+//! controller's totals are summed from the same levels at the same scrape.
+//! Counters are never reset; Prometheus handles restarts.
 //!
 //! Guest failures are counted by the WebAssembly runtime itself (plain
 //! atomics, so that crate needs no metrics library and this one no
 //! wasmtime): `portwise_guest_failures` is a
 //! [`Collector`](prometheus_client::collector::Collector) that reads them
-//! through [`Metrics::read_guest_failures`] at every scrape. The caches'
-//! sizes (`portwise_cache_objects`) are read from the stores the same way
-//! ([`Metrics::read_cache_sizes`]).
+//! through [`Guests::read_failures`] at every scrape. The caches' sizes
+//! (`portwise_cache_objects`) are read from the stores the same way
+//! ([`CacheSizes::read_from`]).
 //!
 //! The exposition is OpenMetrics text (`Metrics::encode`), which Prometheus
 //! scrapes natively. Counter names gain their `_total` suffix and histograms
 //! their `_seconds` unit from the encoder, so the names registered below are
 //! the stems.
 //!
-//! One file a job: `registry.rs` holds [`Metrics`] (every family
-//! registered, the exposition); `labels.rs` the label values and sets;
-//! `service.rs` the per-Service levels (published endpoints, slices,
-//! abstains, shadow); `counters.rs` the process-wide counters, latencies and
-//! gauges; `guest.rs` the guest failures read from the runtime; `caches.rs` the
-//! caches' sizes read from the stores; `native.rs`
-//! the series that mean what the native controller's
-//! `endpoint_slice_controller_*` mean, under the same names.
+//! One file a part: `service.rs` the per-Service levels; `checks.rs` the
+//! membership checks; `reconciles.rs` reconcile durations, phases and
+//! errors; `writes.rs` writes, cleanups and collisions; `guest.rs` module
+//! loads and guest failures; `caches.rs` the caches' sizes; `process.rs`
+//! leadership and the build; `native.rs` the series that mean what the
+//! native controller's `endpoint_slice_controller_*` mean, under the same
+//! names. `registry.rs` assembles them into [`Metrics`]; `labels.rs` holds
+//! the label values and sets.
 
 mod caches;
-mod counters;
+mod checks;
 mod guest;
 mod labels;
 mod native;
+mod process;
+mod reconciles;
 mod registry;
 mod service;
 #[cfg(test)]
 mod tests;
+mod writes;
 
-pub use guest::{GuestFailure, GuestFailureSource};
+pub use caches::CacheSizes;
+pub use checks::Checks;
+pub use guest::{GuestFailure, GuestFailureSource, Guests};
 pub use labels::{CleanupKind, ModuleLoad, ReconcilePhase, WriteKind, decision_label};
-pub use native::{SliceChange, SyncResult};
+pub use native::{Native, SliceChange, SyncResult};
+pub use process::Process;
+pub use reconciles::Reconciles;
 pub use registry::{CONTENT_TYPE, Metrics};
+pub use service::ServiceLevels;
+pub use writes::Writes;

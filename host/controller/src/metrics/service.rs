@@ -1,73 +1,102 @@
-//! The per-Service series: levels, not events, so they are replaced as a
-//! whole when a Service is reconciled and dropped with the Service (a
-//! renamed or removed port does not linger).
+//! The per-Service series: levels, not events. They are kept as one entry
+//! per Service and encoded at every scrape, so a Service's series are
+//! replaced as a whole when it is reconciled (a renamed or removed port
+//! does not linger) and go with one removal when it is forgotten: no
+//! side index emulates "delete by Service" over label sets.
 
 use std::{
-    collections::{BTreeMap, HashSet},
-    sync::PoisonError,
+    collections::BTreeMap,
+    sync::{Arc, Mutex, MutexGuard, PoisonError},
     time::Duration,
 };
 
-use portwise_core::{align::NotJudged, membership::Family};
-
-use super::{
-    labels::{
-        NotJudgedLabels, PublishedLabels, ServiceLabels, ShadowLabels, ShadowPortLabels,
-        gauge_value, label,
-    },
-    registry::{Metrics, PublishedIndex},
+use prometheus_client::{
+    collector::Collector,
+    encoding::{DescriptorEncoder, EncodeMetric},
+    metrics::{MetricType, gauge::ConstGauge},
+    registry::{Registry, Unit},
 };
 
-impl Metrics {
-    fn index(&self) -> std::sync::MutexGuard<'_, PublishedIndex> {
-        // The index only mirrors series; a panic elsewhere cannot leave it
-        // inconsistent in a way worse than a stale series.
-        self.published_index
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+use portwise_core::align::NotJudged;
+
+use super::labels::{
+    NotJudgedLabels, PublishedLabels, ServiceLabels, ShadowLabels, ShadowPortLabels, gauge_value,
+    label,
+};
+
+/// One Service's shadow figures at its last reconcile.
+#[derive(Clone, Debug, Default)]
+struct Shadow {
+    /// `shadow.membership` or `shadow.expressions.NAME`.
+    name: String,
+    /// Differing pods per port, every port listed.
+    per_port: BTreeMap<String, usize>,
+    verdicts: usize,
+}
+
+/// Every level of one Service; `None` where nothing was set yet.
+#[derive(Clone, Debug, Default)]
+pub(super) struct Levels {
+    /// Endpoints per (port, family).
+    published: BTreeMap<(String, String), usize>,
+    slices: Option<usize>,
+    /// The slices its endpoints would need with perfect packing (the
+    /// native `desired_endpoint_slices`).
+    pub(super) desired_slices: usize,
+    not_judged: Option<BTreeMap<NotJudged, usize>>,
+    abstain_longest: Option<f64>,
+    synced: Option<f64>,
+    shadow: Option<Shadow>,
+}
+
+impl Levels {
+    pub(super) fn endpoints(&self) -> usize {
+        self.published.values().sum()
     }
 
-    /// Sets the number of endpoints published for one Service port (its name,
-    /// or its number when unnamed) and address family.
-    pub fn set_published(
-        &self,
-        namespace: &str,
-        service: &str,
-        port: &str,
-        family: Family,
-        endpoints: usize,
-    ) {
-        let mut index = self.index();
-        let family = family.as_str().to_owned();
-        index
+    pub(super) fn slices(&self) -> usize {
+        self.slices.unwrap_or(0)
+    }
+}
+
+/// Levels by (namespace, service), label values escaped.
+pub(super) type ByService = BTreeMap<(String, String), Levels>;
+
+/// The per-Service series: `endpoints_published`, `slices_managed`,
+/// `pods_not_judged`, `abstain_longest_seconds`,
+/// `service_synced_timestamp_seconds`, `shadow_differences`,
+/// `shadow_verdicts`. Clones share the levels.
+#[derive(Clone, Debug, Default)]
+pub struct ServiceLevels {
+    levels: Arc<Mutex<ByService>>,
+}
+
+impl ServiceLevels {
+    pub(super) fn register(registry: &mut Registry) -> Self {
+        let levels = ServiceLevels::default();
+        registry.register_collector(Box::new(levels.clone()));
+        levels
+    }
+
+    /// The levels, for the native totals read at the same scrape.
+    pub(super) fn read(&self) -> MutexGuard<'_, ByService> {
+        // Levels only mirror what reconciles set; a panic elsewhere cannot
+        // leave them worse than a stale figure.
+        self.levels.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn with<R>(&self, namespace: &str, service: &str, f: impl FnOnce(&mut Levels) -> R) -> R {
+        f(self
+            .read()
             .entry((label(namespace), label(service)))
-            .or_default()
-            .insert((label(port), family.clone()));
-        self.endpoints_published
-            .get_or_create(&PublishedLabels {
-                namespace: label(namespace),
-                service: label(service),
-                port: label(port),
-                family,
-            })
-            .set(gauge_value(endpoints));
+            .or_default())
     }
 
-    /// Sets the number of EndpointSlices portwise manages for one Service.
-    pub fn set_slices_managed(&self, namespace: &str, service: &str, slices: usize) {
-        self.slices_managed
-            .get_or_create(&ServiceLabels {
-                namespace: label(namespace),
-                service: label(service),
-            })
-            .set(gauge_value(slices));
-    }
-
-    /// Replaces every per-Service series of one Service. `published` maps
-    /// (Service port name or number, `IPv4`/`IPv6`) to the endpoints
-    /// published, for every port and family the Service has now (as
-    /// `plan::Summary::endpoints`); series of pairs not listed are dropped.
-    pub fn set_service(
+    /// Replaces a Service's published figures: `published` maps (Service
+    /// port name or number, `IPv4`/`IPv6`) to the endpoints published, for
+    /// every port and family the Service has now (as
+    /// `plan::Summary::endpoints`); pairs not listed are dropped.
+    pub fn set(
         &self,
         namespace: &str,
         service: &str,
@@ -75,60 +104,24 @@ impl Metrics {
         slices: usize,
         desired_slices: usize,
     ) {
-        self.set_native_share(
-            namespace,
-            service,
-            published.values().sum(),
-            slices,
-            desired_slices,
-        );
-        let mut index = self.index();
-        let key = (label(namespace), label(service));
-        let mut now = HashSet::new();
-        for ((port, family), endpoints) in published {
-            let labels = PublishedLabels {
-                namespace: label(namespace),
-                service: label(service),
-                port: label(port),
-                family: label(family),
-            };
-            self.endpoints_published
-                .get_or_create(&labels)
-                .set(gauge_value(*endpoints));
-            now.insert((labels.port, labels.family));
-        }
-        if let Some(before) = index.get(&key) {
-            for (port, family) in before.difference(&now) {
-                self.endpoints_published.remove(&PublishedLabels {
-                    namespace: label(namespace),
-                    service: label(service),
-                    port: port.clone(),
-                    family: family.clone(),
-                });
-            }
-        }
-        if now.is_empty() {
-            index.remove(&key);
-        } else {
-            index.insert(key, now);
-        }
-        drop(index);
-        self.set_slices_managed(namespace, service, slices);
+        self.with(namespace, service, |l| {
+            l.published = published
+                .iter()
+                .map(|((port, family), n)| ((label(port), label(family)), *n))
+                .collect();
+            l.slices = Some(slices);
+            l.desired_slices = desired_slices;
+        });
     }
 
     /// Marks a complete sync of a Service (everything planned was written)
     /// at `at`: the series a staleness alert watches.
-    pub fn set_service_synced(&self, namespace: &str, service: &str, at: std::time::SystemTime) {
+    pub fn set_synced(&self, namespace: &str, service: &str, at: std::time::SystemTime) {
         let unix = at
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap_or_default()
             .as_secs_f64();
-        self.service_synced
-            .get_or_create(&ServiceLabels {
-                namespace: label(namespace),
-                service: label(service),
-            })
-            .set(unix);
+        self.with(namespace, service, |l| l.synced = Some(unix));
     }
 
     /// Sets the pods of a Service's group that are not judged, every reason
@@ -139,51 +132,17 @@ impl Metrics {
         service: &str,
         counts: &BTreeMap<NotJudged, usize>,
     ) {
-        for why in NotJudged::ALL {
-            self.pods_not_judged
-                .get_or_create(&NotJudgedLabels {
-                    namespace: label(namespace),
-                    service: label(service),
-                    reason: why.as_str().to_string(),
-                })
-                .set(gauge_value(counts.get(&why).copied().unwrap_or(0)));
-        }
+        self.with(namespace, service, |l| l.not_judged = Some(counts.clone()));
     }
 
-    /// Drops every per-Service series of a Service that was deleted or is no
-    /// longer managed, so dashboards do not show ghosts.
-    pub fn forget_service(&self, namespace: &str, service: &str) {
-        let mut index = self.index();
-        if let Some(ports) = index.remove(&(label(namespace), label(service))) {
-            for (port, family) in ports {
-                self.endpoints_published.remove(&PublishedLabels {
-                    namespace: label(namespace),
-                    service: label(service),
-                    port,
-                    family,
-                });
-            }
-        }
-        let labels = ServiceLabels {
-            namespace: label(namespace),
-            service: label(service),
-        };
-        self.slices_managed.remove(&labels);
-        self.abstain_longest.remove(&labels);
-        self.service_synced.remove(&labels);
-        for why in NotJudged::ALL {
-            self.pods_not_judged.remove(&NotJudgedLabels {
-                namespace: label(namespace),
-                service: label(service),
-                reason: why.as_str().to_string(),
-            });
-        }
-        drop(index);
-        self.forget_shadow(namespace, service);
-        self.forget_native_share(namespace, service);
+    /// The longest ongoing abstain of a Service (zero when none).
+    pub fn set_abstain_longest(&self, namespace: &str, service: &str, longest: Duration) {
+        self.with(namespace, service, |l| {
+            l.abstain_longest = Some(longest.as_secs_f64())
+        });
     }
 
-    /// Replaces a Service's shadow series: differing pods per port (every
+    /// Replaces a Service's shadow figures: differing pods per port (every
     /// port listed, zeros included) and the verdicts compared.
     pub fn set_shadow(
         &self,
@@ -193,81 +152,151 @@ impl Metrics {
         per_port: &BTreeMap<String, usize>,
         verdicts: usize,
     ) {
-        let mut index = self
-            .shadow_index
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        let key = (label(namespace), label(service));
-        let ports: HashSet<String> = per_port.keys().map(|p| label(p)).collect();
-        if let Some((old_shadow, old_ports)) = index.get(&key) {
-            for port in old_ports {
-                if old_shadow != shadow || !ports.contains(port) {
-                    self.shadow_differences.remove(&ShadowPortLabels {
-                        namespace: key.0.clone(),
-                        service: key.1.clone(),
-                        shadow: old_shadow.clone(),
-                        port: port.clone(),
-                    });
-                }
-            }
-            if old_shadow != shadow {
-                self.shadow_verdicts.remove(&ShadowLabels {
-                    namespace: key.0.clone(),
-                    service: key.1.clone(),
-                    shadow: old_shadow.clone(),
-                });
-            }
-        }
-        for (port, n) in per_port {
-            self.shadow_differences
-                .get_or_create(&ShadowPortLabels {
-                    namespace: key.0.clone(),
-                    service: key.1.clone(),
-                    shadow: label(shadow),
-                    port: label(port),
-                })
-                .set(gauge_value(*n));
-        }
-        self.shadow_verdicts
-            .get_or_create(&ShadowLabels {
-                namespace: key.0.clone(),
-                service: key.1.clone(),
-                shadow: label(shadow),
-            })
-            .set(gauge_value(verdicts));
-        index.insert(key, (label(shadow), ports));
+        let shadow = Shadow {
+            name: label(shadow),
+            per_port: per_port.iter().map(|(p, n)| (label(p), *n)).collect(),
+            verdicts,
+        };
+        self.with(namespace, service, |l| l.shadow = Some(shadow));
     }
 
     /// Drops a Service's shadow series (no shadow applies any more).
     pub fn forget_shadow(&self, namespace: &str, service: &str) {
-        let mut index = self
-            .shadow_index
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        if let Some((shadow, ports)) = index.remove(&(label(namespace), label(service))) {
-            for port in ports {
-                self.shadow_differences.remove(&ShadowPortLabels {
-                    namespace: label(namespace),
-                    service: label(service),
-                    shadow: shadow.clone(),
-                    port,
-                });
-            }
-            self.shadow_verdicts.remove(&ShadowLabels {
-                namespace: label(namespace),
-                service: label(service),
-                shadow,
-            });
+        if let Some(l) = self.read().get_mut(&(label(namespace), label(service))) {
+            l.shadow = None;
         }
     }
 
-    /// The longest ongoing abstain of a Service (zero when none).
-    pub fn set_abstain_longest(&self, namespace: &str, service: &str, longest: Duration) {
-        self.abstain_longest
-            .get_or_create(&ServiceLabels {
-                namespace: label(namespace),
-                service: label(service),
-            })
-            .set(longest.as_secs_f64());
+    /// Drops every series of a Service that was deleted or is no longer
+    /// managed, so dashboards do not show ghosts.
+    pub fn forget(&self, namespace: &str, service: &str) {
+        self.read().remove(&(label(namespace), label(service)));
+    }
+}
+
+fn service_labels(key: &(String, String)) -> ServiceLabels {
+    ServiceLabels {
+        namespace: key.0.clone(),
+        service: key.1.clone(),
+    }
+}
+
+impl Collector for ServiceLevels {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        // A copy, so the lock is not held while the scrape is written.
+        let all = self.read().clone();
+        let gauge = MetricType::Gauge;
+
+        let mut family = encoder.encode_descriptor(
+            "endpoints_published",
+            "Endpoints published per Service port and address family.",
+            None,
+            gauge,
+        )?;
+        for (key, l) in &all {
+            for ((port, family_name), n) in &l.published {
+                let labels = PublishedLabels {
+                    namespace: key.0.clone(),
+                    service: key.1.clone(),
+                    port: port.clone(),
+                    family: family_name.clone(),
+                };
+                ConstGauge::new(gauge_value(*n)).encode(family.encode_family(&labels)?)?;
+            }
+        }
+
+        let mut family = encoder.encode_descriptor(
+            "slices_managed",
+            "EndpointSlices portwise manages per Service.",
+            None,
+            gauge,
+        )?;
+        for (key, l) in &all {
+            if let Some(n) = l.slices {
+                ConstGauge::new(gauge_value(n))
+                    .encode(family.encode_family(&service_labels(key))?)?;
+            }
+        }
+
+        let mut family = encoder.encode_descriptor(
+            "pods_not_judged",
+            "Pods of a Service's group that no port can include, by reason (terminal|node-gone|no-address).",
+            None,
+            gauge,
+        )?;
+        for (key, l) in &all {
+            let Some(counts) = &l.not_judged else {
+                continue;
+            };
+            for why in NotJudged::ALL {
+                let labels = NotJudgedLabels {
+                    namespace: key.0.clone(),
+                    service: key.1.clone(),
+                    reason: why.as_str().to_string(),
+                };
+                let n = counts.get(&why).copied().unwrap_or(0);
+                ConstGauge::new(gauge_value(n)).encode(family.encode_family(&labels)?)?;
+            }
+        }
+
+        let mut family = encoder.encode_descriptor(
+            "abstain_longest",
+            "How long the longest unbroken abstain of a Service's (pod, port, family) has lasted; past abstainLimit it counts as exclude.",
+            Some(&Unit::Seconds),
+            gauge,
+        )?;
+        for (key, l) in &all {
+            if let Some(s) = l.abstain_longest {
+                ConstGauge::new(s).encode(family.encode_family(&service_labels(key))?)?;
+            }
+        }
+
+        let mut family = encoder.encode_descriptor(
+            "service_synced_timestamp",
+            "Unix time of the Service's last complete sync (judged, planned, written); the leader syncs every served Service at least once per resyncPeriod.",
+            Some(&Unit::Seconds),
+            gauge,
+        )?;
+        for (key, l) in &all {
+            if let Some(t) = l.synced {
+                ConstGauge::new(t).encode(family.encode_family(&service_labels(key))?)?;
+            }
+        }
+
+        let mut family = encoder.encode_descriptor(
+            "shadow_differences",
+            "Pods whose shadow verdict differs from the live one, per Service port (nothing of the shadow is published).",
+            None,
+            gauge,
+        )?;
+        for (key, l) in &all {
+            let Some(s) = &l.shadow else { continue };
+            for (port, n) in &s.per_port {
+                let labels = ShadowPortLabels {
+                    namespace: key.0.clone(),
+                    service: key.1.clone(),
+                    shadow: s.name.clone(),
+                    port: port.clone(),
+                };
+                ConstGauge::new(gauge_value(*n)).encode(family.encode_family(&labels)?)?;
+            }
+        }
+
+        let mut family = encoder.encode_descriptor(
+            "shadow_verdicts",
+            "Verdicts the shadow was compared on at the Service's last reconcile.",
+            None,
+            gauge,
+        )?;
+        for (key, l) in &all {
+            let Some(s) = &l.shadow else { continue };
+            let labels = ShadowLabels {
+                namespace: key.0.clone(),
+                service: key.1.clone(),
+                shadow: s.name.clone(),
+            };
+            ConstGauge::new(gauge_value(s.verdicts)).encode(family.encode_family(&labels)?)?;
+        }
+        Ok(())
     }
 }

@@ -2,7 +2,7 @@
 
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
-use portwise_core::membership::{Decision, Family};
+use portwise_core::membership::Decision;
 
 use super::*;
 
@@ -90,10 +90,20 @@ fn every_family_is_declared_with_its_final_name() {
 #[test]
 fn published_endpoints_and_slices_are_gauges_per_service_port_family() {
     let m = Metrics::new();
-    m.set_published("shop", "web", "http", Family::V4, 3);
-    m.set_published("shop", "web", "http", Family::V6, 2);
-    m.set_published("shop", "web", "http", Family::V4, 4);
-    m.set_slices_managed("shop", "web", 2);
+    m.services.set(
+        "shop",
+        "web",
+        &figures(&[("http", "IPv4", 3), ("http", "IPv6", 2)]),
+        1,
+        1,
+    );
+    m.services.set(
+        "shop",
+        "web",
+        &figures(&[("http", "IPv4", 4), ("http", "IPv6", 2)]),
+        2,
+        2,
+    );
     let text = m.encode();
     assert_eq!(
         sample(
@@ -121,15 +131,17 @@ fn published_endpoints_and_slices_are_gauges_per_service_port_family() {
 #[test]
 fn set_service_replaces_ports_and_forget_service_drops_everything() {
     let m = Metrics::new();
-    m.set_service(
+    m.services.set(
         "shop",
         "web",
         &figures(&[("http", "IPv4", 3), ("admin", "IPv4", 1)]),
         2,
         2,
     );
-    m.set_service("shop", "api", &figures(&[("grpc", "IPv6", 5)]), 1, 1);
-    m.set_service("shop", "web", &figures(&[("http", "IPv4", 2)]), 1, 1);
+    m.services
+        .set("shop", "api", &figures(&[("grpc", "IPv6", 5)]), 1, 1);
+    m.services
+        .set("shop", "web", &figures(&[("http", "IPv4", 2)]), 1, 1);
     let text = m.encode();
     let web_http =
         r#"portwise_endpoints_published{namespace="shop",service="web",port="http",family="IPv4"}"#;
@@ -177,17 +189,21 @@ fn set_service_replaces_ports_and_forget_service_drops_everything() {
     m.forget_service("shop", "web");
     m.forget_service("nowhere", "nothing");
     // And a forgotten Service comes back cleanly.
-    m.set_published("shop", "web", "http", Family::V4, 1);
+    m.services
+        .set("shop", "web", &figures(&[("http", "IPv4", 1)]), 1, 1);
     assert_eq!(sample(&m.encode(), web_http), Some(1.0));
 }
 
 #[test]
 fn checks_are_counted_by_policy_and_decision_with_latency() {
     let m = Metrics::new();
-    m.observe_check("membership", Decision::Include, Duration::from_millis(2));
-    m.observe_check("membership", Decision::Include, Duration::from_millis(3));
-    m.observe_check("membership", Decision::Abstain, Duration::from_secs(2));
-    m.observe_check(
+    m.checks
+        .observe("membership", Decision::Include, Duration::from_millis(2));
+    m.checks
+        .observe("membership", Decision::Include, Duration::from_millis(3));
+    m.checks
+        .observe("membership", Decision::Abstain, Duration::from_secs(2));
+    m.checks.observe(
         "policies.strict",
         Decision::Exclude,
         Duration::from_millis(1),
@@ -254,25 +270,27 @@ fn checks_are_counted_by_policy_and_decision_with_latency() {
 #[test]
 fn event_counters_carry_their_labels() {
     let m = Metrics::new();
-    m.count_native_cleanup_deletion(CleanupKind::Endpoints);
-    m.count_native_cleanup_deletion(CleanupKind::EndpointSlice);
-    m.count_native_cleanup_deletion(CleanupKind::EndpointSlice);
-    m.count_name_collision();
-    m.read_guest_failures(|| {
+    m.writes.count_native_cleanup(CleanupKind::Endpoints);
+    m.writes.count_native_cleanup(CleanupKind::EndpointSlice);
+    m.writes.count_native_cleanup(CleanupKind::EndpointSlice);
+    m.writes.count_name_collision();
+    m.guests.read_failures(|| {
         vec![
             ("admin-check.wasm".into(), GuestFailure::Deadline, 1),
             ("admin-check.wasm".into(), GuestFailure::Denied, 1),
         ]
     });
-    m.count_module_load("admin-check.wasm", ModuleLoad::Cached);
-    m.count_reconcile_error("apply");
-    m.count_write(WriteKind::Apply);
-    m.count_write(WriteKind::Apply);
-    m.count_write(WriteKind::Delete);
-    m.observe_reconcile(Duration::from_millis(20));
-    m.observe_reconcile_phase(ReconcilePhase::Write, Duration::from_millis(250));
-    m.observe_reconcile_phase(ReconcilePhase::Write, Duration::from_millis(500));
-    m.set_leader(true);
+    m.guests.count_load("admin-check.wasm", ModuleLoad::Cached);
+    m.reconciles.count_error("apply");
+    m.writes.count(WriteKind::Apply);
+    m.writes.count(WriteKind::Apply);
+    m.writes.count(WriteKind::Delete);
+    m.reconciles.observe(Duration::from_millis(20));
+    m.reconciles
+        .observe_phase(ReconcilePhase::Write, Duration::from_millis(250));
+    m.reconciles
+        .observe_phase(ReconcilePhase::Write, Duration::from_millis(500));
+    m.process.set_leader(true);
     let text = m.encode();
     for (series, value) in [
         (
@@ -323,7 +341,7 @@ fn guest_failures_are_read_at_scrape_time_and_summed_per_label() {
     let m = Metrics::new();
     let counted = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let source = counted.clone();
-    m.read_guest_failures(move || {
+    m.guests.read_failures(move || {
         let n = source.load(std::sync::atomic::Ordering::Relaxed);
         // Two runtime kinds that share the `load` label.
         vec![
@@ -357,7 +375,7 @@ fn cache_sizes_are_read_at_scrape_time() {
     );
     let pods = Arc::new(std::sync::atomic::AtomicUsize::new(3));
     let source = pods.clone();
-    m.read_cache_sizes(move || {
+    m.caches.read_from(move || {
         vec![
             ("services", 1),
             ("pods", source.load(std::sync::atomic::Ordering::Relaxed)),
@@ -378,7 +396,7 @@ fn cache_sizes_are_read_at_scrape_time() {
 #[test]
 fn label_values_are_escaped() {
     let m = Metrics::new();
-    m.count_reconcile_error("a\"b\\c\nd");
+    m.reconciles.count_error("a\"b\\c\nd");
     let text = m.encode();
     assert!(
         text.contains(r#"portwise_reconcile_errors_total{kind="a\"b\\c\nd"} 1"#),
@@ -392,14 +410,15 @@ fn label_values_are_escaped() {
 #[test]
 fn native_figures_total_over_services_and_count_by_outcome() {
     let m = Metrics::new();
-    m.set_service(
+    m.services.set(
         "shop",
         "web",
         &figures(&[("http", "IPv4", 150), ("admin", "IPv4", 0)]),
         3,
         3,
     );
-    m.set_service("shop", "api", &figures(&[("grpc", "IPv6", 5)]), 1, 1);
+    m.services
+        .set("shop", "api", &figures(&[("grpc", "IPv6", 5)]), 1, 1);
     let totals = |m: &Metrics| {
         let text = m.encode();
         (
@@ -410,18 +429,19 @@ fn native_figures_total_over_services_and_count_by_outcome() {
     };
     assert_eq!(totals(&m), (Some(155.0), Some(4.0), Some(4.0)));
     // A Service's figures are replaced, not added again.
-    m.set_service("shop", "web", &figures(&[("http", "IPv4", 90)]), 2, 1);
+    m.services
+        .set("shop", "web", &figures(&[("http", "IPv4", 90)]), 2, 1);
     assert_eq!(totals(&m), (Some(95.0), Some(3.0), Some(2.0)));
     m.forget_service("shop", "web");
     assert_eq!(totals(&m), (Some(5.0), Some(1.0), Some(1.0)));
 
-    m.observe_sync_plan(3, 0);
-    m.observe_sync_plan(0, 40);
-    m.count_slice_change(SliceChange::Create);
-    m.count_slice_change(SliceChange::Update);
-    m.count_slice_change(SliceChange::Update);
-    m.count_sync(SyncResult::Success);
-    m.count_sync(SyncResult::Error);
+    m.native.observe_sync_plan(3, 0);
+    m.native.observe_sync_plan(0, 40);
+    m.native.count_slice_change(SliceChange::Create);
+    m.native.count_slice_change(SliceChange::Update);
+    m.native.count_slice_change(SliceChange::Update);
+    m.native.count_sync(SyncResult::Success);
+    m.native.count_sync(SyncResult::Error);
     let text = m.encode();
     assert_eq!(
         sample(&text, "portwise_endpoints_added_per_sync_sum"),
@@ -461,7 +481,7 @@ fn native_figures_total_over_services_and_count_by_outcome() {
 fn a_services_last_sync_is_a_timestamp_dropped_with_it() {
     let m = Metrics::new();
     let at = std::time::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
-    m.set_service_synced("shop", "web", at);
+    m.services.set_synced("shop", "web", at);
     let series = r#"portwise_service_synced_timestamp_seconds{namespace="shop",service="web"}"#;
     assert_eq!(sample(&m.encode(), series), Some(1_800_000_000.0));
     m.forget_service("shop", "web");

@@ -47,7 +47,7 @@ pub(super) fn spawn(
         ctx.slices.clone(),
         ctx.nodes.clone(),
     );
-    opts.metrics.read_cache_sizes(move || {
+    opts.metrics.caches.read_from(move || {
         let mut rows = vec![
             ("services", services.len()),
             ("pods", pods.len()),

@@ -108,7 +108,7 @@ async fn reconcile_turn(
     finish(ctx, &svc, &result);
     match result {
         Ok(next) => {
-            ctx.metrics.count_sync(SyncResult::Success);
+            ctx.metrics.native.count_sync(SyncResult::Success);
             debug!(service = %key, "reconciled");
             cold.reconciled(&key, ctx);
             if let Some(resync) = next {
@@ -116,8 +116,8 @@ async fn reconcile_turn(
             }
         }
         Err(e) => {
-            ctx.metrics.count_sync(SyncResult::Error);
-            ctx.metrics.count_reconcile_error(e.kind());
+            ctx.metrics.native.count_sync(SyncResult::Error);
+            ctx.metrics.reconciles.count_error(e.kind());
             warn!(service = %key, error = %e, "reconcile failed");
             if let Some(delay) = retry_after(&svc, &e, ctx) {
                 queue.add_after(key, delay);

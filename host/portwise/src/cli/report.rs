@@ -67,7 +67,7 @@ pub(super) fn report_wasm(
             CompileSource::Cached => ModuleLoad::Cached,
             CompileSource::Compiled => ModuleLoad::Compiled,
         };
-        metrics.count_module_load(&info.module, result);
+        metrics.guests.count_load(&info.module, result);
     }
     let m = metrics.clone();
     let (flush_tx, mut flush_rx) =
@@ -115,7 +115,7 @@ pub(super) fn report_wasm(
                 (true, Some(CompileSource::Cached)) => ModuleLoad::Cached,
                 (true, _) => ModuleLoad::Compiled,
             };
-            m.count_module_load(&ev.module, result);
+            m.guests.count_load(&ev.module, result);
             if ev.ok {
                 info!(module = %ev.module, "{}", ev.message);
                 continue;
@@ -145,7 +145,7 @@ pub(super) fn report_wasm(
 fn read_guest_failures(metrics: &portwise_controller::metrics::Metrics, rt: Arc<WasmRuntime>) {
     use portwise_controller::metrics::GuestFailure;
     use portwise_wasm::FailureKind;
-    metrics.read_guest_failures(move || {
+    metrics.guests.read_failures(move || {
         rt.failures()
             .into_iter()
             .map(|f| {

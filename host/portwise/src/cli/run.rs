@@ -212,7 +212,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
 
     match &elector {
         Some(e) => e.track(&metrics),
-        None => metrics.set_leader(true),
+        None => metrics.process.set_leader(true),
     }
 
     let check_timeout = config

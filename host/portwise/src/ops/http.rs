@@ -174,7 +174,10 @@ mod tests {
         readiness.set_ready(false);
         assert_eq!(get(addr, "/readyz").await.0, 503);
 
-        metrics.set_published("ns", "svc", "http", Family::V4, 7);
+        let published = [(("http".to_string(), Family::V4.as_str().to_string()), 7)];
+        metrics
+            .services
+            .set("ns", "svc", &published.into_iter().collect(), 1, 1);
         let (status, content_type, body) = get(addr, "/metrics").await;
         assert_eq!(status, 200);
         assert_eq!(content_type, metrics::CONTENT_TYPE);

@@ -348,9 +348,9 @@ impl LeaderElector {
         let metrics = metrics.clone();
         tokio::spawn(async move {
             loop {
-                metrics.set_leader(*rx.borrow_and_update());
+                metrics.process.set_leader(*rx.borrow_and_update());
                 if rx.changed().await.is_err() {
-                    metrics.set_leader(false);
+                    metrics.process.set_leader(false);
                     break;
                 }
             }
