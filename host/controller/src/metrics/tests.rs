@@ -487,3 +487,121 @@ fn a_services_last_sync_is_a_timestamp_dropped_with_it() {
     m.forget_service("shop", "web");
     assert_eq!(sample(&m.encode(), series), None);
 }
+
+/// The docs' metric tables (docs/operations.md#metrics) against the
+/// registry: every family the code registers is documented under its
+/// exposed name with its type and label names, and nothing documented is
+/// missing from the code.
+#[test]
+fn the_docs_metrics_tables_are_the_registry_s() {
+    let docs = include_str!("../../../../docs/operations.md");
+    let section = docs
+        .split("\n## Metrics\n")
+        .nth(1)
+        .and_then(|s| s.split("\n## ").next())
+        .expect("docs/operations.md has a Metrics section");
+    // name -> (type, label names), from the docs' rows.
+    let mut documented = BTreeMap::new();
+    for line in section.lines().filter(|l| l.starts_with("| `portwise_")) {
+        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+        let name = cells[1].trim_matches('`').to_string();
+        // Label cells list names, each perhaps followed by its values in
+        // parentheses: "`kind` (`apply`/`delete`), `policy`".
+        let mut labels = std::collections::BTreeSet::new();
+        let mut depth = 0;
+        let mut bare = String::new();
+        for c in cells[3].chars() {
+            match c {
+                '(' => depth += 1,
+                ')' => depth -= 1,
+                _ if depth == 0 => bare.push(c),
+                _ => {}
+            }
+        }
+        for l in bare.split(',').map(|l| l.trim().trim_matches('`')) {
+            if !l.is_empty() && l != "none" {
+                labels.insert(l.to_string());
+            }
+        }
+        assert!(
+            documented
+                .insert(name.clone(), (cells[2].to_string(), labels))
+                .is_none(),
+            "{name} is documented twice"
+        );
+    }
+
+    // Every family with a series, so its label names show.
+    let m = Metrics::new();
+    m.services
+        .set("ns", "svc", &figures(&[("http", "IPv4", 1)]), 1, 1);
+    m.services.set_not_judged("ns", "svc", &BTreeMap::new());
+    m.services
+        .set_abstain_longest("ns", "svc", Duration::from_secs(1));
+    m.services
+        .set_synced("ns", "svc", std::time::SystemTime::now());
+    m.services.set_shadow(
+        "ns",
+        "svc",
+        "shadow.membership",
+        &BTreeMap::from([("http".to_string(), 0)]),
+        1,
+    );
+    m.checks
+        .observe("membership", Decision::Include, Duration::from_millis(1));
+    m.writes.count(WriteKind::Apply);
+    m.writes.count_native_cleanup(CleanupKind::Endpoints);
+    m.reconciles.count_error("apply");
+    m.guests
+        .read_failures(|| vec![("a.wasm".into(), GuestFailure::Trap, 1)]);
+    m.guests.count_load("a.wasm", ModuleLoad::Compiled);
+    m.caches.read_from(|| vec![("pods", 1)]);
+    let text = m.encode();
+
+    let mut registered = BTreeMap::new();
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix("# TYPE ") else {
+            continue;
+        };
+        let (family, kind) = rest.split_once(' ').expect("# TYPE name type");
+        // The name users query: counters' samples carry `_total`.
+        let exposed = match kind {
+            "counter" => format!("{family}_total"),
+            _ => family.to_string(),
+        };
+        let sample = match kind {
+            "histogram" => format!("{family}_count"),
+            _ => exposed.clone(),
+        };
+        let labels: std::collections::BTreeSet<String> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix(&sample))
+            .filter_map(|l| l.strip_prefix('{'))
+            .flat_map(|l| {
+                let set = &l[..l.find('}').unwrap_or(0)];
+                set.split(',')
+                    .filter_map(|kv| kv.split_once('=').map(|(k, _)| k.to_string()))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        registered.insert(exposed, (kind.to_string(), labels));
+    }
+    let only_in = |a: &BTreeMap<String, _>, b: &BTreeMap<String, _>| -> Vec<String> {
+        a.keys().filter(|k| !b.contains_key(*k)).cloned().collect()
+    };
+    assert_eq!(
+        (
+            only_in(&registered, &documented),
+            only_in(&documented, &registered)
+        ),
+        (vec![], vec![]),
+        "(registered but not in docs/operations.md#metrics, documented but not registered)"
+    );
+    for (name, (kind, labels)) in &registered {
+        assert_eq!(
+            (kind, labels),
+            (&documented[name].0, &documented[name].1),
+            "{name}: the docs' type and labels are not the registry's"
+        );
+    }
+}
