@@ -18,7 +18,6 @@ use std::{
 use futures::{StreamExt, stream};
 use k8s_openapi::api::core::v1::Service;
 use kube::ResourceExt;
-use tokio::sync::Semaphore;
 use tracing::debug;
 
 use portwise_checkers::Checker;
@@ -28,7 +27,7 @@ use portwise_core::{
     policy::Policy,
 };
 
-use crate::{metrics::Metrics, table::ServiceTable};
+use crate::{metrics::Metrics, permits::FairPermits, table::ServiceTable};
 
 pub(crate) mod memory;
 
@@ -41,7 +40,8 @@ pub type Checkers = BTreeMap<Policy, Arc<dyn Checker>>;
 /// Judges subjects with the checker of their Service's policy.
 pub struct Judge {
     checkers: Checkers,
-    permits: Arc<Semaphore>,
+    /// Check permits, shared fairly between namespaces.
+    permits: Arc<FairPermits>,
     max_in_flight: usize,
     timeout: Duration,
     freshness: Duration,
@@ -66,7 +66,7 @@ impl Judge {
     ) -> Self {
         Self {
             checkers,
-            permits: Arc::new(Semaphore::new(max_concurrent.max(1))),
+            permits: FairPermits::new(max_concurrent),
             max_in_flight: max_concurrent.max(1),
             timeout,
             // Slightly less than the resync period, so the periodic reconcile
@@ -81,7 +81,7 @@ impl Judge {
 
     /// Draws its check slots from `permits` rather than a pool of its own:
     /// the shadows' judges share one (`crate::shadow`).
-    pub fn sharing_permits(mut self, permits: Arc<Semaphore>) -> Self {
+    pub(crate) fn sharing_permits(mut self, permits: Arc<FairPermits>) -> Self {
         self.permits = permits;
         self
     }
@@ -217,9 +217,10 @@ impl Judge {
 
     async fn check_one(&self, checker: &dyn Checker, policy: &str, subject: &Subject) -> Verdict {
         // Only a check that may open a connection waits for a permit
-        // (`Checker::probes`).
+        // (`Checker::probes`), in its namespace's turn.
         let _permit = if checker.probes() {
-            Some(self.permits.acquire().await.expect("semaphore closed"))
+            let ns = subject.service.namespace().unwrap_or_default();
+            Some(self.permits.acquire(&ns).await)
         } else {
             None
         };
@@ -377,7 +378,7 @@ mod tests {
     /// takes a permit.
     #[tokio::test]
     async fn checks_without_a_probe_take_no_permit() {
-        let permits = Arc::new(Semaphore::new(1));
+        let permits = FairPermits::new(1);
         let held = Arc::new(Held::default());
         let probing =
             Arc::new(judge(held.clone(), Metrics::new()).sharing_permits(permits.clone()));
@@ -391,7 +392,7 @@ mod tests {
             }
         });
         held.started.notified().await;
-        assert_eq!(permits.available_permits(), 0, "the probe holds the permit");
+        assert_eq!(permits.available(), 0, "the probe holds the permit");
         let ready = judge(
             Arc::new(portwise_checkers::builtin::PodReady),
             Metrics::new(),

@@ -21,7 +21,8 @@ use portwise_core::{
 };
 
 use crate::{
-    apply::Writes, context::Context, error::Error, events::Reason, metrics::ReconcilePhase, migrate,
+    apply::Writes, context::Context, error::Error, events::Reason, metrics::ReconcilePhase,
+    migrate, slots::Slot,
 };
 
 /// Marks a once-per-transition warning for `uid` as the decision says;
@@ -50,6 +51,7 @@ pub(crate) async fn reconcile(
     ctx: Arc<Context>,
     asked: Option<Duration>,
     queued: Duration,
+    slot: &mut Slot,
 ) -> Result<Option<Duration>, Error> {
     let started = Instant::now();
     debug!("reconcile started");
@@ -155,7 +157,7 @@ pub(crate) async fn reconcile(
         }
         Decision::Serve(serve) => {
             let mut profile = Profile::new(started, asked, queued);
-            if !self::serve(&ctx, &svc, serve, &mut profile).await? {
+            if !self::serve(&ctx, &svc, serve, &mut profile, slot).await? {
                 return Ok(None);
             }
             ctx.metrics.reconciles.observe(started.elapsed());
@@ -172,6 +174,7 @@ async fn serve(
     svc: &Arc<Service>,
     mut serve: Serve,
     profile: &mut Profile,
+    slot: &mut Slot,
 ) -> Result<bool, Error> {
     let ns = svc.namespace().unwrap_or_default();
     let name = svc.name_any();
@@ -182,9 +185,13 @@ async fn serve(
     ctx.metrics
         .services
         .set_not_judged(&ns, &name, &serve.not_judged);
-    let judged = ctx
-        .judge
-        .judge(svc, std::mem::take(&mut serve.subjects), &serve.policy)
+    // Without the slot while the checks run (`crate::slots`): the judge
+    // phase includes taking one again.
+    let judged = slot
+        .released_while(
+            ctx.judge
+                .judge(svc, std::mem::take(&mut serve.subjects), &serve.policy),
+        )
         .await;
     profile.subjects = judged.len();
     profile.judge = profile.lap();

@@ -28,7 +28,6 @@ use portwise_core::{
 };
 
 use kube::runtime::reflector::{ObjectRef, Store};
-use tokio::sync::Semaphore;
 
 use crate::{
     error::Error,
@@ -278,7 +277,7 @@ pub(crate) fn shadow_judge(
     config: &Config,
     check_timeout: Duration,
     metrics: Metrics,
-    permits: Arc<Semaphore>,
+    permits: Arc<crate::permits::FairPermits>,
     table: Arc<ServiceTable>,
 ) -> Judge {
     Judge::new(

@@ -19,6 +19,7 @@ mod demo;
 mod dual_stack;
 mod endpoint_fields;
 mod faults;
+mod isolation;
 mod istiod;
 mod leader_election;
 mod legacy_endpoints;

@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::{Result, ensure};
 use portwise_tests::*;
 
-const POLICY: &str = "portwise.io/membership";
+pub(crate) const POLICY: &str = "portwise.io/membership";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn services_with_the_same_port_name_are_decided_by_their_own_policies() -> Result<()> {

@@ -39,9 +39,7 @@ pub(super) fn build(
     // maxConcurrentChecks bounds the live checks; the shadows share a pool
     // of the same size of their own, so a slow shadow never takes a live
     // check's place.
-    let shadow_permits = Arc::new(tokio::sync::Semaphore::new(
-        config.max_concurrent_checks.max(1),
-    ));
+    let shadow_permits = crate::permits::FairPermits::new(config.max_concurrent_checks);
     let shadows = Shadows::build(config, &build_ctx, table.clone(), |checker| {
         crate::shadow::shadow_judge(
             checker,

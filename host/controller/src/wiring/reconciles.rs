@@ -5,7 +5,10 @@
 
 use super::*;
 
-use crate::queue::{Queue, Turn};
+use crate::{
+    queue::{Queue, Turn},
+    slots::{Slot, Slots},
+};
 
 /// Logs once every Service the synced cache held has been reconciled
 /// (docs/benchmarks.md, row 1b).
@@ -61,24 +64,16 @@ pub(super) async fn serve(
     concurrency: usize,
     cold: Arc<ColdStart>,
 ) {
-    let slots = (concurrency > 0).then(|| Arc::new(tokio::sync::Semaphore::new(concurrency)));
+    let slots = Slots::new(concurrency);
     loop {
-        let slot = match &slots {
-            Some(s) => Some(
-                s.clone()
-                    .acquire_owned()
-                    .await
-                    .expect("reconcile slots are never closed"),
-            ),
-            None => None,
-        };
+        let mut slot = slots.take().await;
         let Some(turn) = queue.next().await else {
             return;
         };
         let (queue, ctx, cold) = (queue.clone(), ctx.clone(), cold.clone());
         tokio::spawn(async move {
             let key = turn.key.clone();
-            reconcile_turn(&queue, &ctx, turn, &cold).await;
+            reconcile_turn(&queue, &ctx, turn, &cold, &mut slot).await;
             queue.done(&key);
             drop(slot);
         });
@@ -90,6 +85,7 @@ async fn reconcile_turn(
     ctx: &Arc<Context>,
     turn: Turn<ObjectRef<Service>>,
     cold: &ColdStart,
+    slot: &mut Slot,
 ) {
     let Turn { key, waited } = turn;
     // The profile's trigger phase ends where its queue phase begins: when
@@ -102,7 +98,7 @@ async fn reconcile_turn(
         return;
     };
     let span = tracing::debug_span!("reconcile", service = %key);
-    let result = reconcile(svc.clone(), ctx.clone(), asked, waited)
+    let result = reconcile(svc.clone(), ctx.clone(), asked, waited, slot)
         .instrument(span)
         .await;
     finish(ctx, &svc, &result);
@@ -164,7 +160,8 @@ pub(super) async fn reconcile_outside(
     let queue = ctx.queue.clone();
     queue
         .exclusive(key, async {
-            let result = reconcile(svc.clone(), ctx.clone(), None, Duration::ZERO).await;
+            let mut slot = Slot::outside();
+            let result = reconcile(svc.clone(), ctx.clone(), None, Duration::ZERO, &mut slot).await;
             finish(&ctx, &svc, &result);
             result
         })

@@ -1,0 +1,153 @@
+//! One tenant cannot stall another (issue 45): a namespace whose probes
+//! never answer holds neither the reconcile slots nor the check permits
+//! that another namespace's Services need.
+
+use std::{collections::BTreeSet, time::Duration};
+
+use anyhow::{Result, ensure};
+use portwise_tests::*;
+
+use crate::policies::POLICY;
+
+/// The noisy tenant: Services whose every probe hangs until its timeout,
+/// as when a NetworkPolicy drops portwise's traffic (accepted, never
+/// answered, here). `--reconcile-concurrency` is 8 and `maxConcurrentChecks`
+/// 16 by default, so 8 such Services fill every slot, and their 8 × 4 × 10
+/// checks of 5 s every permit, for 100 s a round.
+const NOISY_SERVICES: usize = 8;
+const NOISY_PORTS: u16 = 4;
+const NOISY_PODS: usize = 10;
+
+async fn members(ns: &TestNs, svc: &str, port: &str) -> Result<BTreeSet<String>> {
+    Ok(endpoints_by_port(ns, svc)
+        .await?
+        .remove(&(port.to_string(), V4.to_string()))
+        .unwrap_or_default())
+}
+
+fn set(names: &[&str]) -> BTreeSet<String> {
+    names.iter().map(|s| s.to_string()).collect()
+}
+
+/// With the noisy tenant's probes hanging, a readiness flip in a quiet
+/// namespace (`podReady`, no probe) and a probe that starts failing there
+/// (`httpGet`) are both published promptly, and the noisy tenant's checks
+/// still go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_whose_probes_hang_does_not_stall_another() -> Result<()> {
+    let cp = ControlPlane::shared().await?;
+    let noisy = TestNs::new(cp, "noisy").await?;
+    let quiet = TestNs::new(cp, "quiet").await?;
+
+    let mut hanging = Vec::new();
+    for s in 0..NOISY_SERVICES {
+        let group = format!("g{s}");
+        let mut svc = service(&format!("svc{s}"))
+            .annotation(GROUP_KEY, &group)
+            .annotation(POLICY, "noisy");
+        for p in 0..NOISY_PORTS {
+            svc = svc.port(&format!("p{p}"), i32::from(8080 + p));
+        }
+        noisy.create_service(svc).await?;
+        for i in 0..NOISY_PODS {
+            let ip = next_ips();
+            noisy
+                .create_pod(
+                    pod(&format!("s{s}-{i}"))
+                        .annotation(GROUP_KEY, &group)
+                        .ips(ip.v4()),
+                )
+                .await?;
+            for p in 0..NOISY_PORTS {
+                let l = HttpListener::start(ip.v4, 8080 + p).await?;
+                l.set_mode(HttpMode::Hang);
+                hanging.push(l);
+            }
+        }
+    }
+
+    let (a, b) = (next_ips(), next_ips());
+    quiet
+        .create_service(
+            service("ready")
+                .annotation(GROUP_KEY, "r")
+                .port("http", 8080),
+        )
+        .await?;
+    quiet
+        .create_service(
+            service("probed")
+                .annotation(GROUP_KEY, "p")
+                .annotation(POLICY, "probed")
+                .port("http", 8080),
+        )
+        .await?;
+    for (name, group, ip) in [
+        ("a", "r", &a),
+        ("b", "r", &b),
+        ("c", "p", &a),
+        ("d", "p", &b),
+    ] {
+        quiet
+            .create_pod(pod(name).annotation(GROUP_KEY, group).ips(ip.v4()))
+            .await?;
+    }
+    let http_a = HttpListener::start(a.v4, 8080).await?;
+    let _http_b = HttpListener::start(b.v4, 8080).await?;
+
+    let cfg = config_with(
+        "podReady",
+        "policies:\n  noisy: {httpGet: {path: /healthz, timeout: 5s}}\n  \
+         probed: {httpGet: {path: /healthz, timeout: 1s}}\n",
+    );
+    let pw = Portwise::builder(cp)
+        .namespaces(&[noisy.name(), quiet.name()])
+        .config(&cfg)
+        .binary()
+        .start()
+        .await?;
+    wait_for(SETTLE, || async {
+        expect_eq(members(&quiet, "ready", "http").await?, set(&["a", "b"]))?;
+        expect_eq(members(&quiet, "probed", "http").await?, set(&["c", "d"]))
+    })
+    .await?;
+    let noisy_checks = |m: &Metrics| -> f64 {
+        m.select("portwise_checks_total", &[("policy", "policies.noisy")])
+            .map(|s| s.value)
+            .sum()
+    };
+    // The noisy reconciles began at the cold start and wait on their
+    // probes: every slot and permit is taken.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let before = noisy_checks(&pw.scrape().await?);
+
+    // A readiness flip in the quiet namespace: published while the noisy
+    // one's reconciles wait on their probes.
+    let flipped = std::time::Instant::now();
+    quiet.set_ready("b", false).await?;
+    wait_for(Duration::from_secs(10), || async {
+        expect_eq(members(&quiet, "ready", "http").await?, set(&["a"]))
+    })
+    .await
+    .map_err(|e| e.context(format!("the quiet flip, {:?} after it", flipped.elapsed())))?;
+
+    // A probe that starts failing there is judged (its resync comes every
+    // 2 s) though every check permit is held by hanging probes.
+    http_a.set_status(503);
+    wait_for(Duration::from_secs(15), || async {
+        expect_eq(members(&quiet, "probed", "http").await?, set(&["d"]))
+    })
+    .await
+    .map_err(|e| e.context("the quiet probe's failure"))?;
+
+    // The noisy tenant still makes progress: its checks go on ending (each
+    // by its timeout).
+    wait_for(Duration::from_secs(30), || async {
+        let now = noisy_checks(&pw.scrape().await?);
+        ensure!(now > before, "no noisy check ended: {before} then {now}");
+        Ok(())
+    })
+    .await?;
+    drop(hanging);
+    Ok(())
+}
