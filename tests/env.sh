@@ -6,3 +6,7 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PORTWISE_CACHE/target}"
 export PORTWISE_GUESTS_DIR="${PORTWISE_GUESTS_DIR:-$PORTWISE_CACHE/guests}"
 export PORTWISE_GUESTS_OUT="${PORTWISE_GUESTS_OUT:-$PORTWISE_GUESTS_DIR}"
 export PATH="$HOME/.cargo/bin:$PATH"
+# cargo-deny, pinned: tests/setup builds it once into the cache, tests/deny
+# runs it (the dependency rules, licenses and sources).
+export PORTWISE_CARGO_DENY_VERSION=0.20.2
+export PORTWISE_CARGO_DENY="${PORTWISE_CARGO_DENY:-$PORTWISE_CACHE/tools/cargo-deny-$PORTWISE_CARGO_DENY_VERSION/bin/cargo-deny}"

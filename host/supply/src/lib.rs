@@ -31,9 +31,10 @@
 //! with other dependencies (an HTTP and TLS stack, a signature verifier,
 //! file watching, gzip); the runtime needs none of them and this crate
 //! needs no wasmtime. Neither may grow the other's:
-//! `tests/crates-keep-their-jobs` fails when `cargo tree` shows wasmtime or
-//! cranelift here, or the registry client, `notify`, `rustls-webpki` or
-//! `flate2` in `portwise-wasm`.
+//! `tests/deny` (cargo-deny, `deny.toml` beside each crate) fails when
+//! wasmtime or cranelift is among this crate's dependencies, or the
+//! registry client, `notify`, `rustls-webpki` or `flate2` among
+//! `portwise-wasm`'s.
 //!
 //! # Threat model: who can write where, and what is verified when
 //!

@@ -58,7 +58,7 @@
 //! metrics. `k8s-openapi` types are fine (guests see the Pod and Service).
 //! Nor may it depend on what fetching needs (the registry client, file
 //! watching, gzip, the signature verifier): those are `portwise-supply`'s,
-//! and `tests/crates-keep-their-jobs` checks both with `cargo tree`.
+//! and cargo-deny checks both (`tests/deny`, `host/wasm/deny.toml`).
 
 mod bindings;
 mod compile;
