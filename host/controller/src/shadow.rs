@@ -190,7 +190,8 @@ impl Shadows {
                 })
                 .unwrap_or(false);
             if first {
-                let known: Vec<&str> = self.named.keys().map(String::as_str).collect();
+                // Only the shadows this namespace may pick.
+                let known = shadow::names_for(&self.spec, svc);
                 events.publish(
                     svc,
                     Reason::ShadowUnknown,

@@ -129,6 +129,14 @@ pub struct Config {
     /// portwise run anything new.
     #[serde(default)]
     pub policies: BTreeMap<String, CheckerExpr>,
+    /// Who may pick each named policy: its name, the namespaces whose
+    /// Services may. A policy not listed may be picked from every
+    /// namespace. Why: a policy written for one team (an `httpGet` path
+    /// with its token, a guest's config) must not run against another
+    /// team's pods because that team annotated a Service with its name
+    /// ([`crate::policy::choose`]).
+    #[serde(default)]
+    pub policy_scopes: BTreeMap<String, Vec<String>>,
     /// The Service annotation that names a policy.
     #[serde(default = "default_policy_annotation")]
     pub policy_annotation: String,
@@ -172,6 +180,10 @@ pub struct ShadowSpec {
     /// Named shadows; a Service picks one with `annotation: NAME`.
     #[serde(default)]
     pub expressions: BTreeMap<String, CheckerExpr>,
+    /// Who may pick each named shadow, as `policyScopes` says for
+    /// policies.
+    #[serde(default)]
+    pub scopes: BTreeMap<String, Vec<String>>,
     /// The Service annotation that picks a named shadow (`none` turns the
     /// default off for that Service).
     #[serde(default = "default_shadow_annotation")]
@@ -427,6 +439,7 @@ impl Config {
             module_signatures: None,
             membership: CheckerExpr::default(),
             policies: BTreeMap::new(),
+            policy_scopes: BTreeMap::new(),
             policy_annotation: default_policy_annotation(),
             shadow: None,
         }

@@ -9,6 +9,8 @@
 //! what is published and warns); falling back to `membership` would let a
 //! typo change what a Service publishes without a word.
 
+use std::collections::BTreeMap;
+
 use k8s_openapi::api::core::v1::Service;
 
 use crate::config::Config;
@@ -60,15 +62,40 @@ impl std::fmt::Display for UnknownPolicy {
 }
 
 /// The policy `service` picks, by `config.policyAnnotation`.
+///
+/// A policy scoped to other namespaces (`policyScopes`) is refused like a
+/// name the file does not have, and the error lists only the policies the
+/// Service's namespace may pick: a team learns nothing of another's.
 pub fn choose(service: &Service, config: &Config) -> Result<Policy, UnknownPolicy> {
+    let may_pick = |name: &str| self::may_pick(&config.policy_scopes, name, service);
     match crate::align::picked_by_annotation(&service.metadata, &config.policy_annotation) {
         None => Ok(Policy::Default),
-        Some(name) if config.policies.contains_key(name) => Ok(Policy::Named(name.to_string())),
+        Some(name) if config.policies.contains_key(name) && may_pick(name) => {
+            Ok(Policy::Named(name.to_string()))
+        }
         Some(name) => Err(UnknownPolicy {
             name: name.to_string(),
-            known: config.policies.keys().cloned().collect(),
+            known: config
+                .policies
+                .keys()
+                .filter(|n| may_pick(n))
+                .cloned()
+                .collect(),
         }),
     }
+}
+
+/// Whether `service`'s namespace may pick `name` under `scopes` (a name
+/// not scoped may be picked from every namespace).
+pub(crate) fn may_pick(
+    scopes: &BTreeMap<String, Vec<String>>,
+    name: &str,
+    service: &Service,
+) -> bool {
+    let ns = service.metadata.namespace.as_deref().unwrap_or_default();
+    scopes
+        .get(name)
+        .is_none_or(|allowed| allowed.iter().any(|a| a == ns))
 }
 
 #[cfg(test)]
@@ -138,6 +165,61 @@ mod tests {
         ] {
             let err = Config::from_yaml(&format!(
                 "serviceKey: {{label: app.example.com/group}}\nmembership: podReady\n{yaml}\n"
+            ))
+            .unwrap_err()
+            .to_string();
+            assert!(err.contains(at), "{yaml}: {err}");
+        }
+    }
+
+    /// Issue 45: a policy scoped to team-b's namespace is held and reported
+    /// like an unknown name when a Service of another namespace picks it,
+    /// and the message lists only what that namespace may pick. Fails
+    /// when any namespace may pick any policy.
+    #[test]
+    fn a_scoped_policy_is_picked_only_from_its_namespaces() {
+        let cfg = Config::from_yaml(
+            "serviceKey: {label: app.example.com/group}\n\
+             membership: podReady\n\
+             policies:\n  strict: notTerminating\n  team-b-admin: {httpGet: {path: /admin}}\n\
+             policyScopes:\n  team-b-admin: [team-b, team-b-canary]\n",
+        )
+        .unwrap();
+        let in_ns = |ns: &str| {
+            let mut svc = annotated(Some("team-b-admin"));
+            svc.metadata.namespace = Some(ns.into());
+            svc
+        };
+        assert_eq!(
+            choose(&in_ns("team-b"), &cfg),
+            Ok(Policy::Named("team-b-admin".into()))
+        );
+        let err = choose(&in_ns("team-a"), &cfg).unwrap_err();
+        assert_eq!(err.name, "team-b-admin");
+        assert_eq!(err.known, vec!["strict".to_string()], "{err}");
+        // Unscoped policies stay open to every namespace.
+        let mut strict = annotated(Some("strict"));
+        strict.metadata.namespace = Some("team-a".into());
+        assert_eq!(choose(&strict, &cfg), Ok(Policy::Named("strict".into())));
+    }
+
+    #[test]
+    fn scopes_name_expressions_and_namespaces() {
+        for (yaml, at) in [
+            ("policyScopes: {nope: [a]}", "policyScopes.nope"),
+            ("policyScopes: {strict: []}", "policyScopes.strict"),
+            (
+                "policyScopes: {strict: [Not_A_Namespace]}",
+                "policyScopes.strict[0]",
+            ),
+            (
+                "shadow: {expressions: {x: podReady}, scopes: {y: [a]}}",
+                "shadow.scopes.y",
+            ),
+        ] {
+            let err = Config::from_yaml(&format!(
+                "serviceKey: {{label: app.example.com/group}}\nmembership: podReady\n\
+                 policies: {{strict: podReady}}\n{yaml}\n"
             ))
             .unwrap_err()
             .to_string();

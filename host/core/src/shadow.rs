@@ -48,11 +48,26 @@ pub fn pick(service: &Service, spec: Option<&ShadowSpec>) -> Pick {
     };
     match crate::align::picked_by_annotation(&service.metadata, &spec.annotation) {
         Some("none") => Pick::Off,
-        Some(name) if spec.expressions.contains_key(name) => Pick::Named(name.to_string()),
+        Some(name)
+            if spec.expressions.contains_key(name)
+                && crate::policy::may_pick(&spec.scopes, name, service) =>
+        {
+            Pick::Named(name.to_string())
+        }
         Some(name) => Pick::Unknown(name.to_string()),
         None if spec.membership.is_some() => Pick::Default,
         None => Pick::Off,
     }
+}
+
+/// The named shadows `service`'s namespace may pick, for a message that
+/// names no other.
+pub fn names_for<'a>(spec: &'a ShadowSpec, service: &Service) -> Vec<&'a str> {
+    spec.expressions
+        .keys()
+        .filter(|n| crate::policy::may_pick(&spec.scopes, n, service))
+        .map(String::as_str)
+        .collect()
 }
 
 /// One (port, pod, family) whose shadow verdict is not the live one.
@@ -191,6 +206,7 @@ mod tests {
                 .map(|n| (n.to_string(), CheckerExpr::Exclude))
                 .collect(),
             annotation: "portwise.io/shadow".into(),
+            scopes: BTreeMap::new(),
         }
     }
 

@@ -6,7 +6,7 @@
 //!
 //! The bounds these checks enforce live here too, with the checks.
 
-use std::time::Duration;
+use std::{collections::BTreeMap, time::Duration};
 
 use super::{
     CheckerExpr, Config, ConfigError, KeySource, WasmLimits,
@@ -170,6 +170,12 @@ impl Config {
             check_dns_label(name).map_err(|m| at.issue(format!("not a policy name: {m}")))?;
             expr.validate(&at, self.modules_dir.is_some())?;
         }
+        check_scopes(
+            &root.field("policyScopes"),
+            &self.policy_scopes,
+            &self.policies,
+            "policies",
+        )?;
         if let Some(shadow) = &self.shadow {
             let p = root.field("shadow");
             check_qualified_name(&shadow.annotation).map_err(|m| p.field("annotation").issue(m))?;
@@ -185,9 +191,40 @@ impl Config {
                 }
                 expr.validate(&at, self.modules_dir.is_some())?;
             }
+            check_scopes(
+                &p.field("scopes"),
+                &shadow.scopes,
+                &shadow.expressions,
+                "shadow.expressions",
+            )?;
         }
         Ok(())
     }
+}
+
+/// Each scope names an expression of `named` and lists at least one
+/// namespace, each a namespace name.
+fn check_scopes<T>(
+    at: &FieldPath,
+    scopes: &BTreeMap<String, Vec<String>>,
+    named: &BTreeMap<String, T>,
+    what: &str,
+) -> Result<(), Issue> {
+    for (name, namespaces) in scopes {
+        let at = at.field(name);
+        if !named.contains_key(name) {
+            return Err(at.issue(format!("names no expression of {what}")));
+        }
+        if namespaces.is_empty() {
+            return Err(at.issue(
+                "list at least one namespace; to let every namespace pick it, leave it out",
+            ));
+        }
+        for (i, ns) in namespaces.iter().enumerate() {
+            check_dns_label(ns).map_err(|m| at.index(i).issue(format!("not a namespace: {m}")))?;
+        }
+    }
+    Ok(())
 }
 
 impl CheckerExpr {
