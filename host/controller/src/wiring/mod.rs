@@ -100,12 +100,14 @@ pub(crate) async fn run(
     // validated) at start.
     let mut checkers = crate::judge::Checkers::new();
     let membership: Arc<dyn Checker> = portwise_checkers::build(&config.membership, &build_ctx)
+        .await
         .map_err(|e| Error::Build(e.to_string()))?;
     checkers.insert(Policy::Default, membership);
     for (name, expr) in &config.policies {
         let policy = Policy::Named(name.clone());
         let checker: Arc<dyn Checker> =
             portwise_checkers::build_at(expr, &build_ctx, &policy.label())
+                .await
                 .map_err(|e| Error::Build(e.to_string()))?;
         checkers.insert(policy, checker);
     }
@@ -123,7 +125,8 @@ pub(crate) async fn run(
             opts.metrics.clone(),
             shadow_permits.clone(),
         )
-    })?
+    })
+    .await?
     .map(Arc::new);
 
     let gate = SyncGate::default();
