@@ -3,10 +3,11 @@
 //! Each version's `bindgen!` makes its own Rust types, even for the types
 //! the versions share word for word (the log level, the probe error, the
 //! HTTP request and answer, the target, the verdict): the same WIT names in another
-//! package are other types to Rust. Their conversions are written here
-//! once, as a macro that each version module expands next to its bindings,
-//! so a fix to one is a fix to all and a new version gets them by naming
-//! the macro.
+//! package are other types to Rust, and the traits their imports are
+//! implemented through are other traits. The conversions, and the probe
+//! imports every version declares alike, are written here once, as macros
+//! that each version module expands next to its bindings: a fix to one is a
+//! fix to all, and a new version gets them by naming the macros.
 
 /// Expands, in a module holding a version's `bindgen!`, the conversions
 /// between that version's shared types and the host's.
@@ -111,4 +112,29 @@ macro_rules! alike_in_every_version {
     };
 }
 
-pub(crate) use alike_in_every_version;
+/// Expands, inside a version's `impl probes::Host for HostState` (with
+/// that version's `probes` interface in scope as `probes`), the probe
+/// imports every version declares alike: `http-get` and `tcp-dial`, each
+/// the shared implementation ([`crate::probes`]) in the version's types.
+macro_rules! probe_imports {
+    () => {
+        async fn http_get(
+            &mut self,
+            request: probes::HttpRequest,
+        ) -> Result<probes::HttpResponse, probes::ProbeError> {
+            let response = self.probe_http(request.into()).await?;
+            Ok(response.into())
+        }
+
+        async fn tcp_dial(
+            &mut self,
+            host: String,
+            port: u16,
+            timeout_ms: u32,
+        ) -> Result<(), probes::ProbeError> {
+            Ok(self.probe_tcp(&host, port, timeout_ms).await?)
+        }
+    };
+}
+
+pub(crate) use {alike_in_every_version, probe_imports};

@@ -3,8 +3,7 @@
 
 use super::portwise::membership::{
     log::{self, Level},
-    probes::{self, HttpRequest, HttpResponse, ProbeError},
-    types,
+    probes, types,
 };
 use crate::state::HostState;
 use portwise_probe as probe;
@@ -16,21 +15,7 @@ impl probes::Host for HostState {
         Ok(probe::MAX_BODY_BYTES as u32)
     }
 
-    async fn http_get(&mut self, request: HttpRequest) -> Result<HttpResponse, ProbeError> {
-        let response = self.probe_http(request.into()).await?;
-        Ok(response.into())
-    }
-
-    async fn tcp_dial(
-        &mut self,
-        host: String,
-        port: u16,
-        timeout_ms: u32,
-    ) -> Result<(), ProbeError> {
-        self.probe_tcp(&host, port, timeout_ms)
-            .await
-            .map_err(Into::into)
-    }
+    crate::wit::probe_imports!();
 
     fn pod_ready(&mut self) -> wasmtime::Result<bool> {
         Ok(self.call_pod_ready())
