@@ -13,21 +13,28 @@ use portwise_core::{
 };
 
 use crate::{
-    Checker,
+    BoxFuture, Checker,
     builtin::{
         All, Any, Constant, HttpGet, Not, NotTerminating, PerPort, PodReady, PortNames, Stable,
         TcpDial,
     },
 };
 
+/// Why a provider cannot build a checker: the provider's own error, whose
+/// text goes into the [`BuildError`].
+pub type ProviderError = Box<dyn std::error::Error + Send + Sync>;
+
 /// Supplies `wasm` checkers (implemented by the wasm runtime).
-pub trait WasmCheckers {
+pub trait WasmCheckers: Send + Sync {
     /// A checker for `spec.module` (a file name in `modulesDir`) with the
     /// guest's `config`, pinned by `sha256` when given and bounded by
     /// `limits`. An `Err` says why the module cannot serve (missing, wrong
     /// digest, config rejected by the guest, a limit past the runtime's
-    /// ceiling...).
-    fn checker(&self, spec: &WasmSpec) -> Result<Arc<dyn Checker>, String>;
+    /// ceiling...). Async: building runs the guest's `validate-config`.
+    fn checker<'a>(
+        &'a self,
+        spec: &'a WasmSpec,
+    ) -> BoxFuture<'a, Result<Arc<dyn Checker>, ProviderError>>;
 }
 
 /// What building needs besides the expression.
@@ -95,12 +102,25 @@ pub struct BuildError {
 }
 
 /// Builds the checker for `expr`, found at `membership` in the configuration.
-pub fn build(expr: &CheckerExpr, ctx: &BuildContext<'_>) -> Result<Arc<dyn Checker>, BuildError> {
-    build_at(expr, ctx, "membership")
+pub async fn build(
+    expr: &CheckerExpr,
+    ctx: &BuildContext<'_>,
+) -> Result<Arc<dyn Checker>, BuildError> {
+    build_at(expr, ctx, "membership").await
 }
 
 /// Builds the checker for `expr`; `path` names where it sits, for errors.
-pub fn build_at(
+/// Boxed: an expression nests expressions, and an async fn cannot call
+/// itself unboxed.
+pub fn build_at<'a>(
+    expr: &'a CheckerExpr,
+    ctx: &'a BuildContext<'_>,
+    path: &'a str,
+) -> BoxFuture<'a, Result<Arc<dyn Checker>, BuildError>> {
+    Box::pin(build_expr(expr, ctx, path))
+}
+
+async fn build_expr(
     expr: &CheckerExpr,
     ctx: &BuildContext<'_>,
     path: &str,
@@ -120,29 +140,24 @@ pub fn build_at(
             path: spec.path.clone(),
             timeout: spec.timeout,
         }),
-        CheckerExpr::All(children) => Arc::new(All(build_list(children, ctx, &at("all"))?)),
-        CheckerExpr::Any(children) => Arc::new(Any(build_list(children, ctx, &at("any"))?)),
-        CheckerExpr::Not(inner) => Arc::new(Not(build_at(inner, ctx, &at("not"))?)),
+        CheckerExpr::All(children) => Arc::new(All(build_list(children, ctx, &at("all")).await?)),
+        CheckerExpr::Any(children) => Arc::new(Any(build_list(children, ctx, &at("any")).await?)),
+        CheckerExpr::Not(inner) => Arc::new(Not(build_at(inner, ctx, &at("not")).await?)),
         CheckerExpr::PerPort(spec) => {
             let base = at("perPort");
-            let ports = spec
-                .ports
-                .iter()
-                .map(|(name, e)| {
-                    Ok((
-                        name.clone(),
-                        build_at(e, ctx, &format!("{base}.ports.{name}"))?,
-                    ))
-                })
-                .collect::<Result<_, BuildError>>()?;
+            let mut ports = std::collections::BTreeMap::new();
+            for (name, e) in &spec.ports {
+                let checker = build_at(e, ctx, &format!("{base}.ports.{name}")).await?;
+                ports.insert(name.clone(), checker);
+            }
             let fallback = match &spec.fallback {
-                Some(f) => build_at(f, ctx, &format!("{base}.fallback"))?,
+                Some(f) => build_at(f, ctx, &format!("{base}.fallback")).await?,
                 None => Arc::new(Constant(Decision::Exclude)),
             };
             Arc::new(PerPort { ports, fallback })
         }
         CheckerExpr::Stable(spec) => {
-            let inner = build_at(&spec.checker, ctx, &format!("{}.checker", at("stable")))?;
+            let inner = build_at(&spec.checker, ctx, &format!("{}.checker", at("stable"))).await?;
             Arc::new(
                 Stable::new(
                     inner,
@@ -160,24 +175,24 @@ pub fn build_at(
                     message: "WebAssembly checkers are not available here (no wasm runtime)".into(),
                 });
             };
-            provider.checker(spec).map_err(|message| BuildError {
+            provider.checker(spec).await.map_err(|e| BuildError {
                 path: at("wasm"),
-                message,
+                message: e.to_string(),
             })?
         }
     })
 }
 
-fn build_list(
+async fn build_list(
     children: &[CheckerExpr],
     ctx: &BuildContext<'_>,
     path: &str,
 ) -> Result<Vec<Arc<dyn Checker>>, BuildError> {
-    children
-        .iter()
-        .enumerate()
-        .map(|(i, c)| build_at(c, ctx, &format!("{path}[{i}]")))
-        .collect()
+    let mut built = Vec::with_capacity(children.len());
+    for (i, c) in children.iter().enumerate() {
+        built.push(build_at(c, ctx, &format!("{path}[{i}]")).await?);
+    }
+    Ok(built)
 }
 
 #[cfg(test)]
@@ -256,7 +271,7 @@ mod tests {
             ),
         ];
         for (yaml, p, want) in cases {
-            let c = build(&expr(yaml), &ctx).unwrap();
+            let c = build(&expr(yaml), &ctx).await.unwrap();
             assert_eq!(
                 c.check(&at("http", p.clone())).await.decision,
                 want,
@@ -267,8 +282,8 @@ mod tests {
 
     /// Which trees may open a connection (and so take a check permit):
     /// any with a probe anywhere, no other (issue 45).
-    #[test]
-    fn only_trees_with_a_probe_say_they_probe() {
+    #[tokio::test]
+    async fn only_trees_with_a_probe_say_they_probe() {
         let ctx = BuildContext::default();
         for (yaml, probes) in [
             ("podReady", false),
@@ -292,7 +307,7 @@ mod tests {
                 true,
             ),
         ] {
-            let c = build(&expr(yaml), &ctx).unwrap();
+            let c = build(&expr(yaml), &ctx).await.unwrap();
             assert_eq!(c.probes(), probes, "{yaml}");
         }
     }
@@ -301,7 +316,9 @@ mod tests {
     async fn probe_checkers_hit_the_subject_address_and_target() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
-        let c = build(&expr("{tcpDial: {timeout: 1s}}"), &BuildContext::default()).unwrap();
+        let c = build(&expr("{tcpDial: {timeout: 1s}}"), &BuildContext::default())
+            .await
+            .unwrap();
         let s = subject(
             pod("a", None, &[]),
             "tcp",
@@ -313,17 +330,19 @@ mod tests {
             &expr("{httpGet: {path: /healthz, timeout: 200ms}}"),
             &BuildContext::default(),
         )
+        .await
         .unwrap();
         // The listener never answers HTTP: the probe times out, the pod is out.
         assert_eq!(c.check(&s).await.decision, Decision::Exclude);
     }
 
-    #[test]
-    fn wasm_without_provider_is_an_error_naming_the_path() {
+    #[tokio::test]
+    async fn wasm_without_provider_is_an_error_naming_the_path() {
         let e = build(
             &expr("{perPort: {ports: {admin: {wasm: {module: a.wasm}}}}}"),
             &BuildContext::default(),
         )
+        .await
         .unwrap_err();
         assert_eq!(e.path, "membership.perPort.ports.admin.wasm");
         assert!(
@@ -335,6 +354,7 @@ mod tests {
             &expr("{all: [podReady, {not: {wasm: {module: a.wasm}}}]}"),
             &BuildContext::default(),
         )
+        .await
         .unwrap_err();
         assert_eq!(e.path, "membership.all[1].not.wasm");
     }
@@ -355,16 +375,21 @@ mod tests {
     }
 
     impl WasmCheckers for FakeWasm {
-        fn checker(&self, spec: &WasmSpec) -> Result<Arc<dyn Checker>, String> {
+        fn checker<'a>(
+            &'a self,
+            spec: &'a WasmSpec,
+        ) -> BoxFuture<'a, Result<Arc<dyn Checker>, ProviderError>> {
             self.0.lock().unwrap().push((
                 spec.module.clone(),
                 spec.config.clone(),
                 spec.sha256.clone(),
             ));
-            if spec.module == "broken.wasm" {
-                return Err("failed to compile: bad magic".into());
-            }
-            Ok(Arc::new(Answer(Decision::Include)))
+            Box::pin(async move {
+                if spec.module == "broken.wasm" {
+                    return Err("failed to compile: bad magic".into());
+                }
+                Ok(Arc::new(Answer(Decision::Include)) as Arc<dyn Checker>)
+            })
         }
     }
 
@@ -382,6 +407,7 @@ mod tests {
             )),
             &ctx,
         )
+        .await
         .unwrap();
         assert_eq!(
             c.check(&at("admin", pod("a", None, &[]))).await.decision,
@@ -399,6 +425,7 @@ mod tests {
             &expr("{any: [exclude, {wasm: {module: broken.wasm}}]}"),
             &ctx,
         )
+        .await
         .unwrap_err();
         assert_eq!(
             e,
@@ -430,7 +457,7 @@ membership:
             stable_ttl: BuildContext::stable_ttl_for(config.resync_period),
             stable_spacing: BuildContext::stable_spacing_for(config.resync_period),
         };
-        let c = build(&config.membership, &ctx).unwrap();
+        let c = build(&config.membership, &ctx).await.unwrap();
         let key = "port-mapper.example.com/ports";
         // Fallback port: podReady and portNames decide, no probe runs.
         assert_eq!(

@@ -75,7 +75,7 @@ pub(crate) struct Outlets {
 impl Shadows {
     /// Builds every shadow expression of the configuration; `None` when the
     /// file has no `shadow`.
-    pub(crate) fn build(
+    pub(crate) async fn build(
         config: &Config,
         ctx: &BuildContext<'_>,
         table: Arc<ServiceTable>,
@@ -84,26 +84,21 @@ impl Shadows {
         let Some(spec) = &config.shadow else {
             return Ok(None);
         };
-        let make = |expr: &CheckerExpr, at: &str| -> Result<Judge, Error> {
+        let make = async |expr: &CheckerExpr, at: &str| -> Result<Judge, Error> {
             portwise_checkers::build_at(expr, ctx, at)
+                .await
                 .map(|checker| judge(checker).for_shadow(at))
                 .map_err(|e| Error::Build(e.to_string()))
         };
-        let default = spec
-            .membership
-            .as_ref()
-            .map(|m| make(m, "shadow.membership"))
-            .transpose()?;
-        let named = spec
-            .expressions
-            .iter()
-            .map(|(name, expr)| {
-                Ok((
-                    name.clone(),
-                    make(expr, &format!("shadow.expressions.{name}"))?,
-                ))
-            })
-            .collect::<Result<_, Error>>()?;
+        let default = match &spec.membership {
+            Some(m) => Some(make(m, "shadow.membership").await?),
+            None => None,
+        };
+        let mut named = BTreeMap::new();
+        for (name, expr) in &spec.expressions {
+            let judge = make(expr, &format!("shadow.expressions.{name}")).await?;
+            named.insert(name.clone(), judge);
+        }
         Ok(Some(Shadows {
             spec: spec.clone(),
             default,

@@ -212,7 +212,7 @@ fn cache_dir() -> PathBuf {
         .unwrap_or_else(default_cache_dir)
 }
 
-fn runtime(dir: &std::path::Path, idle_instances: usize) -> WasmRuntime {
+async fn runtime(dir: &std::path::Path, idle_instances: usize) -> WasmRuntime {
     WasmRuntime::new(WasmConfig {
         supply: Arc::new(Supplier),
         oci: Default::default(),
@@ -226,6 +226,7 @@ fn runtime(dir: &std::path::Path, idle_instances: usize) -> WasmRuntime {
             ..Limits::default()
         },
     })
+    .await
     .expect("runtime")
 }
 
@@ -267,7 +268,7 @@ async fn main() {
     // The 0.1 test fixture (the same admin-check, built before 0.2) rides
     // along, so the table shows what 0.2 changed for one guest.
     let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/admin-check-0.1.wasm");
-    let first = runtime(&dir, 4);
+    let first = runtime(&dir, 4).await;
     first
         .load_file(&fixture)
         .await
@@ -277,8 +278,8 @@ async fn main() {
         eprintln!("skipping {module}: {why}");
     }
     // Second runtime over the same cache: every module is a cache hit now.
-    let reused_rt = runtime(&dir, 4);
-    let fresh_rt = runtime(&dir, 0);
+    let reused_rt = runtime(&dir, 4).await;
+    let fresh_rt = runtime(&dir, 0).await;
     for rt in [&reused_rt, &fresh_rt] {
         rt.load_file(&fixture).await.expect("the 0.1 fixture loads");
     }
@@ -309,8 +310,8 @@ async fn main() {
     for info in &infos {
         let (config, path) = plan(&info.module);
         let (reused, fresh) = match (
-            reused_rt.checker_async(&info.module, &config, None).await,
-            fresh_rt.checker_async(&info.module, &config, None).await,
+            reused_rt.checker(&info.module, &config, None).await,
+            fresh_rt.checker(&info.module, &config, None).await,
         ) {
             (Ok(r), Ok(f)) => (r, f),
             (Err(e), _) | (_, Err(e)) => {

@@ -60,16 +60,22 @@
 //! watching, gzip, the signature verifier): those are `portwise-supply`'s,
 //! and cargo-deny checks both (`tests/deny`, `host/wasm/deny.toml`).
 
-mod bindings;
+mod authorize;
+mod capture;
 mod compile;
 mod engine;
+mod facts;
 mod failures;
-mod host;
+mod limiter;
 mod modules;
 mod probe_failure;
+mod probes;
 pub mod replay;
-mod resources;
-mod views;
+mod state;
+mod v0_1;
+mod v0_2;
+mod wasi;
+mod wit;
 
 use std::{
     path::{Path, PathBuf},
@@ -82,7 +88,7 @@ use tokio::sync::broadcast;
 
 pub use compile::CompileSource;
 pub use failures::{FailureCount, FailureKind};
-pub use replay::{ProbeMode, Recorder, Recording, ReplayMiss, Replayer};
+pub use replay::{ProbeMode, Recorder, Recording, RecordingError, ReplayMiss, Replayer};
 
 use modules::{CheckerSpec, Runtime};
 use portwise_checkers::{BoxFuture, Checker};
@@ -159,18 +165,16 @@ impl Limits {
     /// The bounds of one expression's calls: `overrides` where given, these
     /// limits otherwise. Fails when the memory asked for is past the
     /// ceiling the runtime started with.
-    pub fn for_expression(&self, overrides: &WasmLimits) -> Result<CallLimits, String> {
+    pub fn for_expression(&self, overrides: &WasmLimits) -> Result<CallLimits, LimitError> {
         let memory_bytes = match overrides.memory_mib {
             Some(mib) => usize::try_from(mib << 20).unwrap_or(usize::MAX),
             None => self.memory_bytes,
         };
         if memory_bytes > self.memory_ceiling() {
-            return Err(format!(
-                "limits.memoryMiB {} is above this runtime's ceiling of {} MiB (set when it started: \
-                 raise --guest-memory-mib, or restart with this configuration so its largest limit counts)",
-                memory_bytes >> 20,
-                self.memory_ceiling() >> 20
-            ));
+            return Err(LimitError::MemoryAboveCeiling {
+                asked_mib: memory_bytes >> 20,
+                ceiling_mib: self.memory_ceiling() >> 20,
+            });
         }
         let call = CallLimits {
             deadline: overrides.deadline.unwrap_or(self.deadline),
@@ -185,6 +189,21 @@ impl Limits {
         // refuses it only when an expression sets both.
         Ok(call)
     }
+}
+
+/// Why an expression's `limits` cannot be had from this runtime.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum LimitError {
+    /// The pooling allocator's slots are as large as the ceiling the runtime
+    /// started with; an instance cannot have more.
+    #[error(
+        "limits.memoryMiB {asked_mib} is above this runtime's ceiling of {ceiling_mib} MiB (set when it started: \
+         raise --guest-memory-mib, or restart with this configuration so its largest limit counts)"
+    )]
+    MemoryAboveCeiling {
+        asked_mib: usize,
+        ceiling_mib: usize,
+    },
 }
 
 /// The bounds of one `wasm` expression's calls: the runtime's [`Limits`]
@@ -282,8 +301,8 @@ pub enum WasmError {
     Watch { dir: PathBuf, message: String },
     #[error("invalid module name {0:?}: expected a file name such as check.wasm or check.wasm.gz")]
     ModuleName(String),
-    #[error("module {module}: {why}")]
-    Limits { module: String, why: String },
+    #[error("module {module}: {source}")]
+    Limits { module: String, source: LimitError },
     #[error("module {module} is not loaded: {why}")]
     NotLoaded { module: String, why: String },
     #[error("module {module}: {message}")]
@@ -296,6 +315,10 @@ pub enum WasmError {
     },
     #[error("module {module} rejects its configuration: {message}")]
     ConfigRejected { module: String, message: String },
+    /// An `oci://` module that could not be pulled or installed; the
+    /// message names the module.
+    #[error("{message}")]
+    Pull { module: String, message: String },
 }
 
 /// Runs WebAssembly membership checkers.
@@ -316,32 +339,9 @@ impl std::fmt::Debug for WasmRuntime {
     }
 }
 
-/// Runs a future to completion on a private current-thread runtime on a
-/// scoped thread: usable from synchronous code, including code that is
-/// itself running inside a tokio runtime (where `Handle::block_on` would
-/// panic). The runtime is dropped when the call returns, so nothing made on
-/// it may be used later: instances made here (for `validate-config`) are
-/// not pooled ([`modules::own_runtime`]).
-fn block_on<F: std::future::Future + Send>(future: F) -> F::Output
-where
-    F::Output: Send,
-{
-    thread::scope(|s| {
-        s.spawn(|| {
-            tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("a current-thread tokio runtime")
-                .block_on(modules::own_runtime(future))
-        })
-        .join()
-        .expect("wasm helper thread panicked")
-    })
-}
-
 /// `name` as a module key: a plain file name, `.wasm` appended unless it
 /// ends in `.wasm` or `.wasm.gz`. A name means that one file: `check.wasm`
-/// does not find `check.wasm.gz` (see [`WasmRuntime::checker_async`]).
+/// does not find `check.wasm.gz` (see [`WasmRuntime::checker`]).
 fn module_key(name: &str) -> Result<String, WasmError> {
     if name.starts_with(OCI_SCHEME) {
         // One spelling per artifact (the digest in lowercase).
@@ -361,12 +361,14 @@ fn module_key(name: &str) -> Result<String, WasmError> {
 
 impl WasmRuntime {
     /// Builds the engine, loads every module of `modules_dir` (compiling or
-    /// reading the cache) and starts watching the directory.
+    /// reading the cache) and starts watching the directory. Async because
+    /// the first scan compiles on the caller's runtime (on its blocking
+    /// pool), as every later one does on the watcher's.
     ///
     /// Modules that fail to load do not fail this call: they are reported
     /// (see [`WasmRuntime::load_errors`]) and checkers asking for them are
     /// refused.
-    pub fn new(config: WasmConfig) -> Result<Self, WasmError> {
+    pub async fn new(config: WasmConfig) -> Result<Self, WasmError> {
         let oci_cache = config.cache_dir.as_deref().map(pull_cache_dir);
         let engine =
             engine::build(&config.limits).map_err(|e| WasmError::Engine(format!("{e:#}")))?;
@@ -386,7 +388,7 @@ impl WasmRuntime {
             )
             .map_err(|e| WasmError::Engine(format!("{e:#}")))?,
         );
-        block_on(rt.rescan());
+        modules::unpooled(rt.rescan()).await;
         let watcher = match (&config.modules_dir, config.watch) {
             (Some(dir), true) => Some(watch(rt.clone(), dir)?),
             _ => None,
@@ -452,7 +454,7 @@ impl WasmRuntime {
     /// pulled again.
     ///
     /// Returns each reference's outcome.
-    pub async fn pull(&self, specs: &[&WasmSpec]) -> Vec<(String, Result<ModuleInfo, String>)> {
+    pub async fn pull(&self, specs: &[&WasmSpec]) -> Vec<(String, Result<ModuleInfo, WasmError>)> {
         let mut refs: Vec<OciRef> = Vec::new();
         for spec in specs {
             if let Some(Ok(r)) = spec.oci()
@@ -476,6 +478,10 @@ impl WasmRuntime {
                 Ok(p) => self.rt.install_pulled(&key, p.pull(&r).await).await,
                 Err(e) => self.rt.install_pulled(&key, Err(e.clone())).await,
             };
+            let result = result.map_err(|message| WasmError::Pull {
+                module: key.clone(),
+                message,
+            });
             out.push((key, result));
         }
         out
@@ -519,7 +525,7 @@ impl WasmRuntime {
     /// not loaded, does not match `sha256`, or rejects the configuration
     /// (its `validate-config` runs here, once per module version and
     /// configuration).
-    pub async fn checker_async(
+    pub async fn checker(
         &self,
         module: &str,
         config: &serde_json::Value,
@@ -529,7 +535,7 @@ impl WasmRuntime {
             .await
     }
 
-    /// [`WasmRuntime::checker_async`] with the expression's own `limits`.
+    /// [`WasmRuntime::checker`] with the expression's own `limits`.
     pub async fn checker_with_limits(
         &self,
         module: &str,
@@ -542,9 +548,9 @@ impl WasmRuntime {
             .rt
             .limits
             .for_expression(limits)
-            .map_err(|why| WasmError::Limits {
+            .map_err(|source| WasmError::Limits {
                 module: module.clone(),
-                why,
+                source,
             })?;
         let Some(version) = self.rt.current(&module) else {
             // Names are exact (the pin, the metrics and the Events are about
@@ -578,7 +584,11 @@ impl WasmRuntime {
             });
         }
         let config = serde_json::to_string(config).expect("a JSON value serialises");
-        if let Err(message) = version.validate(&self.rt, &config, &limits).await {
+        // Checkers are built once, on whichever runtime builds the checker
+        // tree, which need not be the one that will run the checks: the
+        // instance that ran `validate-config` is not pooled there.
+        if let Err(message) = modules::unpooled(version.validate(&self.rt, &config, &limits)).await
+        {
             return Err(WasmError::ConfigRejected { module, message });
         }
         let spec = Arc::new(CheckerSpec {
@@ -593,19 +603,6 @@ impl WasmRuntime {
             rt: self.rt.clone(),
             spec,
         })
-    }
-
-    /// [`WasmRuntime::checker_async`] for synchronous callers (building the
-    /// checker tree from the configuration file).
-    pub fn checker(
-        &self,
-        module: &str,
-        config: &serde_json::Value,
-        sha256: Option<&str>,
-    ) -> Result<Arc<dyn Checker>, String> {
-        block_on(self.checker_async(module, config, sha256))
-            .map(|c| Arc::new(c) as Arc<dyn Checker>)
-            .map_err(|e| e.to_string())
     }
 }
 
@@ -634,7 +631,7 @@ fn watch(rt: Arc<Runtime>, dir: &Path) -> Result<Box<dyn Send + Sync>, WasmError
             };
             // Ends when the watch (owned by the WasmRuntime) is dropped.
             for () in rescans {
-                runtime.block_on(modules::own_runtime(rt.rescan()));
+                runtime.block_on(modules::unpooled(rt.rescan()));
             }
         })
         .map_err(|e| watch_error(e.to_string()))?;
@@ -678,15 +675,21 @@ impl Checker for WasmChecker {
 /// Lets `membership::build` resolve `wasm` expressions without depending on
 /// wasmtime.
 impl portwise_checkers::WasmCheckers for WasmRuntime {
-    fn checker(&self, spec: &WasmSpec) -> Result<Arc<dyn Checker>, String> {
-        block_on(self.checker_with_limits(
-            &spec.module,
-            &spec.config,
-            spec.sha256.as_deref(),
-            &spec.limits,
-        ))
-        .map(|c| Arc::new(c) as Arc<dyn Checker>)
-        .map_err(|e| e.to_string())
+    fn checker<'a>(
+        &'a self,
+        spec: &'a WasmSpec,
+    ) -> BoxFuture<'a, Result<Arc<dyn Checker>, portwise_checkers::ProviderError>> {
+        Box::pin(async move {
+            let checker = self
+                .checker_with_limits(
+                    &spec.module,
+                    &spec.config,
+                    spec.sha256.as_deref(),
+                    &spec.limits,
+                )
+                .await?;
+            Ok(Arc::new(checker) as Arc<dyn Checker>)
+        })
     }
 }
 

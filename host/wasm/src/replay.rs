@@ -211,46 +211,38 @@ impl Default for Recording {
 
 impl Recording {
     /// Parses a recording, refusing another format or version.
-    pub fn from_json(text: &str) -> Result<Self, String> {
+    pub fn from_json(text: &str) -> Result<Self, RecordingError> {
         // Look at the header first, so a newer version is named as such
         // rather than as an unknown field.
         let header: serde_json::Value =
-            serde_json::from_str(text).map_err(|e| format!("not JSON: {e}"))?;
+            serde_json::from_str(text).map_err(RecordingError::NotJson)?;
         match header.get("format").and_then(|f| f.as_str()) {
             Some(FORMAT) => {}
-            other => {
-                return Err(format!(
-                    "not a probe recording: \"format\" is {other:?}, expected {FORMAT:?}"
-                ));
-            }
+            other => return Err(RecordingError::Format(other.map(str::to_string))),
         }
         match header.get("version").and_then(|v| v.as_u64()) {
             Some(v) if v == u64::from(VERSION) => {}
-            Some(v) => {
-                return Err(format!(
-                    "recording version {v}: this portwise reads version {VERSION}"
-                ));
-            }
-            None => return Err("no \"version\"".into()),
+            Some(v) => return Err(RecordingError::Version(v)),
+            None => return Err(RecordingError::NoVersion),
         }
-        let recording: Recording = serde_json::from_value(header).map_err(|e| e.to_string())?;
+        let recording: Recording = serde_json::from_value(header).map_err(RecordingError::Shape)?;
         for (i, p) in recording.probes.iter().enumerate() {
             match (p.kind, &p.path) {
-                (ProbeKind::HttpGet, None) => {
-                    return Err(format!("probes[{i}]: an http-get without a \"path\""));
-                }
-                (ProbeKind::TcpDial, Some(_)) => {
-                    return Err(format!("probes[{i}]: a tcp-dial with a \"path\""));
-                }
+                (ProbeKind::HttpGet, None) => return Err(RecordingError::HttpWithoutPath(i)),
+                (ProbeKind::TcpDial, Some(_)) => return Err(RecordingError::TcpWithPath(i)),
                 _ => {}
             }
         }
         Ok(recording)
     }
 
-    pub fn read(path: &Path) -> Result<Self, String> {
-        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-        Self::from_json(&text).map_err(|e| format!("{}: {e}", path.display()))
+    pub fn read(path: &Path) -> Result<Self, RecordingError> {
+        let at = |source| RecordingError::File {
+            path: path.to_path_buf(),
+            source: Box::new(source),
+        };
+        let text = std::fs::read_to_string(path).map_err(|e| at(RecordingError::Io(e)))?;
+        Self::from_json(&text).map_err(at)
     }
 
     /// Pretty-printed JSON, ending in a newline.
@@ -260,9 +252,41 @@ impl Recording {
         text
     }
 
-    pub fn write(&self, path: &Path) -> Result<(), String> {
-        std::fs::write(path, self.to_json()).map_err(|e| format!("{}: {e}", path.display()))
+    pub fn write(&self, path: &Path) -> Result<(), RecordingError> {
+        std::fs::write(path, self.to_json()).map_err(|e| RecordingError::File {
+            path: path.to_path_buf(),
+            source: Box::new(RecordingError::Io(e)),
+        })
     }
+}
+
+/// Why a recording cannot be read or written.
+#[derive(Debug, thiserror::Error)]
+pub enum RecordingError {
+    #[error("not JSON: {0}")]
+    NotJson(serde_json::Error),
+    /// The `format` field, when there is one, names something else.
+    #[error("not a probe recording: \"format\" is {0:?}, expected {FORMAT:?}")]
+    Format(Option<String>),
+    #[error("recording version {0}: this portwise reads version {VERSION}")]
+    Version(u64),
+    #[error("no \"version\"")]
+    NoVersion,
+    /// The right format and version, but not the fields it has.
+    #[error("{0}")]
+    Shape(serde_json::Error),
+    #[error("probes[{0}]: an http-get without a \"path\"")]
+    HttpWithoutPath(usize),
+    #[error("probes[{0}]: a tcp-dial with a \"path\"")]
+    TcpWithPath(usize),
+    #[error("{0}")]
+    Io(std::io::Error),
+    /// Any of the above, in this file.
+    #[error("{}: {source}", path.display())]
+    File {
+        path: std::path::PathBuf,
+        source: Box<RecordingError>,
+    },
 }
 
 /// How a probe is named in messages: `GET 10.244.0.5:8080/ready`,
@@ -563,7 +587,7 @@ mod tests {
                 "without a \"path\"",
             ),
         ] {
-            let e = Recording::from_json(text).unwrap_err();
+            let e = Recording::from_json(text).unwrap_err().to_string();
             assert!(e.contains(says), "{text}: {e}");
         }
     }

@@ -6,7 +6,7 @@ use super::*;
 /// The live judge, with a checker per policy (`membership` included), and
 /// the shadows if the configuration has any. Both keep their verdicts in
 /// `table`.
-pub(super) fn build(
+pub(super) async fn build(
     config: &Config,
     opts: &RunOptions,
     table: &Arc<ServiceTable>,
@@ -18,12 +18,14 @@ pub(super) fn build(
     };
     let mut checkers = crate::judge::Checkers::new();
     let membership: Arc<dyn Checker> = portwise_checkers::build(&config.membership, &build_ctx)
+        .await
         .map_err(|e| Error::Build(e.to_string()))?;
     checkers.insert(Policy::Default, membership);
     for (name, expr) in &config.policies {
         let policy = Policy::Named(name.clone());
         let checker: Arc<dyn Checker> =
             portwise_checkers::build_at(expr, &build_ctx, &policy.label())
+                .await
                 .map_err(|e| Error::Build(e.to_string()))?;
         checkers.insert(policy, checker);
     }
@@ -49,7 +51,8 @@ pub(super) fn build(
             shadow_permits.clone(),
             table.clone(),
         )
-    })?
+    })
+    .await?
     .map(Arc::new);
     Ok((judge, shadows))
 }

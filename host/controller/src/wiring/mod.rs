@@ -106,7 +106,7 @@ pub(crate) async fn run(
     let started = std::time::Instant::now();
     let config = Arc::new(config);
     let table = Arc::new(ServiceTable::default());
-    let (judge, shadows) = judges::build(&config, &opts, &table)?;
+    let (judge, shadows) = judges::build(&config, &opts, &table).await?;
 
     let gate = SyncGate::default();
     let queue = Queue::new();

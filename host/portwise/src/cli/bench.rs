@@ -108,8 +108,9 @@ pub(super) async fn bench_modules(
         .into_iter()
         .filter(|m| used.contains(&m.module))
     {
-        let compiled = fresh(None)?.load_file(&info.source).await?;
-        let cached = fresh(Some(cache_dir.to_path_buf()))?
+        let compiled = fresh(None).await?.load_file(&info.source).await?;
+        let cached = fresh(Some(cache_dir.to_path_buf()))
+            .await?
             .load_file(&info.source)
             .await?;
         let cached = match cached.compiled {

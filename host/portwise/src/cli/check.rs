@@ -200,18 +200,21 @@ pub async fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
     let pulls = expr.wasm_specs().iter().any(|s| s.oci().is_some());
     let runtime = match (modules_dir, pulls) {
         (None, false) => None,
-        (dir, _) => Some(WasmRuntime::new(WasmConfig {
-            supply: Arc::new(portwise_supply::Supplier),
-            oci,
-            modules_dir: dir,
-            cache_dir: Some(cache_dir.clone()),
-            watch: false,
-            limits: Limits {
-                max_memory_bytes: largest_memory_limit(&expr.wasm_specs()),
-                ..Limits::default()
-            },
-            probes,
-        })?),
+        (dir, _) => Some(
+            WasmRuntime::new(WasmConfig {
+                supply: Arc::new(portwise_supply::Supplier),
+                oci,
+                modules_dir: dir,
+                cache_dir: Some(cache_dir.clone()),
+                watch: false,
+                limits: Limits {
+                    max_memory_bytes: largest_memory_limit(&expr.wasm_specs()),
+                    ..Limits::default()
+                },
+                probes,
+            })
+            .await?,
+        ),
     };
     if let Some(rt) = &runtime {
         for (module, result) in rt.pull(&expr.wasm_specs()).await {
@@ -227,6 +230,7 @@ pub async fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
             ..BuildContext::default()
         },
     )
+    .await
     .map_err(|e| anyhow::anyhow!("{e}"))?;
 
     let svc = Arc::new(svc);

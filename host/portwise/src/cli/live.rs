@@ -93,18 +93,21 @@ pub(super) async fn check_live(
     let pulls = all_exprs.iter().any(|s| s.oci().is_some());
     let runtime = match (&cfg.modules_dir, pulls) {
         (None, false) => None,
-        (dir, _) => Some(WasmRuntime::new(WasmConfig {
-            supply: Arc::new(portwise_supply::Supplier),
-            oci: oci_config(&cfg),
-            probes: Default::default(),
-            modules_dir: dir.clone(),
-            cache_dir: Some(cache_dir),
-            watch: false,
-            limits: Limits {
-                max_memory_bytes: largest_memory_limit(&all_exprs),
-                ..Limits::default()
-            },
-        })?),
+        (dir, _) => Some(
+            WasmRuntime::new(WasmConfig {
+                supply: Arc::new(portwise_supply::Supplier),
+                oci: oci_config(&cfg),
+                probes: Default::default(),
+                modules_dir: dir.clone(),
+                cache_dir: Some(cache_dir),
+                watch: false,
+                limits: Limits {
+                    max_memory_bytes: largest_memory_limit(&all_exprs),
+                    ..Limits::default()
+                },
+            })
+            .await?,
+        ),
     };
     if let Some(rt) = &runtime {
         for (module, result) in rt.pull(&all_exprs).await {
@@ -129,6 +132,7 @@ pub(super) async fn check_live(
         Policy::Named(n) => &cfg.policies[n],
     };
     let live = portwise_checkers::build_at(live_expr, &ctx, &policy.label())
+        .await
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     println!("Service {ns}/{name} is decided by {}", policy.label());
     let pick = shadow::pick(&svc, cfg.shadow.as_ref());
@@ -137,10 +141,14 @@ pub(super) async fn check_live(
         (Pick::Named(n), Some(sh)) => sh.expressions.get(n),
         _ => None,
     };
-    let shadow_checker = shadow_expr
-        .map(|e| portwise_checkers::build_at(e, &ctx, &pick.label()))
-        .transpose()
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let shadow_checker = match shadow_expr {
+        Some(e) => Some(
+            portwise_checkers::build_at(e, &ctx, &pick.label())
+                .await
+                .map_err(|e| anyhow::anyhow!("{e}"))?,
+        ),
+        None => None,
+    };
     match &pick {
         Pick::Unknown(n) => println!(
             "Service {ns}/{name} names shadow {n:?}, which {} does not have: live verdicts only",

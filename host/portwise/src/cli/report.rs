@@ -184,6 +184,7 @@ mod tests {
                 watch: false,
                 limits: Limits::default(),
             })
+            .await
             .unwrap(),
         );
         let metrics = portwise_controller::metrics::Metrics::new();

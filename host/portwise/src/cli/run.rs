@@ -155,6 +155,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
                 watch: true,
                 limits: runtime_limits(&config, &args),
             })
+            .await
             .context("cannot start the WebAssembly runtime")?,
         ))
     } else {

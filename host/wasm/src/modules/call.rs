@@ -8,14 +8,9 @@ use super::{
     failure::{Failure, classify},
     pool::{Guest, Ready},
 };
-use crate::{
-    CallLimits,
-    bindings::{self, WitDecision, WitVerdict, v02::portwise::membership::types as v02types},
-    failures::FailureKind,
-    host::CallLabels,
-};
+use crate::{CallLimits, failures::FailureKind, state::CallLabels, v0_1, v0_2};
 use portwise_core::{
-    membership::{Decision, Subject, Verdict},
+    membership::{Subject, Verdict},
     text::truncate,
 };
 
@@ -110,18 +105,18 @@ impl ModuleVersion {
         let max_reason = rt.limits.max_reason_bytes;
         let outcome = match &ready.guest {
             Guest::V01(g) => {
-                let computed = bindings::Computed::new(subject);
-                let lists = bindings::Lists::new(subject, &computed);
+                let computed = v0_1::Computed::new(subject);
+                let lists = v0_1::Lists::new(subject, &computed);
                 let call = g.portwise_membership_checker().call_check(
                     &mut ready.store,
                     config,
-                    bindings::service(&subject.service, &lists),
-                    bindings::pod(&subject.pod, &lists),
-                    bindings::target(subject, &computed),
+                    v0_1::service(&subject.service, &lists),
+                    v0_1::pod(&subject.pod, &lists),
+                    v0_1::target(subject, &computed.address),
                 );
                 tokio::time::timeout(limits.call_timeout, call)
                     .await
-                    .map(|r| r.map(|v| verdict_v01(v, max_reason)))
+                    .map(|r| r.map(|v| v0_1::verdict(v, max_reason)))
             }
             Guest::V02(g) => {
                 let (pod, service) = match ready
@@ -144,11 +139,11 @@ impl ModuleVersion {
                     config,
                     service,
                     pod,
-                    bindings::target_v02(subject, &address),
+                    v0_2::target(subject, &address),
                 );
                 let outcome = tokio::time::timeout(limits.call_timeout, call)
                     .await
-                    .map(|r| r.map(|v| verdict_v02(v, max_reason)));
+                    .map(|r| r.map(|v| v0_2::verdict(v, max_reason)));
                 ready.store.data_mut().end_views(pod_rep, service_rep);
                 outcome
             }
@@ -185,30 +180,6 @@ impl ModuleVersion {
                 format!("call did not finish within {:?}", limits.call_timeout),
             )),
         }
-    }
-}
-
-fn verdict_v01(answer: WitVerdict, max_reason: usize) -> Verdict {
-    let decision = match answer.decision {
-        WitDecision::Include => Decision::Include,
-        WitDecision::Exclude => Decision::Exclude,
-        WitDecision::Abstain => Decision::Abstain,
-    };
-    Verdict {
-        decision,
-        reason: answer.reason.map(|r| truncate(r, max_reason)),
-    }
-}
-
-fn verdict_v02(answer: v02types::Verdict, max_reason: usize) -> Verdict {
-    let decision = match answer.decision {
-        v02types::Decision::Include => Decision::Include,
-        v02types::Decision::Exclude => Decision::Exclude,
-        v02types::Decision::Abstain => Decision::Abstain,
-    };
-    Verdict {
-        decision,
-        reason: answer.reason.map(|r| truncate(r, max_reason)),
     }
 }
 
@@ -275,11 +246,13 @@ impl Runtime {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::v0_1::portwise::membership::types::Decision as WitDecision;
+    use portwise_core::membership::Decision;
 
     #[test]
     fn verdict_reasons_are_truncated_on_a_char_boundary() {
-        let v = verdict_v01(
-            WitVerdict {
+        let v = v0_1::verdict(
+            v0_1::portwise::membership::types::Verdict {
                 decision: WitDecision::Include,
                 reason: Some("é".repeat(1000)),
             },

@@ -3,7 +3,7 @@
 
 use wasmtime::Trap;
 
-use crate::{CallLimits, failures::FailureKind, host::HostState};
+use crate::{CallLimits, failures::FailureKind, state::HostState};
 use portwise_core::text::truncate;
 
 /// Why a call produced no verdict of the guest's own making.

@@ -36,30 +36,30 @@ use wasmtime::{Engine, component::Linker};
 
 use crate::{
     Limits, ModuleEvent, ModuleInfo,
-    bindings::{v01, v02},
     compile::{CodeCache, CompileSource},
     failures::{Counters, ModuleCounters},
-    host::HostState,
     replay::ProbeMode,
+    state::HostState,
+    v0_1, v0_2,
 };
 
 tokio::task_local! {
-    /// Set while a future runs on one of this crate's own runtimes.
-    static OWN_RUNTIME: ();
+    /// Set while a future runs whose instances are not to be pooled.
+    static UNPOOLED: ();
 }
 
-/// Runs `future` marked as running on one of this crate's own runtimes:
-/// the private runtime of a synchronous entry point (gone when the call
-/// returns) or the module watcher's. No check ever runs there, so instances
-/// made there are not pooled (see [`pool`]).
-pub(crate) async fn own_runtime<F: std::future::Future>(future: F) -> F::Output {
-    OWN_RUNTIME.scope((), future).await
+/// Runs `future` so that the instances it makes are not pooled: work that
+/// is not a check (building a checker, a rescan on the module watcher's
+/// runtime) runs `validate-config` on a runtime that need not be the one
+/// the checks run on (see [`pool`]).
+pub(crate) async fn unpooled<F: std::future::Future>(future: F) -> F::Output {
+    UNPOOLED.scope((), future).await
 }
 
 /// The runtime whose calls may reuse instances made now: the current one,
-/// unless it is one of this crate's own (or there is none).
+/// unless the work is [`unpooled`] (or there is no runtime).
 fn serving_runtime() -> Option<tokio::runtime::Id> {
-    if OWN_RUNTIME.try_with(|()| ()).is_ok() {
+    if UNPOOLED.try_with(|()| ()).is_ok() {
         return None;
     }
     tokio::runtime::Handle::try_current().ok().map(|h| h.id())
@@ -118,11 +118,11 @@ impl Runtime {
         wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
         // Both versions' imports: a component links against whichever it
         // was built for (their interface names carry the version).
-        v01::MembershipChecker::add_to_linker::<HostState, wasmtime::component::HasSelf<HostState>>(
+        v0_1::MembershipChecker::add_to_linker::<HostState, wasmtime::component::HasSelf<HostState>>(
             &mut linker,
             |s| s,
         )?;
-        v02::MembershipChecker::add_to_linker::<HostState, wasmtime::component::HasSelf<HostState>>(
+        v0_2::MembershipChecker::add_to_linker::<HostState, wasmtime::component::HasSelf<HostState>>(
             &mut linker,
             |s| s,
         )?;

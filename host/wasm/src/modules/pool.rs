@@ -13,12 +13,13 @@
 //! and is only ever reused by calls on that same runtime: [`Ready`] records
 //! the runtime's id, `take` throws away idle instances of any other runtime,
 //! and `put_back` pools an instance only on the runtime that made it.
-//! Instances made on this crate's own runtimes (the private one behind
-//! each synchronous entry point, which is dropped when the call returns, and
-//! the module watcher's; see [`super::own_runtime`]) are never pooled at all:
-//! no check ever runs there, so all they do there is `validate-config`.
-//! Before, the instance that ran `validate-config` on such a runtime went
-//! into the pool and served the controller's checks on its main runtime.
+//! Instances made by work that is not a check (building a checker, which
+//! happens on whichever runtime builds the checker tree, and a rescan on
+//! the module watcher's runtime; see [`super::unpooled`]) are never pooled
+//! at all: all they do is `validate-config`, on a runtime the checks need
+//! not run on. Before, the instance that ran `validate-config` on such a
+//! runtime went into the pool and served the controller's checks on its
+//! main runtime.
 //!
 //! Why it matters: a `Store`'s host state may hold things bound to the
 //! runtime that made them. Tokio sockets and timers register with its
@@ -36,14 +37,14 @@
 //! polled, and probes open and close their sockets within the call. The rule
 //! keeps it safe when the host grows (an inherited stdout, a probe that keeps
 //! a connection); the tests pin the rule itself by counting instantiations
-//! (`wasm.rs::instances_run_on_the_runtime_that_created_them`).
+//! (`tests/it/wasm/runtimes.rs::instances_run_on_the_runtime_that_created_them`).
 //!
 //! Nothing else in an instance cares which runtime polls it: wasmtime's
 //! async calls are plain `Send` futures, an epoch deadline that yields
 //! returns `Pending` and wakes itself, and the epoch is advanced by a thread
 //! of its own ([`crate::engine::Ticker`]), not by any runtime.
 //!
-//! [`Capture`]: crate::host::Capture
+//! [`Capture`]: crate::capture::Capture
 
 use std::{
     collections::HashMap,
@@ -65,11 +66,11 @@ use super::{
 };
 use crate::{
     CallLimits, ModuleInfo,
-    bindings::{v01, v02},
     compile::CompileSource,
     engine::ticks,
     failures::{FailureKind, ModuleCounters},
-    host::{CallLabels, HostState},
+    state::{CallLabels, HostState},
+    v0_1, v0_2,
 };
 
 /// Compute time an instantiation may take (start functions), at least.
@@ -78,8 +79,8 @@ const INSTANTIATE_BUDGET: Duration = Duration::from_secs(1);
 /// Which `portwise:membership` a component was built against, chosen by
 /// what it exports.
 pub(crate) enum GuestPre {
-    V01(v01::MembershipCheckerPre<HostState>),
-    V02(v02::MembershipCheckerPre<HostState>),
+    V01(v0_1::MembershipCheckerPre<HostState>),
+    V02(v0_2::MembershipCheckerPre<HostState>),
 }
 
 impl GuestPre {
@@ -93,8 +94,8 @@ impl GuestPre {
 
 /// An instantiated guest of either version.
 pub(super) enum Guest {
-    V01(v01::MembershipChecker),
-    V02(v02::MembershipChecker),
+    V01(v0_1::MembershipChecker),
+    V02(v0_2::MembershipChecker),
 }
 
 /// An instance ready for a call.
@@ -105,7 +106,7 @@ pub(super) struct Ready {
     /// by calls with the same limit.
     memory_bytes: usize,
     /// The runtime that created it and alone may call it again; `None` for
-    /// instances made on this crate's own runtimes, which are not reused.
+    /// instances made by [`super::unpooled`] work, which are not reused.
     runtime: Option<runtime::Id>,
     /// One of [`Runtime::slots`], held as long as the instance lives.
     _slot: OwnedSemaphorePermit,

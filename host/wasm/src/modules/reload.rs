@@ -18,10 +18,10 @@ use portwise_supply::{Content, ModuleFile, ModulesDir, Pulled};
 use super::{ModuleVersion, Runtime, pool::GuestPre};
 use crate::{
     ModuleInfo,
-    bindings::{v01, v02},
     compile::{CompileSource, Loaded},
     failures::FailureKind,
-    host::HostState,
+    state::HostState,
+    v0_1, v0_2,
 };
 use portwise_core::text::truncate;
 
@@ -341,12 +341,12 @@ fn guest_pre(
 ) -> Result<GuestPre, String> {
     let component = instance_pre.component();
     if component.get_export_index(None, CHECKER_0_2).is_some() {
-        return v02::MembershipCheckerPre::new(instance_pre)
+        return v0_2::MembershipCheckerPre::new(instance_pre)
             .map(GuestPre::V02)
             .map_err(|e| format!("exports {CHECKER_0_2} but not as portwise defines it: {e:#}"));
     }
     if component.get_export_index(None, CHECKER_0_1).is_some() {
-        return v01::MembershipCheckerPre::new(instance_pre)
+        return v0_1::MembershipCheckerPre::new(instance_pre)
             .map(GuestPre::V01)
             .map_err(|e| format!("exports {CHECKER_0_1} but not as portwise defines it: {e:#}"));
     }

@@ -346,6 +346,7 @@ fn check_case(pool: &[u8], answers: &[Answer]) -> Result<u64, TestCaseError> {
                 ..Limits::default()
             },
         })
+        .await
         .expect("runtime");
         rt.load_file(&path).await.expect("the component loads");
         let s = subject();
@@ -356,7 +357,7 @@ fn check_case(pool: &[u8], answers: &[Answer]) -> Result<u64, TestCaseError> {
             for (i, a) in answers.iter().enumerate() {
                 let config = json!("a".repeat(i));
                 let checker = rt
-                    .checker_async("answers.wasm", &config, None)
+                    .checker("answers.wasm", &config, None)
                     .await
                     .map_err(|e| TestCaseError::fail(format!("checker: {e}")))?;
                 let v = checker.check(&s).await;

@@ -70,6 +70,7 @@ async fn runtime_loading(path: &Path) -> WasmRuntime {
             ..Default::default()
         },
     })
+    .await
     .expect("runtime starts");
     rt.load_file(path)
         .await
@@ -78,14 +79,14 @@ async fn runtime_loading(path: &Path) -> WasmRuntime {
 }
 
 async fn checker(rt: &WasmRuntime, module: &str, config: Value) -> WasmChecker {
-    rt.checker_async(module, &config, None)
+    rt.checker(module, &config, None)
         .await
         .unwrap_or_else(|e| panic!("{module} accepts {config}: {e}"))
 }
 
 /// validate-config must refuse `config`, with a message containing `needle`.
 async fn assert_rejects(rt: &WasmRuntime, module: &str, config: Value, needle: &str) {
-    match rt.checker_async(module, &config, None).await {
+    match rt.checker(module, &config, None).await {
         Err(WasmError::ConfigRejected { message, .. }) => {
             assert!(
                 message.contains(needle),

@@ -54,7 +54,7 @@ struct Harness {
 }
 
 impl Harness {
-    fn new(probes: ProbeMode) -> Self {
+    async fn new(probes: ProbeMode) -> Self {
         let cache = tempfile::tempdir().unwrap();
         let rt = WasmRuntime::new(WasmConfig {
             supply: Arc::new(Supplier),
@@ -70,6 +70,7 @@ impl Harness {
             },
             probes,
         })
+        .await
         .expect("runtime");
         Harness { rt, _cache: cache }
     }
@@ -83,7 +84,7 @@ impl Harness {
         let name = path.file_name().unwrap().to_str().unwrap();
         Arc::new(
             self.rt
-                .checker_async(name, config, None)
+                .checker(name, config, None)
                 .await
                 .unwrap_or_else(|e| panic!("{module}: {e}")),
         )
@@ -246,7 +247,7 @@ async fn a_replay_without_the_listeners_gives_the_recorded_verdicts() {
     let cases = cases(&l, closed);
 
     let recorder = Arc::new(Recorder::new());
-    let live = Harness::new(ProbeMode::Record(recorder.clone()));
+    let live = Harness::new(ProbeMode::Record(recorder.clone())).await;
     let recorded = judge(&live, &cases).await;
     let decisions: Vec<Decision> = recorded.iter().map(|v| v.decision).collect();
     assert_eq!(
@@ -300,7 +301,7 @@ async fn a_replay_without_the_listeners_gives_the_recorded_verdicts() {
     let (http_port, tcp_port) = (l.http.port(), l.tcp.port());
     drop(l);
     tokio::time::sleep(Duration::from_millis(50)).await;
-    let gone = Harness::new(ProbeMode::Live);
+    let gone = Harness::new(ProbeMode::Live).await;
     let v = gone
         .checker("admin-check.wasm", &json!({"key": "example.com/admin"}))
         .await
@@ -316,7 +317,7 @@ async fn a_replay_without_the_listeners_gives_the_recorded_verdicts() {
 
     // ... and a replay still gives every recorded verdict, reasons included.
     let replayer = Arc::new(Replayer::new(recording));
-    let replay = Harness::new(ProbeMode::Replay(replayer.clone()));
+    let replay = Harness::new(ProbeMode::Replay(replayer.clone())).await;
     let replayed = judge(&replay, &cases).await;
     assert_eq!(replayed, recorded);
     assert_eq!(replayer.misses(), []);
@@ -335,7 +336,7 @@ async fn a_probe_missing_from_the_recording_fails_for_the_guest_and_is_reported(
     )
     .unwrap();
     let replayer = Arc::new(Replayer::new(recording));
-    let h = Harness::new(ProbeMode::Replay(replayer.clone()));
+    let h = Harness::new(ProbeMode::Replay(replayer.clone())).await;
 
     let ready = h
         .checker("ready-role.wasm", &json!({"roles": ["primary"]}))
@@ -430,7 +431,7 @@ async fn denied_probes_stay_denied_when_recording_and_replaying() {
         ProbeMode::Record(recorder.clone()),
         ProbeMode::Replay(replayer.clone()),
     ] {
-        let h = Harness::new(mode.clone());
+        let h = Harness::new(mode.clone()).await;
         let mut these = Vec::new();
         for config in &denied_configs {
             let v = h

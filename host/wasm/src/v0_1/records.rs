@@ -1,129 +1,27 @@
-//! The WIT contract (`wit/membership.wit`) bound once, and the conversion of
-//! a [`Subject`] into the records a guest receives.
+//! A call's pod and Service as 0.1's records: copied into the guest on
+//! every call, borrowed from the informer's objects on the way.
 //!
 //! The conversion is pure: it only reads the informer's snapshot of the
 //! Service and pod, so it is unit tested here without any WebAssembly.
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::{
-    api::core::v1::{
-        Container, ContainerPort as K8sContainerPort, Pod, PodStatus, Service,
-        ServicePort as K8sServicePort,
-    },
-    apimachinery::pkg::util::intstr::IntOrString,
-};
+use k8s_openapi::api::core::v1::{Pod, Service};
 
-use portwise_core::{
-    align,
-    membership::{Family, Subject},
+use super::portwise::membership::types::{
+    ContainerPort, KeyValue, Pod as WitPod, PodCondition, Service as WitService, ServicePort,
 };
-
-/// `portwise:membership@0.1.0`: the pod and Service copied in as records on
-/// every call. Still served for guests built against it (docs/guests.md says
-/// for how long).
-pub(crate) mod v01 {
-    wasmtime::component::bindgen!({
-        path: "../../wit/v0.1",
-        world: "membership-checker",
-        // Probes await network I/O: async imports keep a probing guest from
-        // blocking a runtime thread. Exports are async so calls run on a fiber
-        // that the epoch deadline can interrupt and the caller can time out.
-        imports: { default: async },
-        exports: { default: async },
-        // Records handed to the guest borrow from the informer's objects rather
-        // than copying every label and annotation first (see `Computed`).
-        ownership: Borrowing { duplicate_if_necessary: false },
-    });
-}
-
-/// `portwise:membership@0.2.0`: the pod and Service are host resources the
-/// guest queries, so only what it reads is copied.
-pub(crate) mod v02 {
-    wasmtime::component::bindgen!({
-        path: "../../wit",
-        world: "membership-checker",
-        // Only the probes wait on I/O. The pod and Service queries are plain
-        // lookups: synchronous, so a query costs a host call and no future.
-        // They can trap (a handle the table does not know).
-        imports: {
-            "portwise:membership/probes.http-get": async,
-            "portwise:membership/probes.tcp-dial": async,
-            default: trappable,
-        },
-        exports: { default: async },
-        ownership: Borrowing { duplicate_if_necessary: false },
-        with: {
-            "portwise:membership/types.pod": crate::views::PodView,
-            "portwise:membership/types.service": crate::views::ServiceView,
-        },
-    });
-}
-
-pub(crate) use self::v01::portwise::membership::log::Level as WitLevel;
-pub(crate) use self::v01::portwise::membership::probes::{
-    HttpRequest, HttpResponse as WitHttpResponse, ProbeError as WitProbeError,
+use crate::facts::{
+    container_ports, node_name, phase, pod_ips, pod_status, protocol, service_ports,
+    target_port_text,
 };
-pub(crate) use self::v01::portwise::membership::types::{
-    AddressFamily, ContainerPort, Decision as WitDecision, KeyValue, Pod as WitPod, PodCondition,
-    Service as WitService, ServicePort, Target as WitTarget, Verdict as WitVerdict,
-};
+use portwise_core::membership::Subject;
 
 fn pairs(map: Option<&BTreeMap<String, String>>) -> Vec<KeyValue<'_>> {
     map.into_iter()
         .flatten()
         .map(|(key, value)| KeyValue { key, value })
         .collect()
-}
-
-pub(crate) fn protocol(p: Option<&String>) -> &str {
-    align::protocol(p.map(String::as_str))
-}
-
-pub(crate) fn pod_status(pod: &Pod) -> Option<&PodStatus> {
-    pod.status.as_ref()
-}
-
-pub(crate) fn service_ports(svc: &Service) -> impl Iterator<Item = (&K8sServicePort, u16)> {
-    svc.spec
-        .as_ref()
-        .and_then(|s| s.ports.as_ref())
-        .into_iter()
-        .flatten()
-        .filter_map(|p| Some((p, u16::try_from(p.port).ok()?)))
-}
-
-/// The pod's addresses exactly as the planner reads them
-/// ([`align::pod_addresses`]): a guest sees the addresses portwise would
-/// publish, no others.
-pub(crate) fn pod_ips(pod: &Pod) -> Vec<String> {
-    align::pod_addresses(pod)
-        .into_iter()
-        .map(|ip| ip.to_string())
-        .collect()
-}
-
-/// A Service port's `targetPort` as written (a number or a name).
-pub(crate) fn target_port_text(p: &K8sServicePort, port: u16) -> String {
-    match &p.target_port {
-        Some(IntOrString::Int(n)) => n.to_string(),
-        Some(IntOrString::String(s)) => s.clone(),
-        // The API server defaults targetPort to port.
-        None => port.to_string(),
-    }
-}
-
-/// The ports of all containers, then of restartable init containers
-/// (sidecars), with the container and whether it is a sidecar. Ports
-/// outside u16 are left out.
-pub(crate) fn container_ports(
-    pod: &Pod,
-) -> impl Iterator<Item = (&Container, &K8sContainerPort, u16, bool)> {
-    align::serving_containers(pod).flat_map(|(container, sidecar)| {
-        container.ports.iter().flatten().filter_map(move |p| {
-            Some((container, p, u16::try_from(p.container_port).ok()?, sidecar))
-        })
-    })
 }
 
 /// The strings the host computes for a call (normalised addresses, target
@@ -135,7 +33,8 @@ pub(crate) fn container_ports(
 pub(crate) struct Computed {
     ips: Vec<String>,
     target_ports: Vec<String>,
-    address: String,
+    /// The subject's address, normalised: what [`super::target`] borrows.
+    pub(crate) address: String,
 }
 
 impl Computed {
@@ -234,65 +133,12 @@ pub(crate) fn pod<'a>(pod: &'a Pod, lists: &'a Lists<'a>) -> WitPod<'a> {
         uid: meta.uid.as_deref().unwrap_or_default(),
         labels: &lists.pod_labels,
         annotations: &lists.pod_annotations,
-        phase: pod_status(pod)
-            .and_then(|s| s.phase.as_deref())
-            .filter(|p| !p.is_empty())
-            .unwrap_or("Unknown"),
+        phase: phase(pod),
         conditions: &lists.conditions,
         terminating: meta.deletion_timestamp.is_some(),
-        node_name: pod
-            .spec
-            .as_ref()
-            .and_then(|s| s.node_name.as_deref())
-            .filter(|n| !n.is_empty()),
+        node_name: node_name(pod),
         ips: &lists.ips,
         container_ports: &lists.container_ports,
-    }
-}
-
-/// What is being judged: the resolved port, the family and the address.
-pub(crate) fn target<'a>(subject: &'a Subject, computed: &'a Computed) -> WitTarget<'a> {
-    let port = &subject.port;
-    WitTarget {
-        port_name: &port.name,
-        service_port: u16::try_from(port.port).unwrap_or(0),
-        target_port: port.target,
-        protocol: if port.protocol.is_empty() {
-            "TCP"
-        } else {
-            &port.protocol
-        },
-        family: match subject.family {
-            Family::V4 => AddressFamily::Ipv4,
-            Family::V6 => AddressFamily::Ipv6,
-        },
-        address: &computed.address,
-    }
-}
-
-/// The 0.2 target: the same facts as [`target`], in 0.2's types, with the
-/// normalised address computed by the caller (0.2 needs nothing else of
-/// [`Computed`]).
-pub(crate) fn target_v02<'a>(
-    subject: &'a Subject,
-    address: &'a str,
-) -> v02::portwise::membership::types::Target<'a> {
-    use v02::portwise::membership::types::{AddressFamily as Family02, Target};
-    let port = &subject.port;
-    Target {
-        port_name: &port.name,
-        service_port: u16::try_from(port.port).unwrap_or(0),
-        target_port: port.target,
-        protocol: if port.protocol.is_empty() {
-            "TCP"
-        } else {
-            &port.protocol
-        },
-        family: match subject.family {
-            Family::V4 => Family02::Ipv4,
-            Family::V6 => Family02::Ipv6,
-        },
-        address,
     }
 }
 
@@ -307,7 +153,9 @@ mod tests {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 
     use super::*;
-    use portwise_core::membership::ResolvedPort;
+    use crate::v0_1::portwise::membership::types::{AddressFamily, Target as WitTarget};
+    use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+    use portwise_core::membership::{Family, ResolvedPort};
 
     /// Runs `f` on the records a guest would get for `pod` and `svc`.
     fn records<R>(p: Pod, svc: Service, f: impl FnOnce(WitService, WitPod, WitTarget) -> R) -> R {
@@ -328,7 +176,7 @@ mod tests {
         f(
             service(&subject.service, &lists),
             pod(&subject.pod, &lists),
-            target(&subject, &computed),
+            super::super::target(&subject, &computed.address),
         )
     }
 
@@ -586,8 +434,8 @@ mod tests {
     }
 }
 
-/// What the conversion costs: `cargo test --release -p portwise --lib
-/// wasm::bindings::speed -- --ignored --nocapture`.
+/// What the conversion costs: `cargo test --release -p portwise-wasm --lib
+/// v0_1::records::speed -- --ignored --nocapture`.
 #[cfg(test)]
 mod speed {
     use std::{collections::BTreeMap, sync::Arc, time::Instant};
@@ -598,7 +446,7 @@ mod speed {
     };
 
     use super::*;
-    use portwise_core::membership::ResolvedPort;
+    use portwise_core::membership::{Family, ResolvedPort};
 
     #[test]
     #[ignore]
@@ -642,7 +490,7 @@ mod speed {
             std::hint::black_box((
                 super::service(&s.service, &lists),
                 super::pod(&s.pod, &lists),
-                super::target(&s, &computed),
+                super::super::target(&s, &computed.address),
             ));
         }
         eprintln!("conversion: {:?} per call", t.elapsed() / n);

@@ -1,5 +1,6 @@
-//! The host side of `portwise:membership@0.2.0`: the pod and Service as
-//! resources the guest queries, and the 0.2 `probes` and `log` imports.
+//! The pod and Service of a call as 0.2's resources: the views the
+//! bindings name as the resource types, and the queries a guest makes on
+//! them.
 //!
 //! Why resources: 0.1 lowered the whole pod and Service into the guest on
 //! every call, about 125 strings for a pod with 30 labels and 30
@@ -12,16 +13,24 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::{Pod, Service};
 use wasmtime::component::Resource;
 
+use super::portwise::membership::types;
 use crate::{
-    bindings::{
-        container_ports, pod_ips, pod_status, protocol, service_ports, target_port_text,
-        v02::portwise::membership::{log, probes, types},
+    facts::{
+        container_ports, node_name, phase, pod_ips, pod_status, protocol, service_ports,
+        target_port_text,
     },
-    host::HostState,
-    probe_failure::ProbeFailure,
-    views::{PodView, ServiceView},
+    state::HostState,
 };
-use portwise_probe as probe;
+
+/// The pod under judgement, as a 0.2 guest sees it.
+pub struct PodView {
+    pub(crate) pod: Arc<Pod>,
+}
+
+/// The Service the slices are published for, as a 0.2 guest sees it.
+pub struct ServiceView {
+    pub(crate) service: Arc<Service>,
+}
 
 fn text(s: Option<&String>) -> String {
     s.cloned().unwrap_or_default()
@@ -126,11 +135,7 @@ impl types::HostPod for HostState {
         Ok(all(self.pod_of(&this)?.metadata.annotations.as_ref()))
     }
     fn phase(&mut self, this: Resource<PodView>) -> wasmtime::Result<String> {
-        Ok(pod_status(self.pod_of(&this)?)
-            .and_then(|s| s.phase.as_deref())
-            .filter(|p| !p.is_empty())
-            .unwrap_or("Unknown")
-            .to_string())
+        Ok(phase(self.pod_of(&this)?).to_string())
     }
     fn condition(
         &mut self,
@@ -157,12 +162,7 @@ impl types::HostPod for HostState {
         Ok(self.pod_of(&this)?.metadata.deletion_timestamp.is_some())
     }
     fn node_name(&mut self, this: Resource<PodView>) -> wasmtime::Result<Option<String>> {
-        Ok(self
-            .pod_of(&this)?
-            .spec
-            .as_ref()
-            .and_then(|s| s.node_name.clone())
-            .filter(|n| !n.is_empty()))
+        Ok(node_name(self.pod_of(&this)?).map(str::to_string))
     }
     fn ips(&mut self, this: Resource<PodView>) -> wasmtime::Result<Vec<String>> {
         Ok(pod_ips(self.pod_of(&this)?))
@@ -258,76 +258,6 @@ impl types::HostService for HostState {
     }
 }
 
-impl types::Host for HostState {}
-
-impl From<ProbeFailure> for probes::ProbeError {
-    fn from(e: ProbeFailure) -> Self {
-        match e {
-            ProbeFailure::Timeout => probes::ProbeError::Timeout,
-            ProbeFailure::Refused => probes::ProbeError::Refused,
-            ProbeFailure::Denied(why) => probes::ProbeError::Denied(why),
-            ProbeFailure::Io(why) => probes::ProbeError::Io(why),
-        }
-    }
-}
-
-impl probes::Host for HostState {
-    fn max_body_bytes(&mut self) -> wasmtime::Result<u32> {
-        Ok(probe::MAX_BODY_BYTES as u32)
-    }
-
-    async fn http_get(
-        &mut self,
-        request: probes::HttpRequest,
-    ) -> Result<probes::HttpResponse, probes::ProbeError> {
-        match self
-            .probe_http(
-                &request.host,
-                request.port,
-                &request.path,
-                request.timeout_ms,
-            )
-            .await
-        {
-            Ok(r) => Ok(probes::HttpResponse {
-                status: r.status,
-                body: r.body,
-                truncated: r.truncated,
-            }),
-            Err(e) => Err(e.into()),
-        }
-    }
-
-    async fn tcp_dial(
-        &mut self,
-        host: String,
-        port: u16,
-        timeout_ms: u32,
-    ) -> Result<(), probes::ProbeError> {
-        self.probe_tcp(&host, port, timeout_ms)
-            .await
-            .map_err(Into::into)
-    }
-
-    fn pod_ready(&mut self) -> wasmtime::Result<bool> {
-        Ok(self.call_pod_ready())
-    }
-}
-
-impl log::Host for HostState {
-    fn log(&mut self, level: log::Level, message: String) -> wasmtime::Result<()> {
-        let level = match level {
-            log::Level::Trace => tracing::Level::TRACE,
-            log::Level::Debug => tracing::Level::DEBUG,
-            log::Level::Info => tracing::Level::INFO,
-            log::Level::Warn => tracing::Level::WARN,
-            log::Level::Error => tracing::Level::ERROR,
-        };
-        self.guest_log(level, message);
-        Ok(())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
@@ -338,8 +268,9 @@ mod tests {
     };
     use k8s_openapi::apimachinery::pkg::{apis::meta::v1::ObjectMeta, util::intstr::IntOrString};
 
+    use super::super::portwise::membership::probes;
     use super::*;
-    use crate::{Limits, failures::ModuleCounters, host::CallLabels};
+    use crate::{Limits, failures::ModuleCounters, state::CallLabels};
     use types::{HostPod, HostService};
 
     fn map(pairs: &[(&str, &str)]) -> Option<BTreeMap<String, String>> {
