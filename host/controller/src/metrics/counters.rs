@@ -9,8 +9,9 @@ use portwise_core::membership::Decision;
 use super::{
     guest::GuestFailure,
     labels::{
-        CleanupKind, DecisionLabels, ErrorLabels, KindLabels, ModuleLoad, ModuleLoadLabels,
-        PhaseLabels, ReconcilePhase, WriteKind, decision_label, label,
+        CleanupKind, ColdStartStage, DecisionLabels, ErrorLabels, KindLabels, ModuleLoad,
+        ModuleLoadLabels, PhaseLabels, ReconcilePhase, StageLabels, WriteKind, decision_label,
+        label,
     },
     registry::Metrics,
 };
@@ -89,6 +90,16 @@ impl Metrics {
                 phase: phase.as_str(),
             })
             .observe(duration.as_secs_f64());
+    }
+
+    /// Records that the cold start reached `stage`, `after` the
+    /// controller's start.
+    pub fn set_cold_start(&self, stage: ColdStartStage, after: Duration) {
+        self.cold_start
+            .get_or_create(&StageLabels {
+                stage: stage.as_str(),
+            })
+            .set(after.as_secs_f64());
     }
 
     /// Counts one write issued to the apiserver.

@@ -6,7 +6,7 @@
 //! port and family, slices managed, checks by decision, check latency,
 //! native cleanup deletions, name collisions. It adds what a WebAssembly host and a
 //! leader-elected controller need (guest failures, module loads, reconcile
-//! errors and durations, writes, leadership).
+//! errors and durations, writes, leadership, the cold start's stages).
 //!
 //! [`Metrics`] is a cheap-to-clone handle; every clone updates the same
 //! series. The per-Service gauges are *levels*, not events, so they must
@@ -48,6 +48,8 @@ mod service;
 mod tests;
 
 pub use guest::{GuestFailure, GuestFailureSource};
-pub use labels::{CleanupKind, ModuleLoad, ReconcilePhase, WriteKind, decision_label};
+pub use labels::{
+    CleanupKind, ColdStartStage, ModuleLoad, ReconcilePhase, WriteKind, decision_label,
+};
 pub use native::{SliceChange, SyncResult};
 pub use registry::{CONTENT_TYPE, Metrics};

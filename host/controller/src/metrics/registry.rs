@@ -23,6 +23,7 @@ use super::{
     labels::{
         DecisionLabels, ErrorLabels, KindLabels, ModuleLoadLabels, NotJudgedLabels, PhaseLabels,
         PublishedLabels, ReconcilePhase, ServiceLabels, ShadowLabels, ShadowPortLabels,
+        StageLabels,
     },
     native::{OperationLabels, ResultLabels, SliceChange, SyncResult, Totals},
 };
@@ -85,6 +86,7 @@ pub struct Metrics {
     pub(super) reconcile_errors: MetricFamily<ErrorLabels, Counter>,
     pub(super) reconcile_duration: Histogram,
     pub(super) reconcile_phase_duration: HistogramFamily<PhaseLabels>,
+    pub(super) cold_start: MetricFamily<StageLabels, Gauge<f64, AtomicU64>>,
     pub(super) writes: MetricFamily<KindLabels, Counter>,
     pub(super) leader: Gauge,
     pub(super) cache_objects: CacheSizes,
@@ -190,6 +192,15 @@ impl Metrics {
                 phase: phase.as_str(),
             }));
         }
+        // A gauge per stage, set once: how long this process took to get
+        // there, which a log line alone would make every reader parse.
+        let cold_start = MetricFamily::<StageLabels, Gauge<f64, AtomicU64>>::default();
+        registry.register_with_unit(
+            "cold_start",
+            "Time from the controller's start to each stage of its cold start (synced: every cache's first list; reconciled: every Service the synced caches held reconciled once); absent until reached",
+            Unit::Seconds,
+            cold_start.clone(),
+        );
         let writes = MetricFamily::<KindLabels, Counter>::default();
         registry.register(
             "writes",
@@ -340,6 +351,7 @@ impl Metrics {
             reconcile_errors,
             reconcile_duration,
             reconcile_phase_duration,
+            cold_start,
             writes,
             leader,
             cache_objects,

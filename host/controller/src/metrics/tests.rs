@@ -38,6 +38,7 @@ fn every_family_is_declared_with_its_final_name() {
         ("portwise_reconcile_errors", "counter"),
         ("portwise_reconcile_duration_seconds", "histogram"),
         ("portwise_reconcile_phase_duration_seconds", "histogram"),
+        ("portwise_cold_start_seconds", "gauge"),
         ("portwise_writes", "counter"),
         ("portwise_leader", "gauge"),
         ("portwise_endpoints_added_per_sync", "histogram"),
@@ -316,6 +317,29 @@ fn event_counters_carry_their_labels() {
     ] {
         assert_eq!(sample(&text, series), Some(value), "{series} in\n{text}");
     }
+}
+
+#[test]
+fn cold_start_stages_appear_once_reached() {
+    let m = Metrics::new();
+    // Absent, not 0, until reached: 0 s would be a start that took no time.
+    assert!(!m.encode().contains("portwise_cold_start_seconds{"));
+    m.set_cold_start(ColdStartStage::Synced, Duration::from_millis(1250));
+    let text = m.encode();
+    assert_eq!(
+        sample(&text, r#"portwise_cold_start_seconds{stage="synced"}"#),
+        Some(1.25),
+        "{text}"
+    );
+    assert!(!text.contains(r#"stage="reconciled""#), "{text}");
+    m.set_cold_start(ColdStartStage::Reconciled, Duration::from_secs(4));
+    assert_eq!(
+        sample(
+            &m.encode(),
+            r#"portwise_cold_start_seconds{stage="reconciled"}"#
+        ),
+        Some(4.0)
+    );
 }
 
 #[test]
