@@ -4,7 +4,8 @@
 //! resourceVersion as the precondition, rather than with server-side
 //! apply: the apiserver spent 1.5–2.9× the CPU on an apply as on an update
 //! of the same slice (measured on slices of 10 and 1000 endpoints), which
-//! is what a cold start's write wave and each pod flip wait for. The native controller writes the same way.
+//! is what a cold start's write wave and each pod flip wait for. The native
+//! controller writes the same way.
 //!
 //! An update replaces the whole object, so the body is the live object as
 //! our view holds it, with what portwise owns set to the desired state and
