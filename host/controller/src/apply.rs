@@ -5,8 +5,9 @@
 //! desired one, so a steady state reaches this module with nothing to do.
 //! Writes use `managedBy` as field manager. They are plain creates and
 //! updates, as the native controller makes them, not server-side applies:
-//! the apiserver spends 1.5–2.9× the CPU on an apply (docs/benchmarks.md,
-//! row 3), which a cold start's write wave and every pod flip wait for.
+//! the apiserver spent 1.5–2.9× the CPU on an apply as on an update of the
+//! same slice (measured on slices of 10 and 1000 endpoints), which a cold
+//! start's write wave and every pod flip wait for.
 //! Slices held by other managers never get here (the planner reports them
 //! as collisions), but the planner's view is a cache, so every write is
 //! guarded against what it cannot see:

@@ -333,8 +333,9 @@ async fn serve(
 
 /// Where one served reconcile's time went: each phase's duration, for
 /// `portwise_reconcile_phase_duration_seconds` and a debug event under the
-/// target `portwise::profile` (one line per reconcile, so a percentile can
-/// be read exactly: `--log-level info,portwise::profile=debug`).
+/// target `portwise::profile` (one line per reconcile, with its Service, for
+/// when the histograms' buckets are too coarse or one Service's reconciles
+/// matter: `--log-level info,portwise::profile=debug`).
 struct Profile {
     /// When the current phase began.
     since: Instant,

@@ -108,6 +108,29 @@ impl ReconcilePhase {
     }
 }
 
+/// A stage of the cold start, for `portwise_cold_start_seconds`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ColdStartStage {
+    /// Every cache has made its first list (the process turns ready).
+    Synced,
+    /// Every Service the synced caches held has been reconciled once.
+    Reconciled,
+}
+
+impl ColdStartStage {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ColdStartStage::Synced => "synced",
+            ColdStartStage::Reconciled => "reconciled",
+        }
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct StageLabels {
+    pub(super) stage: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
 pub(super) struct PhaseLabels {
     pub(super) phase: &'static str,

@@ -6,7 +6,7 @@
 //! port and family, slices managed, checks by decision, check latency,
 //! native cleanup deletions, name collisions. It adds what a WebAssembly host and a
 //! leader-elected controller need (guest failures, module loads, reconcile
-//! errors and durations, writes, leadership).
+//! errors and durations, writes, leadership, the cold start's stages).
 //!
 //! [`Metrics`] is a cheap-to-clone handle made of parts, one per subject,
 //! each registering its own families (`ServiceLevels::register`, ...);
@@ -36,7 +36,7 @@
 //! membership checks; `reconciles.rs` reconcile durations, phases and
 //! errors; `writes.rs` writes, cleanups and collisions; `guest.rs` module
 //! loads and guest failures; `caches.rs` the caches' sizes; `process.rs`
-//! leadership and the build; `native.rs` the series that mean what the
+//! leadership, the build and the cold start's stages; `native.rs` the series that mean what the
 //! native controller's `endpoint_slice_controller_*` mean, under the same
 //! names. `registry.rs` assembles them into [`Metrics`]; `labels.rs` holds
 //! the label values and sets.
@@ -57,7 +57,9 @@ mod writes;
 pub use caches::CacheSizes;
 pub use checks::Checks;
 pub use guest::{GuestFailure, GuestFailureSource, Guests};
-pub use labels::{CleanupKind, ModuleLoad, ReconcilePhase, WriteKind, decision_label};
+pub use labels::{
+    CleanupKind, ColdStartStage, ModuleLoad, ReconcilePhase, WriteKind, decision_label,
+};
 pub use native::{Native, SliceChange, SyncResult};
 pub use process::Process;
 pub use reconciles::Reconciles;

@@ -1,10 +1,15 @@
-//! The process: whether this replica leads, and which version runs.
+//! The process: whether this replica leads, which version runs, and how
+//! long its cold start took to reach each stage.
+
+use std::{sync::atomic::AtomicU64, time::Duration};
 
 use prometheus_client::{
     encoding::EncodeLabelSet,
     metrics::{family::Family as MetricFamily, gauge::Gauge},
-    registry::Registry,
+    registry::{Registry, Unit},
 };
+
+use super::labels::{ColdStartStage, StageLabels};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct BuildLabels {
@@ -15,13 +20,23 @@ struct BuildLabels {
 #[derive(Clone, Debug)]
 pub struct Process {
     leader: Gauge,
+    cold_start: MetricFamily<StageLabels, Gauge<f64, AtomicU64>>,
 }
 
 impl Process {
     pub(super) fn register(registry: &mut Registry) -> Self {
         let process = Process {
             leader: Gauge::default(),
+            cold_start: MetricFamily::default(),
         };
+        // A gauge per stage, set once: how long this process took to get
+        // there, which a log line alone would make every reader parse.
+        registry.register_with_unit(
+            "cold_start",
+            "Time from the controller's start to each stage of its cold start (synced: every cache's first list; reconciled: every Service the synced caches held reconciled once); absent until reached",
+            Unit::Seconds,
+            process.cold_start.clone(),
+        );
         registry.register(
             "leader",
             "1 while this replica holds the leader Lease (and may write), else 0",
@@ -39,6 +54,16 @@ impl Process {
             })
             .set(1);
         process
+    }
+
+    /// Records that the cold start reached `stage`, `after` the
+    /// controller's start.
+    pub fn set_cold_start(&self, stage: ColdStartStage, after: Duration) {
+        self.cold_start
+            .get_or_create(&StageLabels {
+                stage: stage.as_str(),
+            })
+            .set(after.as_secs_f64());
     }
 
     /// Sets whether this replica currently leads.

@@ -38,6 +38,7 @@ fn every_family_is_declared_with_its_final_name() {
         ("portwise_reconcile_errors", "counter"),
         ("portwise_reconcile_duration_seconds", "histogram"),
         ("portwise_reconcile_phase_duration_seconds", "histogram"),
+        ("portwise_cold_start_seconds", "gauge"),
         ("portwise_writes", "counter"),
         ("portwise_leader", "gauge"),
         ("portwise_endpoints_added_per_sync", "histogram"),
@@ -337,6 +338,31 @@ fn event_counters_carry_their_labels() {
 }
 
 #[test]
+fn cold_start_stages_appear_once_reached() {
+    let m = Metrics::new();
+    // Absent, not 0, until reached: 0 s would be a start that took no time.
+    assert!(!m.encode().contains("portwise_cold_start_seconds{"));
+    m.process
+        .set_cold_start(ColdStartStage::Synced, Duration::from_millis(1250));
+    let text = m.encode();
+    assert_eq!(
+        sample(&text, r#"portwise_cold_start_seconds{stage="synced"}"#),
+        Some(1.25),
+        "{text}"
+    );
+    assert!(!text.contains(r#"stage="reconciled""#), "{text}");
+    m.process
+        .set_cold_start(ColdStartStage::Reconciled, Duration::from_secs(4));
+    assert_eq!(
+        sample(
+            &m.encode(),
+            r#"portwise_cold_start_seconds{stage="reconciled"}"#
+        ),
+        Some(4.0)
+    );
+}
+
+#[test]
 fn guest_failures_are_read_at_scrape_time_and_summed_per_label() {
     let m = Metrics::new();
     let counted = Arc::new(std::sync::atomic::AtomicU64::new(0));
@@ -556,6 +582,8 @@ fn the_docs_metrics_tables_are_the_registry_s() {
         .read_failures(|| vec![("a.wasm".into(), GuestFailure::Trap, 1)]);
     m.guests.count_load("a.wasm", ModuleLoad::Compiled);
     m.caches.read_from(|| vec![("pods", 1)]);
+    m.process
+        .set_cold_start(ColdStartStage::Synced, Duration::from_secs(1));
     let text = m.encode();
 
     let mut registered = BTreeMap::new();
