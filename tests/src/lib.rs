@@ -64,8 +64,8 @@ pub use namespace::{TEST_MANAGER, TestNs};
 pub use objects::{HOLD_FINALIZER, PodBuilder, ServiceBuilder, pod, service};
 pub use observe::{
     ByPort, EndpointView, SliceShape, by_port, endpoint_of, endpoint_views, endpoints_by_port,
-    events_for, expect_eq, newest_event_message, shapes, slice_for_port, slice_invariants,
-    slice_shapes, slices_for, slices_managed_by, stays_for, wait_for,
+    events_for, expect_eq, members, names, newest_event_message, shapes, slice_for_port,
+    slice_invariants, slice_shapes, slices_for, slices_managed_by, stays_for, wait_for,
 };
 pub use ops::{Metrics, Sample, http_get};
 pub use portwise::{

@@ -176,6 +176,19 @@ pub fn shapes<'a>(
     out
 }
 
+/// The pods published for `svc`'s `port` in `family` (`V4`/`V6`).
+pub async fn members(ns: &TestNs, svc: &str, port: &str, family: &str) -> Result<BTreeSet<String>> {
+    Ok(endpoints_by_port(ns, svc)
+        .await?
+        .remove(&(port.to_string(), family.to_string()))
+        .unwrap_or_default())
+}
+
+/// Pod names as a set, to compare with [`members`].
+pub fn names(names: &[&str]) -> BTreeSet<String> {
+    names.iter().map(|s| s.to_string()).collect()
+}
+
 /// See [`ByPort`].
 pub async fn endpoints_by_port(ns: &TestNs, svc: &str) -> Result<ByPort> {
     Ok(group_by_port(&slices_for(ns, svc).await?))

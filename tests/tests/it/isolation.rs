@@ -2,7 +2,7 @@
 //! never answer holds neither the reconcile slots nor the check permits
 //! that another namespace's Services need.
 
-use std::{collections::BTreeSet, time::Duration};
+use std::time::Duration;
 
 use anyhow::{Result, ensure};
 use portwise_tests::*;
@@ -17,17 +17,6 @@ use crate::policies::POLICY;
 const NOISY_SERVICES: usize = 8;
 const NOISY_PORTS: u16 = 4;
 const NOISY_PODS: usize = 10;
-
-async fn members(ns: &TestNs, svc: &str, port: &str) -> Result<BTreeSet<String>> {
-    Ok(endpoints_by_port(ns, svc)
-        .await?
-        .remove(&(port.to_string(), V4.to_string()))
-        .unwrap_or_default())
-}
-
-fn set(names: &[&str]) -> BTreeSet<String> {
-    names.iter().map(|s| s.to_string()).collect()
-}
 
 /// With the noisy tenant's probes hanging, a readiness flip in a quiet
 /// namespace (`podReady`, no probe) and a probe that starts failing there
@@ -107,8 +96,14 @@ async fn a_tenant_whose_probes_hang_does_not_stall_another() -> Result<()> {
         .start()
         .await?;
     wait_for(SETTLE, || async {
-        expect_eq(members(&quiet, "ready", "http").await?, set(&["a", "b"]))?;
-        expect_eq(members(&quiet, "probed", "http").await?, set(&["c", "d"]))
+        expect_eq(
+            members(&quiet, "ready", "http", V4).await?,
+            names(&["a", "b"]),
+        )?;
+        expect_eq(
+            members(&quiet, "probed", "http", V4).await?,
+            names(&["c", "d"]),
+        )
     })
     .await?;
     let noisy_checks = |m: &Metrics| -> f64 {
@@ -126,7 +121,7 @@ async fn a_tenant_whose_probes_hang_does_not_stall_another() -> Result<()> {
     let flipped = std::time::Instant::now();
     quiet.set_ready("b", false).await?;
     wait_for(Duration::from_secs(10), || async {
-        expect_eq(members(&quiet, "ready", "http").await?, set(&["a"]))
+        expect_eq(members(&quiet, "ready", "http", V4).await?, names(&["a"]))
     })
     .await
     .map_err(|e| e.context(format!("the quiet flip, {:?} after it", flipped.elapsed())))?;
@@ -135,7 +130,7 @@ async fn a_tenant_whose_probes_hang_does_not_stall_another() -> Result<()> {
     // 2 s) though every check permit is held by hanging probes.
     http_a.set_status(503);
     wait_for(Duration::from_secs(15), || async {
-        expect_eq(members(&quiet, "probed", "http").await?, set(&["d"]))
+        expect_eq(members(&quiet, "probed", "http", V4).await?, names(&["d"]))
     })
     .await
     .map_err(|e| e.context("the quiet probe's failure"))?;

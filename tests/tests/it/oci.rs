@@ -10,7 +10,7 @@
 //! Credentials rotated under a running portwise (the registry's password,
 //! then its Secret volume) reach the next pull of its restarted container.
 
-use std::{collections::BTreeSet, path::Path, time::Duration};
+use std::{path::Path, time::Duration};
 
 use anyhow::{Context, Result, ensure};
 use oci_client::client::{Config, ImageLayer};
@@ -101,17 +101,6 @@ async fn setup(name: &str) -> Result<Setup> {
     })
 }
 
-async fn members(ns: &TestNs, svc: &str, port: &str) -> Result<BTreeSet<String>> {
-    Ok(endpoints_by_port(ns, svc)
-        .await?
-        .remove(&(port.to_string(), V4.to_string()))
-        .unwrap_or_default())
-}
-
-fn set(names: &[&str]) -> BTreeSet<String> {
-    names.iter().map(|s| s.to_string()).collect()
-}
-
 /// The binary (pull cache at `cache`) on Service `web` (port `http`,
 /// 8080) and pod `a` at `ip`, once `a` backs `http`.
 async fn serving_a(ns: &TestNs, ip: &PodIps, config: &str, cache: &Path) -> Result<Portwise> {
@@ -126,7 +115,7 @@ async fn serving_a(ns: &TestNs, ip: &PodIps, config: &str, cache: &Path) -> Resu
         .start()
         .await?;
     wait_for(Duration::from_secs(90), || async {
-        expect_eq(members(ns, "web", "http").await?, set(&["a"]))
+        expect_eq(members(ns, "web", "http", V4).await?, names(&["a"]))
     })
     .await?;
     Ok(pw)
@@ -240,8 +229,11 @@ async fn python_guest_pulled_by_digest_decides_a_port_and_survives_the_registry_
         .await?;
     // a: frontend and healthy; b: not a frontend; c: a frontend failing /healthz.
     wait_for(Duration::from_secs(90), || async {
-        expect_eq(members(&ns, "web", "http").await?, set(&["a"]))?;
-        expect_eq(members(&ns, "web", "admin").await?, set(&["a", "b", "c"]))
+        expect_eq(members(&ns, "web", "http", V4).await?, names(&["a"]))?;
+        expect_eq(
+            members(&ns, "web", "admin", V4).await?,
+            names(&["a", "b", "c"]),
+        )
     })
     .await?;
     let logs = pw.logs();
@@ -261,7 +253,7 @@ async fn python_guest_pulled_by_digest_decides_a_port_and_survives_the_registry_
     pw.start_again().await?;
     http_c.set_status(200);
     wait_for(Duration::from_secs(90), || async {
-        expect_eq(members(&ns, "web", "http").await?, set(&["a", "c"]))
+        expect_eq(members(&ns, "web", "http", V4).await?, names(&["a", "c"]))
     })
     .await?;
     let logs = pw.current_logs();
@@ -526,8 +518,8 @@ async fn signed_modules_serve_and_unsigned_or_wrongly_signed_ones_are_refused() 
         .start()
         .await?;
     wait_for(Duration::from_secs(90), || async {
-        expect_eq(members(&ns, "web", "http").await?, set(&["a"]))?;
-        expect_eq(members(&ns, "web", "admin").await?, set(&["a"]))
+        expect_eq(members(&ns, "web", "http", V4).await?, names(&["a"]))?;
+        expect_eq(members(&ns, "web", "admin", V4).await?, names(&["a"]))
     })
     .await?;
     let logs = pw.logs();
@@ -606,8 +598,8 @@ async fn signed_modules_serve_and_unsigned_or_wrongly_signed_ones_are_refused() 
     // The running portwise still decides with its own modules.
     listeners[1].set_body("{\"role\": \"primary\"}");
     wait_for(Duration::from_secs(60), || async {
-        expect_eq(members(&ns, "web", "http").await?, set(&["a", "b"]))?;
-        expect_eq(members(&ns, "web", "admin").await?, set(&["a"]))
+        expect_eq(members(&ns, "web", "http", V4).await?, names(&["a", "b"]))?;
+        expect_eq(members(&ns, "web", "admin", V4).await?, names(&["a"]))
     })
     .await?;
     pw.check_running()?;
@@ -635,7 +627,7 @@ async fn signed_modules_serve_and_unsigned_or_wrongly_signed_ones_are_refused() 
     pw.start_again().await?;
     listeners[0].set_body("{\"role\": \"replica\"}");
     wait_for(Duration::from_secs(90), || async {
-        expect_eq(members(&ns, "web", "http").await?, set(&["b"]))
+        expect_eq(members(&ns, "web", "http", V4).await?, names(&["b"]))
     })
     .await?;
     let logs = pw.current_logs();
@@ -690,7 +682,7 @@ async fn an_allowed_tag_serves_its_last_resolution_when_the_registry_is_gone() -
     pw.start_again().await?;
     http.set_body(r#"{"role": "replica"}"#);
     wait_for(Duration::from_secs(90), || async {
-        expect_eq(members(&ns, "web", "http").await?, set(&[]))
+        expect_eq(members(&ns, "web", "http", V4).await?, names(&[]))
     })
     .await?;
     let logs = pw.current_logs();
@@ -948,7 +940,7 @@ async fn rotated_registry_credentials_reach_the_next_pull_without_a_new_pod() ->
         .start()
         .await?;
     wait_for(Duration::from_secs(90), || async {
-        expect_eq(members(&ns, "web", "http").await?, set(&["a"]))
+        expect_eq(members(&ns, "web", "http", V4).await?, names(&["a"]))
     })
     .await?;
 
@@ -966,7 +958,7 @@ async fn rotated_registry_credentials_reach_the_next_pull_without_a_new_pod() ->
     // The running portwise needs no registry to go on deciding.
     listeners[1].set_body("{\"role\": \"primary\"}");
     wait_for(Duration::from_secs(60), || async {
-        expect_eq(members(&ns, "web", "http").await?, set(&["a", "b"]))
+        expect_eq(members(&ns, "web", "http", V4).await?, names(&["a", "b"]))
     })
     .await?;
     pw.check_running()?;
@@ -978,7 +970,7 @@ async fn rotated_registry_credentials_reach_the_next_pull_without_a_new_pod() ->
     listeners[0].set_body("{\"role\": \"replica\"}");
     pw.restart_with(&v2_config).await?;
     wait_for(Duration::from_secs(90), || async {
-        expect_eq(members(&ns, "web", "http").await?, set(&["b"]))
+        expect_eq(members(&ns, "web", "http", V4).await?, names(&["b"]))
     })
     .await?;
     let logs = pw.current_logs();

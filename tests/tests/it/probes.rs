@@ -2,7 +2,7 @@
 //! start, stop, fail and hang; probes refresh every `resyncPeriod` with no
 //! API change; checks run concurrently under `maxConcurrentChecks`.
 
-use std::{collections::BTreeSet, time::Duration};
+use std::time::Duration;
 
 use anyhow::{Result, ensure};
 use portwise_tests::*;
@@ -10,17 +10,6 @@ use portwise_tests::*;
 const PROBES: &str = "{perPort: {ports: {\
     http: {httpGet: {path: /healthz, timeout: 1s}}, \
     https: {tcpDial: {timeout: 1s}}}}}";
-
-async fn members(ns: &TestNs, svc: &str, port: &str, family: &str) -> Result<BTreeSet<String>> {
-    Ok(endpoints_by_port(ns, svc)
-        .await?
-        .remove(&(port.to_string(), family.to_string()))
-        .unwrap_or_default())
-}
-
-fn set(names: &[&str]) -> BTreeSet<String> {
-    names.iter().map(|s| s.to_string()).collect()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http_get_and_tcp_dial_follow_real_listeners() -> Result<()> {
@@ -56,8 +45,8 @@ async fn http_get_and_tcp_dial_follow_real_listeners() -> Result<()> {
         .start()
         .await?;
     wait_for(SETTLE, || async {
-        expect_eq(members(&ns, "web", "http", V4).await?, set(&["a"]))?;
-        expect_eq(members(&ns, "web", "https", V4).await?, set(&["a", "b"]))
+        expect_eq(members(&ns, "web", "http", V4).await?, names(&["a"]))?;
+        expect_eq(members(&ns, "web", "https", V4).await?, names(&["a", "b"]))
     })
     .await?;
     ensure!(
@@ -77,7 +66,7 @@ async fn http_get_and_tcp_dial_follow_real_listeners() -> Result<()> {
     wait_for(SETTLE, || async {
         expect_eq(
             members(&ns, "web", "http", V4).await?,
-            set(&["a", "b", "c"]),
+            names(&["a", "b", "c"]),
         )
     })
     .await?;
@@ -87,7 +76,7 @@ async fn http_get_and_tcp_dial_follow_real_listeners() -> Result<()> {
     http_a.set_mode(HttpMode::Hang);
     http_c.set_status(500);
     wait_for(SETTLE, || async {
-        expect_eq(members(&ns, "web", "http", V4).await?, set(&["b"]))
+        expect_eq(members(&ns, "web", "http", V4).await?, names(&["b"]))
     })
     .await?;
 
@@ -95,14 +84,14 @@ async fn http_get_and_tcp_dial_follow_real_listeners() -> Result<()> {
     tcp_b.stop();
     let _tcp_d = TcpListener::start(d, 8443).await?;
     wait_for(SETTLE, || async {
-        expect_eq(members(&ns, "web", "https", V4).await?, set(&["a", "d"]))
+        expect_eq(members(&ns, "web", "https", V4).await?, names(&["a", "d"]))
     })
     .await?;
 
     // a answers again.
     http_a.set_status(204);
     wait_for(SETTLE, || async {
-        expect_eq(members(&ns, "web", "http", V4).await?, set(&["a", "b"]))
+        expect_eq(members(&ns, "web", "http", V4).await?, names(&["a", "b"]))
     })
     .await?;
     Ok(())
@@ -135,8 +124,8 @@ async fn probes_judge_each_family_separately() -> Result<()> {
 
     let _pw = Portwise::start(&ns, &config("{httpGet: {path: /healthz, timeout: 1s}}")).await?;
     wait_for(SETTLE, || async {
-        expect_eq(members(&ns, "web", "http", V4).await?, set(&["a", "b"]))?;
-        expect_eq(members(&ns, "web", "http", V6).await?, set(&["b"]))
+        expect_eq(members(&ns, "web", "http", V4).await?, names(&["a", "b"]))?;
+        expect_eq(members(&ns, "web", "http", V6).await?, names(&["b"]))
     })
     .await?;
     ensure!(
@@ -156,7 +145,7 @@ async fn max_concurrent_checks_bounds_probes() -> Result<()> {
         .await?;
     let gauge = Concurrency::new();
     let mut listeners = Vec::new();
-    let mut names = Vec::new();
+    let mut pods = Vec::new();
     for i in 0..8 {
         let ip = next_ips();
         let name = format!("p{i}");
@@ -166,7 +155,7 @@ async fn max_concurrent_checks_bounds_probes() -> Result<()> {
         l.set_delay(Duration::from_millis(400));
         l.track(gauge.clone());
         listeners.push(l);
-        names.push(name);
+        pods.push(name);
     }
     let hung = next_ips();
     ns.create_pod(pod("hung").annotation(GROUP_KEY, "g").ips(hung.v4()))
@@ -182,9 +171,9 @@ async fn max_concurrent_checks_bounds_probes() -> Result<()> {
         "maxConcurrentChecks: 2\n",
     );
     let _pw = Portwise::start(&ns, &cfg).await?;
-    let expected: Vec<&str> = names.iter().map(String::as_str).collect();
+    let expected: Vec<&str> = pods.iter().map(String::as_str).collect();
     wait_for(SETTLE, || async {
-        expect_eq(members(&ns, "web", "http", V4).await?, set(&expected))
+        expect_eq(members(&ns, "web", "http", V4).await?, names(&expected))
     })
     .await?;
     // Let a few resync rounds run (the hanging pod is probed once a
@@ -332,7 +321,7 @@ async fn a_slow_guest_within_its_call_timeout_is_included() -> Result<()> {
     );
     // It stays included through further checks (resync every 2 s).
     stays_for(Duration::from_secs(15), || async {
-        expect_eq(members(&ns, "web", "http", V4).await?, set(&["a"]))
+        expect_eq(members(&ns, "web", "http", V4).await?, names(&["a"]))
     })
     .await?;
     Ok(())
