@@ -35,6 +35,7 @@ mod datapath_report;
 mod go_library;
 mod knobs;
 mod machine;
+mod noisy;
 mod objects;
 mod prober;
 mod probes;
@@ -250,6 +251,12 @@ async fn run(knobs: Knobs, bcp: BenchCp, work: PathBuf, machine: String) -> Resu
     {
         b.report
             .not_measured("11 rollout of real pods", "all", &format!("{e:#}"));
+    }
+    if b.knobs.row(13)
+        && let Err(e) = b.row13().await
+    {
+        b.report
+            .not_measured("13 noisy neighbour", "all", &format!("{e:#}"));
     }
     // Last: its 100k pods would weigh on every later row.
     if b.knobs.row(9)
