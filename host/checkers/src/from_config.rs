@@ -8,15 +8,16 @@
 use std::{sync::Arc, time::Duration};
 
 use portwise_core::{
-    config::{CheckerExpr, WasmSpec},
+    config::{CheckerExpr, HttpGetSpec, Scheme, WasmSpec},
     membership::Decision,
 };
+use portwise_probe::{HttpRequest, Tls};
 
 use crate::{
     BoxFuture, Checker,
     builtin::{
-        All, Any, Constant, HttpGet, Not, NotTerminating, PerPort, PodReady, PortNames, Stable,
-        TcpDial,
+        All, Any, Constant, Grpc, HttpGet, Not, NotTerminating, PerPort, PodReady, PortNames,
+        Stable, TcpDial,
     },
 };
 
@@ -134,10 +135,13 @@ async fn build_expr(
         CheckerExpr::Abstain => Arc::new(Constant(Decision::Abstain)),
         CheckerExpr::PortNames(key) => Arc::new(PortNames(key.clone())),
         CheckerExpr::TcpDial(spec) => Arc::new(TcpDial {
+            port: spec.port.clone(),
             timeout: spec.timeout,
         }),
-        CheckerExpr::HttpGet(spec) => Arc::new(HttpGet {
-            path: spec.path.clone(),
+        CheckerExpr::HttpGet(spec) => Arc::new(http_get(spec, &at("httpGet")).await?),
+        CheckerExpr::Grpc(spec) => Arc::new(Grpc {
+            port: spec.port.clone(),
+            service: spec.service.clone(),
             timeout: spec.timeout,
         }),
         CheckerExpr::All(children) => Arc::new(All(build_list(children, ctx, &at("all")).await?)),
@@ -183,6 +187,42 @@ async fn build_expr(
     })
 }
 
+/// An `httpGet` checker; reads `caFile` now, so a missing or malformed
+/// bundle is a build error naming the field, not a failure at every probe.
+async fn http_get(spec: &HttpGetSpec, path: &str) -> Result<HttpGet, BuildError> {
+    let error = |field: &str, message: String| BuildError {
+        path: format!("{path}.{field}"),
+        message,
+    };
+    let mut request = HttpRequest::get(&spec.path)
+        .map_err(|e| error("path", e.to_string()))?
+        .headers(
+            spec.http_headers
+                .iter()
+                .map(|h| (h.name.as_str(), h.value.as_str())),
+        )
+        .map_err(|e| error("httpHeaders", e.to_string()))?;
+    if spec.scheme == Scheme::Https {
+        let server_name = spec.server_name.as_deref();
+        let tls = match &spec.ca_file {
+            None => Tls::without_verification(server_name).map_err(|m| error("serverName", m))?,
+            Some(file) => {
+                let pem = tokio::fs::read(file)
+                    .await
+                    .map_err(|e| error("caFile", format!("{}: {e}", file.display())))?;
+                Tls::verifying(&pem, server_name)
+                    .map_err(|m| error("caFile", format!("{}: {m}", file.display())))?
+            }
+        };
+        request = request.over(tls);
+    }
+    Ok(HttpGet {
+        request,
+        port: spec.port.clone(),
+        timeout: spec.timeout,
+    })
+}
+
 async fn build_list(
     children: &[CheckerExpr],
     ctx: &BuildContext<'_>,
@@ -220,6 +260,33 @@ mod tests {
 
     fn at(port: &str, p: k8s_openapi::api::core::v1::Pod) -> Subject {
         subject(p, port, "127.0.0.1".parse().unwrap(), 9)
+    }
+
+    #[tokio::test]
+    async fn a_ca_file_is_read_at_build_and_its_errors_name_the_field() {
+        let ctx = BuildContext::default();
+        let build_with = |file: &std::path::Path| {
+            expr(&format!(
+                "{{perPort: {{ports: {{admin: {{httpGet: {{scheme: HTTPS, caFile: '{}'}}}}}}}}}}",
+                file.display()
+            ))
+        };
+        let dir = std::env::temp_dir().join(format!("portwise-ca-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let missing = dir.join("missing.pem");
+        let e = build(&build_with(&missing), &ctx).await.err().unwrap();
+        assert_eq!(e.path, "membership.perPort.ports.admin.httpGet.caFile");
+        assert!(e.message.starts_with(&missing.display().to_string()), "{e}");
+        let garbage = dir.join("garbage.pem");
+        std::fs::write(&garbage, "not a certificate").unwrap();
+        let e = build(&build_with(&garbage), &ctx).await.err().unwrap();
+        assert_eq!(e.path, "membership.perPort.ports.admin.httpGet.caFile");
+        assert!(e.message.contains("no PEM certificate"), "{e}");
+        // HTTPS without a bundle builds (the kubelet's unverified HTTPS).
+        build(&expr("{httpGet: {scheme: HTTPS, port: 8443}}"), &ctx)
+            .await
+            .unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[tokio::test]

@@ -265,6 +265,13 @@ pub fn serving_containers(pod: &Pod) -> impl Iterator<Item = (&Container, bool)>
     regular.chain(sidecars)
 }
 
+/// The TCP container port named `name` on `pod`, for a probe's `port`
+/// field: looked up in the same containers, in the same order, as a named
+/// `targetPort`; TCP only because probes dial TCP.
+pub fn named_probe_port(pod: &Pod, name: &str) -> Option<u16> {
+    serving_containers(pod).find_map(|(c, _)| named_port(c, name, "TCP"))
+}
+
 fn named_port(c: &Container, name: &str, proto: &str) -> Option<u16> {
     c.ports
         .iter()

@@ -44,6 +44,7 @@ mod duration;
 mod error;
 mod oci;
 mod parse;
+mod probes;
 mod syntax;
 mod validate;
 
@@ -52,8 +53,10 @@ use duration::{duration_opt, duration_str, optional_duration_str};
 pub use error::ConfigError;
 pub use oci::{OCI_SCHEME, OciRef};
 pub use parse::MAX_NESTING;
+pub use probes::{GrpcSpec, HttpGetSpec, HttpHeader, ProbePort, Scheme, TcpDialSpec};
 pub use syntax::{
-    check_dns_label, check_dns_subdomain, check_label_value, check_qualified_name, validate_path,
+    REFUSED_HEADERS, check_dns_label, check_dns_subdomain, check_label_value, check_port_name,
+    check_qualified_name, validate_header, validate_path,
 };
 pub use validate::{
     MAX_ENDPOINTS_PER_SLICE, MAX_PROBE_TIMEOUT, MIN_RESYNC_PERIOD, NATIVE_MANAGERS,
@@ -293,40 +296,14 @@ pub enum CheckerExpr {
     PortNames(KeySource),
     TcpDial(TcpDialSpec),
     HttpGet(HttpGetSpec),
+    /// A grpc.health.v1 `Check`.
+    Grpc(GrpcSpec),
     All(Vec<CheckerExpr>),
     Any(Vec<CheckerExpr>),
     Not(Box<CheckerExpr>),
     PerPort(PerPortSpec),
     Stable(StableSpec),
     Wasm(WasmSpec),
-}
-
-/// `tcpDial: {timeout}`.
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct TcpDialSpec {
-    /// Defaults to 1s (kubelet's default probe timeout).
-    #[serde(default = "default_probe_timeout", with = "duration_str")]
-    pub timeout: Duration,
-}
-
-/// `httpGet: {path, timeout}`.
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct HttpGetSpec {
-    /// Absolute path with optional query; defaults to `/`.
-    #[serde(default = "default_http_path")]
-    pub path: String,
-    /// Defaults to 1s.
-    #[serde(default = "default_probe_timeout", with = "duration_str")]
-    pub timeout: Duration,
-}
-
-fn default_probe_timeout() -> Duration {
-    Duration::from_secs(1)
-}
-fn default_http_path() -> String {
-    "/".to_owned()
 }
 
 /// `perPort: {ports: {NAME: E}, fallback: E}`.
@@ -503,6 +480,7 @@ impl CheckerExpr {
             CheckerExpr::PortNames(_) => "portNames",
             CheckerExpr::TcpDial(_) => "tcpDial",
             CheckerExpr::HttpGet(_) => "httpGet",
+            CheckerExpr::Grpc(_) => "grpc",
             CheckerExpr::All(_) => "all",
             CheckerExpr::Any(_) => "any",
             CheckerExpr::Not(_) => "not",
@@ -521,3 +499,6 @@ mod abstain_limit_tests;
 
 #[cfg(test)]
 mod oci_tests;
+
+#[cfg(test)]
+mod probes_tests;

@@ -89,15 +89,16 @@ impl HostState {
         if path.contains(['\r', '\n']) {
             return Err(self.deny(format!("path {path:?} contains CR or LF")));
         }
-        if let Err(why) = portwise_core::config::validate_path(path) {
-            return Err(self.deny(why));
-        }
+        let http = match probe::HttpRequest::get(path) {
+            Ok(http) => http,
+            Err(why) => return Err(self.deny(why.to_string())),
+        };
         let timeout = self.timeout(timeout_ms);
         if let ProbeMode::Replay(replay) = &self.probes {
             return replay.http(addr, path);
         }
         let started = Instant::now();
-        let result = probe::http_get(addr, path, timeout, probe::MAX_BODY_BYTES).await;
+        let result = probe::http_get(addr, &http, timeout, probe::MAX_BODY_BYTES).await;
         self.credit(started.elapsed());
         let result = result.map_err(ProbeFailure::from);
         if let ProbeMode::Record(recorder) = &self.probes {

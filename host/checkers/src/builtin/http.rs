@@ -1,9 +1,12 @@
-//! `httpGet`: the HTTP port probe, and how its answer maps to a verdict.
+//! `httpGet`: the HTTP(S) port probe, and how its answer maps to a verdict.
 
 use std::time::Duration;
 
-use portwise_core::membership::{Subject, Verdict};
-use portwise_probe::{self as probe, ProbeError};
+use portwise_core::{
+    config::ProbePort,
+    membership::{Subject, Verdict},
+};
+use portwise_probe::{self as probe, HttpRequest, ProbeError};
 
 use super::probe::{port_probe, verdict_for_probe_error};
 use crate::{BoxFuture, Checker};
@@ -13,11 +16,13 @@ const HTTP_BODY_FOR_REASON: usize = 1024;
 /// Body characters quoted in an `exclude` reason.
 const REASON_BODY_CHARS: usize = 120;
 
-/// `httpGet(path, timeout)`: `GET http://<address>:<target><path>`; 2xx
-/// includes, redirects are not followed.
+/// `httpGet(path, port, scheme, headers, timeout)`: `GET
+/// <scheme>://<address>:<port><path>`; 2xx includes, redirects are not
+/// followed.
 #[derive(Debug)]
 pub struct HttpGet {
-    pub path: String,
+    pub request: HttpRequest,
+    pub port: Option<ProbePort>,
     pub timeout: Duration,
 }
 
@@ -43,10 +48,24 @@ impl HttpGet {
 
 impl Checker for HttpGet {
     fn check<'a>(&'a self, subject: &'a Subject) -> BoxFuture<'a, Verdict> {
-        Box::pin(port_probe("httpGet", subject, move |addr| async move {
-            let result =
-                probe::http_get(addr, &self.path, self.timeout, HTTP_BODY_FOR_REASON).await;
-            Self::verdict(&format!("httpGet {addr}{}", self.path), result)
-        }))
+        Box::pin(port_probe(
+            "httpGet",
+            subject,
+            self.port.as_ref(),
+            move |addr| async move {
+                let result =
+                    probe::http_get(addr, &self.request, self.timeout, HTTP_BODY_FOR_REASON).await;
+                // `https://10.244.0.7:8443/admin` (the scheme only for HTTPS,
+                // as reasons read before it existed).
+                let scheme = match self.request.scheme() {
+                    "http" => String::new(),
+                    s => format!("{s}://"),
+                };
+                Self::verdict(
+                    &format!("httpGet {scheme}{addr}{}", self.request.path()),
+                    result,
+                )
+            },
+        ))
     }
 }

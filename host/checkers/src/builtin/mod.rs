@@ -4,7 +4,8 @@
 //!   objects alone;
 //! - `probe.rs`: what every port probe shares (the address, the
 //!   `publishNotReadyAddresses` yield, port-less Services, probe errors),
-//!   and the probes on it, `tcp.rs` (`tcpDial`) and `http.rs` (`httpGet`);
+//!   and the probes on it, `tcp.rs` (`tcpDial`), `http.rs` (`httpGet`)
+//!   and `grpc.rs` (`grpc`);
 //! - `combinators.rs`: `all`, `any`, `not`, `perPort`;
 //! - `stable.rs`: `stable`, the kubelet-style damper and its store.
 //!
@@ -13,9 +14,9 @@
 //! probes after the deciding child) and reasons for logs.
 //!
 //! Probe outcomes map to decisions as follows:
-//! - a 2xx answer / an accepted connection: `include`;
+//! - a 2xx answer / an accepted connection / gRPC `SERVING`: `include`;
 //! - any other status, connection refused, a reset or malformed response,
-//!   a timeout: `exclude`. A probe that times out means the pod did not serve
+//!   any other gRPC answer, a timeout: `exclude`. A probe that times out means the pod did not serve
 //!   in time; that is a fact about the pod, as for kubelet's probes;
 //! - an error that shows the *controller* cannot reach the pod network (no
 //!   route, network/host unreachable, no local ports or file descriptors,
@@ -25,6 +26,7 @@
 
 mod combinators;
 mod facts;
+mod grpc;
 mod http;
 mod probe;
 mod stable;
@@ -32,6 +34,7 @@ mod tcp;
 
 pub use combinators::{All, Any, Not, PerPort};
 pub use facts::{Constant, NotTerminating, PodReady, PortNames};
+pub use grpc::Grpc;
 pub use http::HttpGet;
 pub use probe::{probe_addr, verdict_for_probe_error};
 pub use stable::{Stable, StableKey, StableStore};
@@ -39,3 +42,6 @@ pub use tcp::TcpDial;
 
 #[cfg(test)]
 pub(crate) mod tests;
+
+#[cfg(test)]
+mod probe_tests;

@@ -93,7 +93,7 @@ pub(crate) fn subject(pod: Pod, port_name: &str, address: IpAddr, target: u16) -
     }
 }
 
-fn local() -> IpAddr {
+pub(crate) fn local() -> IpAddr {
     "127.0.0.1".parse().unwrap()
 }
 
@@ -177,6 +177,7 @@ async fn readiness_signals_yield_to_publish_not_ready_addresses() {
     assert_eq!(PodReady.check(&unready).await.decision, Decision::Include);
     // Port 9 on loopback: nothing listens, and it is not even dialled.
     let dial = TcpDial {
+        port: None,
         timeout: Duration::from_millis(200),
     };
     assert_eq!(
@@ -187,7 +188,8 @@ async fn readiness_signals_yield_to_publish_not_ready_addresses() {
     );
     assert_eq!(dial.check(&unready).await.decision, Decision::Include);
     let get = HttpGet {
-        path: "/".into(),
+        request: portwise_probe::HttpRequest::get("/").unwrap(),
+        port: None,
         timeout: Duration::from_millis(200),
     };
     assert_eq!(get.check(&unready).await.decision, Decision::Include);
@@ -288,6 +290,7 @@ async fn tcp_dial_checker() {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     let c = TcpDial {
+        port: None,
         timeout: Duration::from_secs(1),
     };
     let s = subject(pod("a", None, &[]), "tcp", local(), port);
@@ -323,7 +326,8 @@ async fn http_server(
 #[tokio::test]
 async fn http_get_checker() {
     let c = HttpGet {
-        path: "/healthz".into(),
+        request: portwise_probe::HttpRequest::get("/healthz").unwrap(),
+        port: None,
         timeout: Duration::from_secs(1),
     };
     let (port, t1) = http_server("200 OK", "ok").await;
@@ -366,7 +370,8 @@ async fn http_get_times_out_to_exclude() {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     let c = HttpGet {
-        path: "/".into(),
+        request: portwise_probe::HttpRequest::get("/").unwrap(),
+        port: None,
         timeout: Duration::from_millis(100),
     };
     let v = c

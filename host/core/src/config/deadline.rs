@@ -21,6 +21,7 @@ impl CheckerExpr {
         match self {
             CheckerExpr::TcpDial(t) => t.timeout,
             CheckerExpr::HttpGet(h) => h.timeout,
+            CheckerExpr::Grpc(g) => g.timeout,
             CheckerExpr::Wasm(w) => w.limits.call_timeout.unwrap_or(default_call_timeout),
             CheckerExpr::All(xs) | CheckerExpr::Any(xs) => xs.iter().map(worst).sum(),
             CheckerExpr::Not(x) => worst(x),

@@ -121,3 +121,59 @@ pub fn validate_path(path: &str) -> Result<(), String> {
         Err(e) => Err(format!("path {path:?} is not a valid request path: {e}")),
     }
 }
+
+/// Request headers a probe refuses: the hop-by-hop ones (RFC 9110 §7.6.1)
+/// and the message framing, which describe the connection the probe opens
+/// and closes itself, not the check. `Host`, `Authorization`, `User-Agent`
+/// and any other end-to-end header may be set (the kubelet allows them too).
+pub const REFUSED_HEADERS: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "transfer-encoding",
+    "upgrade",
+    "te",
+    "trailer",
+    "content-length",
+];
+
+/// A probe request header, checked where configuration names it and where
+/// a guest asks for it, with the same rule and message: a valid field name
+/// that is not [`REFUSED_HEADERS`], and a value without control characters.
+pub fn validate_header(name: &str, value: &str) -> Result<(), String> {
+    let parsed = http::HeaderName::from_bytes(name.as_bytes())
+        .map_err(|_| format!("header name {name:?} is not a valid HTTP field name"))?;
+    if REFUSED_HEADERS.contains(&parsed.as_str()) {
+        return Err(format!(
+            "header {name:?} is hop-by-hop or framing: the probe sets it (refused: {})",
+            REFUSED_HEADERS.join(", ")
+        ));
+    }
+    http::HeaderValue::from_str(value).map_err(|_| {
+        format!("header {name:?}: value {value:?} must be visible ASCII, spaces or tabs")
+    })?;
+    Ok(())
+}
+
+/// A container port name (`IANA_SVC_NAME`, as the API validates
+/// `containerPort.name`): 1 to 15 lowercase letters, digits and `-`, at
+/// least one letter, no `-` at either end or twice in a row.
+pub fn check_port_name(v: &str) -> Result<(), String> {
+    let b = v.as_bytes();
+    let ok = !b.is_empty()
+        && b.len() <= 15
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+        && b.iter().any(|c| c.is_ascii_lowercase())
+        && !v.starts_with('-')
+        && !v.ends_with('-')
+        && !v.contains("--");
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "{v:?} is not a container port name (1-15 lowercase letters, digits and '-', \
+             with at least one letter)"
+        ))
+    }
+}

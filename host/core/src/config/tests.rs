@@ -29,7 +29,7 @@ modulesDir: /etc/portwise/modules
 membership: podReady
 "#;
 
-fn err(yaml: &str) -> ConfigError {
+pub(super) fn err(yaml: &str) -> ConfigError {
     match Config::from_yaml(yaml) {
         Ok(c) => panic!("expected an error, parsed {c:#?}"),
         Err(e) => e,
@@ -37,7 +37,7 @@ fn err(yaml: &str) -> ConfigError {
 }
 
 /// Asserts the error names `path` (and the message contains `needle`).
-fn assert_err(yaml: &str, path: &str, needle: &str) {
+pub(super) fn assert_err(yaml: &str, path: &str, needle: &str) {
     let e = err(yaml);
     let shown = e.to_string();
     assert_eq!(e.field_path(), Some(path), "{shown}");
@@ -45,7 +45,7 @@ fn assert_err(yaml: &str, path: &str, needle: &str) {
     assert!(shown.contains(needle), "{shown:?} lacks {needle:?}");
 }
 
-fn with_membership(m: &str) -> String {
+pub(super) fn with_membership(m: &str) -> String {
     format!("serviceKey: {{label: group}}\nmodulesDir: /m\nmembership: {m}\n")
 }
 
@@ -71,14 +71,16 @@ fn seed_example_parses() {
             CheckerExpr::PodReady,
             CheckerExpr::HttpGet(HttpGetSpec {
                 path: "/healthz".into(),
-                timeout: Duration::from_secs(1)
+                timeout: Duration::from_secs(1),
+                ..Default::default()
             }),
         ])
     );
     assert_eq!(
         pp.ports["https"],
         CheckerExpr::TcpDial(TcpDialSpec {
-            timeout: Duration::from_secs(1)
+            timeout: Duration::from_secs(1),
+            ..Default::default()
         })
     );
     assert_eq!(
@@ -154,12 +156,14 @@ fn every_checker_row_parses() {
             "{tcpDial: {timeout: 500ms}}",
             CheckerExpr::TcpDial(TcpDialSpec {
                 timeout: Duration::from_millis(500),
+                ..Default::default()
             }),
         ),
         (
             "{tcpDial: {}}",
             CheckerExpr::TcpDial(TcpDialSpec {
                 timeout: Duration::from_secs(1),
+                ..Default::default()
             }),
         ),
         (
@@ -167,6 +171,7 @@ fn every_checker_row_parses() {
             CheckerExpr::HttpGet(HttpGetSpec {
                 path: "/ready?x=1".into(),
                 timeout: Duration::from_secs(2),
+                ..Default::default()
             }),
         ),
         ("{all: []}", CheckerExpr::All(vec![])),
@@ -241,7 +246,8 @@ membership:
             CheckerExpr::Not(Box::new(CheckerExpr::PodReady)),
             CheckerExpr::HttpGet(HttpGetSpec {
                 path: "/healthz".into(),
-                timeout: Duration::from_millis(250)
+                timeout: Duration::from_millis(250),
+                ..Default::default()
             }),
         ])
     );
@@ -717,6 +723,7 @@ fn programmatic_configs_are_validated_too() {
     assert_eq!(e.field_path(), Some("membership.all[0].wasm"));
     let e = CheckerExpr::Not(Box::new(CheckerExpr::TcpDial(TcpDialSpec {
         timeout: Duration::ZERO,
+        ..Default::default()
     })))
     .validate_at("check", false)
     .unwrap_err();

@@ -9,10 +9,10 @@
 use std::{collections::BTreeMap, time::Duration};
 
 use super::{
-    CheckerExpr, Config, ConfigError, KeySource, WasmLimits,
+    CheckerExpr, Config, ConfigError, HttpGetSpec, KeySource, Scheme, WasmLimits,
     syntax::{
-        check_dns_label, check_label_value, check_module_file_name, check_qualified_name,
-        validate_path,
+        check_dns_label, check_dns_subdomain, check_label_value, check_module_file_name,
+        check_qualified_name, validate_path,
     },
 };
 
@@ -248,6 +248,12 @@ impl CheckerExpr {
             CheckerExpr::HttpGet(spec) => {
                 let p = path.field("httpGet");
                 validate_path(&spec.path).map_err(|m| p.field("path").issue(m))?;
+                check_tls(spec).map_err(|(field, m)| p.field(field).issue(m))?;
+                check_timeout(spec.timeout).map_err(|m| p.field("timeout").issue(m))
+            }
+            CheckerExpr::Grpc(spec) => {
+                let p = path.field("grpc");
+                check_grpc_service(&spec.service).map_err(|m| p.field("service").issue(m))?;
                 check_timeout(spec.timeout).map_err(|m| p.field("timeout").issue(m))
             }
             CheckerExpr::All(children) | CheckerExpr::Any(children) => {
@@ -391,6 +397,40 @@ fn check_timeout(t: Duration) -> Result<(), String> {
             "{} is above the maximum of {}",
             humantime::format_duration(t),
             humantime::format_duration(MAX_PROBE_TIMEOUT)
+        ));
+    }
+    Ok(())
+}
+
+/// `caFile` and `serverName` are about the TLS session, so only `HTTPS`
+/// has them; a `serverName` is what SNI may carry, a DNS name.
+fn check_tls(spec: &HttpGetSpec) -> Result<(), (&'static str, String)> {
+    let https = spec.scheme == Scheme::Https;
+    if spec.ca_file.is_some() && !https {
+        return Err(("caFile", "is for scheme HTTPS only".into()));
+    }
+    if let Some(name) = &spec.server_name {
+        if !https {
+            return Err(("serverName", "is for scheme HTTPS only".into()));
+        }
+        check_dns_subdomain(name).map_err(|m| ("serverName", m))?;
+    }
+    Ok(())
+}
+
+/// A gRPC service name goes into a protobuf string and a log line: keep it
+/// printable and short (grpc.health.v1 names are package-qualified, e.g.
+/// `grpc.health.v1.Health`).
+fn check_grpc_service(service: &str) -> Result<(), String> {
+    if service.len() > 256 {
+        return Err(format!("is {} bytes, at most 256", service.len()));
+    }
+    if let Some(c) = service
+        .chars()
+        .find(|c| c.is_control() || c.is_whitespace())
+    {
+        return Err(format!(
+            "{service:?} contains {c:?}: a service name has no spaces or control characters"
         ));
     }
     Ok(())

@@ -334,7 +334,7 @@ pub async fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
 /// replayed: only guests' probes go through the WebAssembly host).
 fn uses_builtin_probes(expr: &CheckerExpr) -> bool {
     match expr {
-        CheckerExpr::TcpDial(_) | CheckerExpr::HttpGet(_) => true,
+        CheckerExpr::TcpDial(_) | CheckerExpr::HttpGet(_) | CheckerExpr::Grpc(_) => true,
         CheckerExpr::All(xs) | CheckerExpr::Any(xs) => xs.iter().any(uses_builtin_probes),
         CheckerExpr::Not(x) => uses_builtin_probes(x),
         CheckerExpr::Stable(s) => uses_builtin_probes(&s.checker),
