@@ -44,6 +44,8 @@ mod observe;
 pub mod ops;
 pub mod partition;
 mod portwise;
+#[cfg(feature = "probes")]
+mod probe_servers;
 pub mod prometheus;
 #[cfg(feature = "registry")]
 pub mod registry;
@@ -72,6 +74,8 @@ pub use portwise::{
     BinaryOutcome, Launch, Portwise, free_port, guests_dir, portwise_bin, run_binary_to_exit,
     run_binary_to_exit_on, run_binary_to_exit_with_env,
 };
+#[cfg(feature = "probes")]
+pub use probe_servers::GrpcHealthServer;
 pub use scenario::{
     SEED_MEMBERSHIP, Scenario, expect_endpoints, expect_seed, seed_is, seed_pod, seed_scenario,
     seed_scenario_with, seed_slices,

@@ -2,9 +2,11 @@
 //!
 //! portwise's probes (`httpGet`, `tcpDial`) are judged against these, bound
 //! on pod addresses inside the test network namespace. The HTTP responder is
-//! a few lines of HTTP/1.1 by hand: its behaviour (status, redirect, delay,
-//! hang) changes at runtime, and every request is recorded so tests can
-//! count probe observations (e.g. for `stable` thresholds).
+//! a few lines of HTTP/1.1 by hand (over TLS when started so): its
+//! behaviour (status, redirect, delay, hang, a required header) changes at
+//! runtime, and every request is recorded so tests can count probe
+//! observations (e.g. for `stable` thresholds). The gRPC health server is
+//! the reference one (`probe_servers`).
 
 use std::{
     io,
@@ -76,6 +78,8 @@ struct HttpState {
     /// Per-path answers that override the default status.
     routes: Mutex<std::collections::HashMap<String, u16>>,
     body: Mutex<String>,
+    /// A header (lowercase name, value) a request must carry, else 401.
+    required: Mutex<Option<(String, String)>>,
     requests: Mutex<Vec<Request>>,
     concurrency: Mutex<Option<Arc<Concurrency>>>,
 }
@@ -91,7 +95,24 @@ pub struct HttpListener {
 impl HttpListener {
     /// Listens on `addr:port`, answering `200 ok` until told otherwise.
     pub async fn start(addr: impl Into<IpAddr>, port: u16) -> Result<Self> {
-        let addr = SocketAddr::new(addr.into(), port);
+        Self::start_with(addr.into(), port, None).await
+    }
+
+    /// Like [`HttpListener::start`], but HTTPS with a self-signed
+    /// certificate for `addr`, as pods commonly serve their admin ports.
+    #[cfg(feature = "probes")]
+    pub async fn start_tls(addr: impl Into<IpAddr>, port: u16) -> Result<Self> {
+        let addr = addr.into();
+        Self::start_with(
+            addr,
+            port,
+            Some(crate::probe_servers::self_signed_acceptor(addr)?),
+        )
+        .await
+    }
+
+    async fn start_with(addr: IpAddr, port: u16, tls: Option<Acceptor>) -> Result<Self> {
+        let addr = SocketAddr::new(addr, port);
         let listener = bind(addr).await?;
         let state = Arc::new(HttpState {
             status: AtomicU16::new(200),
@@ -100,6 +121,7 @@ impl HttpListener {
             location: Mutex::new(None),
             routes: Mutex::new(Default::default()),
             body: Mutex::new("ok\n".into()),
+            required: Mutex::new(None),
             requests: Mutex::new(Vec::new()),
             concurrency: Mutex::new(None),
         });
@@ -109,7 +131,7 @@ impl HttpListener {
             loop {
                 tokio::select! {
                     accepted = listener.accept() => match accepted {
-                        Ok((stream, _)) => { conns.spawn(serve_http(stream, st.clone())); }
+                        Ok((stream, _)) => { conns.spawn(accept(stream, tls.clone(), st.clone())); }
                         Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
                     },
                     Some(_) = conns.join_next(), if !conns.is_empty() => {}
@@ -165,6 +187,10 @@ impl HttpListener {
             .filter(|r| r.path == path)
             .count()
     }
+    /// Answers `401` to requests without the header `name: value`.
+    pub fn require_header(&self, name: &str, value: &str) {
+        *self.state.required.lock().unwrap() = Some((name.to_ascii_lowercase(), value.into()));
+    }
     pub fn set_body(&self, body: &str) {
         *self.state.body.lock().unwrap() = body.to_string();
     }
@@ -212,7 +238,30 @@ impl Drop for HttpListener {
     }
 }
 
-async fn serve_http(mut stream: TcpStream, st: Arc<HttpState>) {
+#[cfg(feature = "probes")]
+type Acceptor = tokio_rustls::TlsAcceptor;
+#[cfg(not(feature = "probes"))]
+type Acceptor = std::convert::Infallible;
+
+/// Serves one connection, after a TLS handshake when the listener has TLS.
+async fn accept(stream: TcpStream, tls: Option<Acceptor>, st: Arc<HttpState>) {
+    match tls {
+        None => serve_http(stream, st).await,
+        #[cfg(feature = "probes")]
+        Some(acceptor) => {
+            if let Ok(stream) = acceptor.accept(stream).await {
+                serve_http(stream, st).await
+            }
+        }
+        #[cfg(not(feature = "probes"))]
+        Some(never) => match never {},
+    }
+}
+
+async fn serve_http<S>(mut stream: S, st: Arc<HttpState>)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
     let mut buf = Vec::with_capacity(1024);
     let mut chunk = [0u8; 1024];
     // Read the request head; probes send no body.
@@ -233,8 +282,19 @@ async fn serve_http(mut stream: TcpStream, st: Arc<HttpState>) {
     }
     let hang = st.hang.load(Ordering::SeqCst);
     let routed = st.routes.lock().unwrap().get(&path).copied();
+    let authorized = st
+        .required
+        .lock()
+        .unwrap()
+        .as_ref()
+        .is_none_or(|(name, value)| {
+            head.lines()
+                .filter_map(|l| l.split_once(':'))
+                .any(|(n, v)| n.trim().eq_ignore_ascii_case(name) && v.trim() == value)
+        });
     let status = match (hang, routed) {
         (true, _) => 0,
+        _ if !authorized => 401,
         (false, Some(code)) => code,
         (false, None) => st.status.load(Ordering::SeqCst),
     };
@@ -256,7 +316,11 @@ async fn serve_http(mut stream: TcpStream, st: Arc<HttpState>) {
     if delay > 0 {
         tokio::time::sleep(Duration::from_millis(delay)).await;
     }
-    let body = st.body.lock().unwrap().clone();
+    let body = if authorized {
+        st.body.lock().unwrap().clone()
+    } else {
+        "missing or wrong credentials\n".to_owned()
+    };
     let location = if routed.is_some() {
         None
     } else {
@@ -288,6 +352,7 @@ fn reason(status: u16) -> &'static str {
         204 => "No Content",
         301 => "Moved Permanently",
         302 => "Found",
+        401 => "Unauthorized",
         404 => "Not Found",
         500 => "Internal Server Error",
         503 => "Service Unavailable",

@@ -29,6 +29,7 @@ mod oracle;
 mod other_writers;
 mod partitions;
 mod policies;
+mod probe_fields;
 mod probes;
 mod prometheus;
 mod repair;
