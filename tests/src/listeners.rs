@@ -240,8 +240,10 @@ impl Drop for HttpListener {
 
 #[cfg(feature = "probes")]
 type Acceptor = tokio_rustls::TlsAcceptor;
+/// Without the `probes` feature there is no TLS: a type with no values.
 #[cfg(not(feature = "probes"))]
-type Acceptor = std::convert::Infallible;
+#[derive(Clone)]
+enum Acceptor {}
 
 /// Serves one connection, after a TLS handshake when the listener has TLS.
 async fn accept(stream: TcpStream, tls: Option<Acceptor>, st: Arc<HttpState>) {
