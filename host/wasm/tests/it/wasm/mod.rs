@@ -350,3 +350,7 @@ fn sha256_of(path: &Path) -> String {
 /// The 0.1 component kept byte for byte (tests/fixtures/README.md).
 const FIXTURE_0_1: &str = "admin-check-0.1.wasm";
 const FIXTURE_0_1_SHA256: &str = "b1ef0463fa9e5716b65139f88a48c87ff2e8cd09813855f43032201addd8142a";
+/// The 0.2.0 component kept byte for byte, for the 0.2.x minor releases.
+const FIXTURE_0_2_0: &str = "admin-check-0.2.0.wasm";
+const FIXTURE_0_2_0_SHA256: &str =
+    "8c2376db5ee9c8f4301f0ccf63a47b414339bcdee9389907ff72208283abcb56";
