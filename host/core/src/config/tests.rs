@@ -10,6 +10,7 @@ membership:
       http:  {all: [podReady, {httpGet: {path: /healthz, timeout: 1s}}]}
       https: {tcpDial: {timeout: 1s}}
       admin: {wasm: {module: admin-check.wasm, config: {minReplicas: 2}}}
+      kafka: {httpGet: {path: /v1/broker/ready, port: kafka-admin, scheme: HTTPS, timeout: 1s}}
     fallback: {all: [podReady, {portNames: {annotation: port-mapper.example.com/ports}}]}
 "#;
 
@@ -63,7 +64,16 @@ fn seed_example_parses() {
     };
     assert_eq!(
         pp.ports.keys().collect::<Vec<_>>(),
-        ["admin", "http", "https"]
+        ["admin", "http", "https", "kafka"]
+    );
+    assert_eq!(
+        pp.ports["kafka"],
+        CheckerExpr::HttpGet(HttpGetSpec {
+            path: "/v1/broker/ready".into(),
+            port: Some(ProbePort::Name("kafka-admin".into())),
+            scheme: Scheme::Https,
+            ..Default::default()
+        })
     );
     assert_eq!(
         pp.ports["http"],
