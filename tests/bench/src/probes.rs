@@ -1,5 +1,6 @@
 //! Row 5, probes: a portwise policy that probes every pod, its check rate
-//! and what it costs.
+//! and what it costs, for each probe kind side by side (plain HTTP, HTTPS,
+//! gRPC health, a TCP dial) against the same pods.
 
 use std::{
     collections::BTreeMap,
@@ -12,7 +13,8 @@ use anyhow::Result;
 use futures::{TryStreamExt, stream};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use portwise_tests::{
-    GROUP_KEY, HttpListener, SERVICE_NAME_LABEL, TcpListener, TestNs, pod, service,
+    GROUP_KEY, GrpcHealthServer, HttpListener, SERVICE_NAME_LABEL, TcpListener, TestNs, pod,
+    service,
 };
 use serde_json::json;
 
@@ -22,6 +24,57 @@ use crate::process::{Controller, scrape, spawn_portwise, stop_portwise, usage};
 use crate::report::Goal;
 use crate::stats::secs;
 
+/// The pods' HTTPS port (a self-signed certificate) and gRPC health port.
+const HTTPS_PORT: i32 = 9443;
+const GRPC_PORT: i32 = 50051;
+
+/// One probe kind: its name in the table, the key its Services are found
+/// by, their port's name and target, and the expression judging that port.
+struct Kind {
+    name: &'static str,
+    key: &'static str,
+    port_name: &'static str,
+    port: i32,
+    expr: &'static str,
+    /// The ≥ 5000/s goal is stated for the probes the row was set for.
+    goal: bool,
+}
+
+const KINDS: [Kind; 4] = [
+    Kind {
+        name: "httpGet",
+        key: "bench.portwise.io/http-group",
+        port_name: "http",
+        port: TARGET_PORT,
+        expr: "{httpGet: {path: /healthz, timeout: 1s}}",
+        goal: true,
+    },
+    Kind {
+        name: "httpGet HTTPS",
+        key: "bench.portwise.io/https-group",
+        port_name: "https",
+        port: HTTPS_PORT,
+        expr: "{httpGet: {path: /healthz, scheme: HTTPS, timeout: 1s}}",
+        goal: false,
+    },
+    Kind {
+        name: "grpc",
+        key: "bench.portwise.io/grpc-group",
+        port_name: "grpc",
+        port: GRPC_PORT,
+        expr: "{grpc: {timeout: 1s}}",
+        goal: false,
+    },
+    Kind {
+        name: "tcpDial",
+        key: "bench.portwise.io/tcp-group",
+        port_name: "tcp",
+        port: TCP_PORT,
+        expr: "{tcpDial: {timeout: 1s}}",
+        goal: true,
+    },
+];
+
 impl Bench {
     /// Row 5: probes per second against real listeners.
     pub(crate) async fn row5(&mut self) -> Result<()> {
@@ -29,7 +82,7 @@ impl Bench {
         let per = 10;
         let services = n / per;
         eprintln!(
-            "bench: row 5 setup: {n} pods with HTTP and TCP listeners, {services} Services per probe kind"
+            "bench: row 5 setup: {n} pods with HTTP, HTTPS, gRPC health and TCP listeners, {services} Services per probe kind"
         );
         let ns = TestNs::new(self.cp, "bench-probes").await?;
         self.ensure_nodes(&ns).await?;
@@ -37,34 +90,35 @@ impl Bench {
             2 * (self.knobs.services * self.knobs.pods_per_service + self.knobs.big_pods + 500);
         let gs = groups("p", services, per, base);
         let ctl = groups("ctl", 1, per, base + n + 10);
-        // Listeners: every pod answers HTTP on 8080 and accepts TCP on 8443.
+        // Listeners: every pod answers HTTP on 8080, HTTPS on 9443 and gRPC
+        // health on 50051, and accepts TCP on 8443.
         let mut listeners = Vec::new();
         for g in &gs {
             for (_, ip) in &g.pods {
+                let grpc = GrpcHealthServer::start(*ip, GRPC_PORT as u16).await?;
+                grpc.set("", true).await;
                 listeners.push((
                     HttpListener::start(*ip, TARGET_PORT as u16).await?,
+                    HttpListener::start_tls(*ip, HTTPS_PORT as u16).await?,
+                    grpc,
                     TcpListener::start(*ip, TCP_PORT as u16).await?,
                 ));
             }
         }
         // Per probe kind its own Services over the same pods, told apart by
         // the key portwise is configured with.
-        let http_key = "bench.portwise.io/http-group";
-        let tcp_key = "bench.portwise.io/tcp-group";
         for g in gs.iter().chain(ctl.iter()) {
-            for (key, port_name, port) in
-                [(http_key, "http", TARGET_PORT), (tcp_key, "tcp", TCP_PORT)]
-            {
-                let name = format!("{}-{port_name}", g.service);
+            for kind in &KINDS {
+                let name = format!("{}-{}", g.service, kind.port_name);
                 let port_name = if g.service.starts_with("ctl") {
                     "plain"
                 } else {
-                    port_name
+                    kind.port_name
                 };
-                ns.create_service(service(&name).annotation(key, &g.service).port_to(
+                ns.create_service(service(&name).annotation(kind.key, &g.service).port_to(
                     port_name,
                     80,
-                    json!(port),
+                    json!(kind.port),
                 ))
                 .await?;
             }
@@ -103,18 +157,18 @@ impl Bench {
         let mut best: BTreeMap<&str, f64> = BTreeMap::new();
         // Worst time for another Service's pod change to show (None: never).
         let mut worst_flip: Option<Option<Duration>> = None;
-        for (kind, key, expr) in [
-            (
-                "httpGet",
-                http_key,
-                "{httpGet: {path: /healthz, timeout: 1s}}",
-            ),
-            ("tcpDial", tcp_key, "{tcpDial: {timeout: 1s}}"),
-        ] {
+        for Kind {
+            name: kind,
+            key,
+            port_name,
+            expr,
+            ..
+        } in &KINDS
+        {
+            let kind = *kind;
             for conc in [16usize, 64, 256] {
-                let membership = format!(
-                    "{{perPort: {{ports: {{http: {expr}, tcp: {expr}}}, fallback: podReady}}}}"
-                );
+                let membership =
+                    format!("{{perPort: {{ports: {{{port_name}: {expr}}}, fallback: podReady}}}}");
                 let config = format!(
                     "managedBy: {PORTWISE_MANAGER}\n\
                      serviceKey: {{annotation: {key}}}\n\
@@ -123,7 +177,7 @@ impl Bench {
                      maxConcurrentChecks: {conc}\n\
                      membership: {membership}\n"
                 );
-                let tag = format!("probes-{kind}-{conc}");
+                let tag = format!("probes-{}-{conc}", kind.replace(' ', "-"));
                 let mut pw =
                     spawn_portwise(self.cp, &self.work, &tag, &config, &[ns.name()], &[]).await?;
                 // Warm up: every Service published once.
@@ -146,11 +200,7 @@ impl Bench {
                 // Half-way, flip a pod of the podReady-only Service and time
                 // until its slice shows it: checks must not hold it up.
                 tokio::time::sleep(window / 2).await;
-                let ctl_svc = format!(
-                    "{}-{}",
-                    ctl[0].service,
-                    if kind == "httpGet" { "http" } else { "tcp" }
-                );
+                let ctl_svc = format!("{}-{port_name}", ctl[0].service);
                 let (victim, _) = &ctl[0].pods[0];
                 let flip = Instant::now();
                 ns.set_ready(victim, false).await?;
@@ -209,14 +259,21 @@ impl Bench {
         }
         let total_listeners = listeners.len();
         drop(listeners);
-        for (kind, rate) in &best {
+        for kind in &KINDS {
+            let Some(rate) = best.get(kind.name) else {
+                continue;
+            };
             self.report.row(
                 "5 probes (sustained, real listeners in the netns)",
-                &format!("{kind} checks per second (best maxConcurrentChecks)"),
+                &format!("{} checks per second (best maxConcurrentChecks)", kind.name),
                 format!("{rate:.0}/s"),
                 "n/a (no probes)".into(),
                 None,
-                Goal::Stated("≥ 5000/s", *rate >= 5000.0),
+                if kind.goal {
+                    Goal::Stated("≥ 5000/s", *rate >= 5000.0)
+                } else {
+                    Goal::None
+                },
             );
         }
         if let Some(w) = worst_flip {
@@ -234,7 +291,9 @@ impl Bench {
             "Row 5: probes in detail",
             format!(
                 "{services} Services × {per} pods per probe kind, over {total_listeners} pods, each with a real HTTP \
-                 listener on :8080 and a TCP listener on :8443 at its pod address (in the bench's \
+                 listener on :8080, an HTTPS one on :9443 (self-signed, a TLS handshake per probe: \
+                 probes reuse no connection), tonic-health's gRPC server on :50051 and a TCP \
+                 listener on :8443 at its pod address (in the bench's \
                  own process, on the same 2 cores; the bench's own CPU is almost all theirs while it \
                  waits). `resyncPeriod: 100ms` sets the demand: every subject is due again 100 ms \
                  after its Service's last reconcile; a rate well below the demand is portwise's \
