@@ -11,7 +11,7 @@
  * Config (JSON): {"annotation": "KEY"} or {"label": "KEY"}, plus optional
  * "dialTimeoutMs": 1..60000. Anything else is rejected by validate-config.
  *
- * Written against portwise:membership@0.2.0: the pod is a borrowed host
+ * Written against portwise:membership@0.2.1: the pod is a borrowed host
  * resource, and the checker asks it for the one label or annotation it needs
  * (`portwise_membership_types_method_pod_label` / `_annotation`: one host
  * call that copies only that value) instead of receiving every label and

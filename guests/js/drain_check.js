@@ -1,5 +1,5 @@
 // portwise membership checker in JavaScript (StarlingMonkey, built by
-// @bytecodealliance/componentize-js against portwise:membership@0.2.0).
+// @bytecodealliance/componentize-js against portwise:membership@0.2.1).
 //
 // Includes a pod for a port when a TCP connection to the port succeeds and
 // the pod does not carry a drain annotation. The annotation lets an operator
@@ -17,8 +17,8 @@
 //
 // Each imported interface is an ES module whose named exports are its
 // functions (camelCase): `import * as probes` gives `probes.tcpDial`.
-import * as probes from "portwise:membership/probes@0.2.0";
-import * as log from "portwise:membership/log@0.2.0";
+import * as probes from "portwise:membership/probes@0.2.1";
+import * as log from "portwise:membership/log@0.2.1";
 
 const DEFAULTS = { annotation: "app.example.com/drain", timeoutMs: 500 };
 const MAX_TIMEOUT_MS = 60000;
@@ -68,7 +68,7 @@ function check(config, service, pod, target) {
     return verdict("abstain", `bad config: ${e}`);
   }
 
-  // `pod` is a borrowed host resource (portwise:membership@0.2.0): one
+  // `pod` is a borrowed host resource (portwise:membership@0.2.1): one
   // host call reads the one annotation, `undefined` when absent (an
   // option<T> is the value or undefined). The wrapper expires when this call
   // returns, so it is not kept.

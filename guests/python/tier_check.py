@@ -5,7 +5,7 @@ tiers and `GET <path>` on the port answers 2xx. It shows the two things most
 real checkers combine: a fact about the pod (a label) and a probe of the
 address under judgement through the host's `http-get` import. The guest never
 opens a socket itself: it has none, only the host's probes. Written against
-`portwise:membership@0.2.0`, where the pod is a borrowed host resource
+`portwise:membership@0.2.1`, where the pod is a borrowed host resource
 queried by key (`pod.label(key)`) rather than a copied record.
 
 Config (JSON, from the portwise config file):

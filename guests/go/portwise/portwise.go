@@ -1,5 +1,5 @@
 // Package portwise is a small layer over the bindings that `wit-bindgen go`
-// generates for portwise:membership@0.2.0, so that a membership checker in Go
+// generates for portwise:membership@0.2.1, so that a membership checker in Go
 // reads like Go: (value, ok) lookups instead of WIT options, time.Duration
 // timeouts, probe failures as errors, and verdict constructors.
 //

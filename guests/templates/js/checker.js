@@ -1,5 +1,5 @@
 // A starter membership checker in JavaScript (StarlingMonkey, built by
-// @bytecodealliance/componentize-js against portwise:membership@0.2.0): copy
+// @bytecodealliance/componentize-js against portwise:membership@0.2.1): copy
 // this directory and put your own logic where the comments say so.
 //
 // What it does as it stands: a pod backs the port when it carries the
@@ -15,7 +15,7 @@
 //
 // Each imported interface is an ES module whose named exports are its
 // functions (camelCase): `import * as probes` gives `probes.httpGet`.
-import * as probes from "portwise:membership/probes@0.2.0";
+import * as probes from "portwise:membership/probes@0.2.1";
 
 // Add your own keys here, with their defaults, and check them below.
 const DEFAULTS = { path: null, timeoutMs: 1000 };

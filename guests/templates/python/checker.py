@@ -13,7 +13,7 @@ Config (JSON, from the portwise config file):
      "path": "/healthz",                 # optional: HTTP GET this path
      "timeoutMs": 1000}                  # optional, 1..60000 (default 1000)
 
-Built with componentize-py against portwise:membership@0.2.0: `pod` and
+Built with componentize-py against portwise:membership@0.2.1: `pod` and
 `service` are borrowed host resources, queried by key, valid only during
 `check`.
 """

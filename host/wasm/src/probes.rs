@@ -1,5 +1,6 @@
 //! The probes a guest asks for, after the checks: the one implementation
-//! behind every WIT version's `http-get` and `tcp-dial`.
+//! behind every WIT version's `http-get` and `tcp-dial`, and 0.2.1's
+//! `http-get-with` and `grpc-health`.
 //!
 //! Where a probe may go is [`crate::authorize`]'s to say; this counts the
 //! call's probes, logs and counts refusals, caps timeouts, and sends the
@@ -28,6 +29,19 @@ pub(crate) struct HttpGet {
     pub path: String,
     /// 0: the host's cap.
     pub timeout_ms: u32,
+    /// HTTPS, unverified as the kubelet's (`http-get-with`, 0.2.1).
+    pub tls: bool,
+    /// Request headers (`http-get-with`, 0.2.1), checked as the
+    /// configuration's `httpHeaders` are.
+    pub headers: Vec<(String, String)>,
+}
+
+/// The TLS setup of every guest HTTPS probe: the kubelet's, no
+/// verification (a guest has no way to name a CA). Built once.
+fn guest_tls() -> Result<probe::Tls, String> {
+    static TLS: std::sync::OnceLock<Result<probe::Tls, String>> = std::sync::OnceLock::new();
+    TLS.get_or_init(|| probe::Tls::without_verification(None))
+        .clone()
 }
 
 impl HostState {
@@ -74,7 +88,8 @@ impl HostState {
         self.call.compute_deadline += waited;
     }
 
-    /// `GET http://<address>:<port><path>` for the guest, after the checks.
+    /// `GET http(s)://<address>:<port><path>` for the guest, after the
+    /// checks.
     pub(crate) async fn probe_http(
         &mut self,
         request: HttpGet,
@@ -84,15 +99,25 @@ impl HostState {
             port,
             ref path,
             timeout_ms,
+            tls,
+            ref headers,
         } = request;
         let addr = self.admit(&host, port)?;
         if path.contains(['\r', '\n']) {
             return Err(self.deny(format!("path {path:?} contains CR or LF")));
         }
-        let http = match probe::HttpRequest::get(path) {
+        let http = probe::HttpRequest::get(path)
+            .and_then(|r| r.headers(headers.iter().map(|(n, v)| (n.as_str(), v.as_str()))));
+        let mut http = match http {
             Ok(http) => http,
             Err(why) => return Err(self.deny(why.to_string())),
         };
+        if tls {
+            match guest_tls() {
+                Ok(tls) => http = http.over(tls),
+                Err(why) => return Err(ProbeFailure::Io(why)),
+            }
+        }
         let timeout = self.timeout(timeout_ms);
         if let ProbeMode::Replay(replay) = &self.probes {
             return replay.http(addr, path);
@@ -103,6 +128,32 @@ impl HostState {
         let result = result.map_err(ProbeFailure::from);
         if let ProbeMode::Record(recorder) = &self.probes {
             recorder.http(addr, path, timeout, &result);
+        }
+        result
+    }
+
+    /// grpc.health.v1 `Check` for the guest, after the checks (0.2.1).
+    pub(crate) async fn probe_grpc(
+        &mut self,
+        host: &str,
+        port: u16,
+        service: &str,
+        timeout_ms: u32,
+    ) -> Result<probe::GrpcHealth, ProbeFailure> {
+        let addr = self.admit(host, port)?;
+        if let Err(why) = portwise_core::config::check_grpc_service(service) {
+            return Err(self.deny(format!("service: {why}")));
+        }
+        let timeout = self.timeout(timeout_ms);
+        if let ProbeMode::Replay(replay) = &self.probes {
+            return replay.grpc(addr, service);
+        }
+        let started = Instant::now();
+        let result = probe::grpc_health(addr, service, timeout).await;
+        self.credit(started.elapsed());
+        let result = result.map_err(ProbeFailure::from);
+        if let ProbeMode::Record(recorder) = &self.probes {
+            recorder.grpc(addr, service, timeout, &result);
         }
         result
     }
@@ -201,6 +252,35 @@ mod tests {
         assert!(s.admit("", 0).is_err());
         assert!(denied(s.admit("", 80)).contains("more than 3 probes"));
         assert_eq!((s.call.probes, s.call.denied_probes), (4, 4));
+    }
+
+    /// 0.2.1's probes are checked as the configuration's fields are: a
+    /// hop-by-hop header or a service name with spaces is denied before
+    /// anything is dialled (the address is one nothing would answer on).
+    #[tokio::test]
+    async fn bad_headers_and_service_names_are_denied_before_dialling() {
+        let mut s = state(Some("10.244.0.5"));
+        let request = |headers: Vec<(String, String)>| HttpGet {
+            host: String::new(),
+            port: 80,
+            path: "/".into(),
+            timeout_ms: 1,
+            tls: true,
+            headers,
+        };
+        let refused = s
+            .probe_http(request(vec![("Connection".into(), "close".into())]))
+            .await;
+        assert!(
+            matches!(&refused, Err(ProbeFailure::Denied(why)) if why.contains("hop-by-hop")),
+            "{refused:?}"
+        );
+        let refused = s.probe_grpc("", 50051, "two words", 1).await;
+        assert!(
+            matches!(&refused, Err(ProbeFailure::Denied(why)) if why.starts_with("service: ")),
+            "{refused:?}"
+        );
+        assert_eq!(s.call.denied_probes, 2);
     }
 
     #[test]

@@ -28,7 +28,7 @@ use std::{
 use serde::{Deserialize, Serialize};
 
 use crate::probe_failure::ProbeFailure;
-use portwise_probe::HttpResponse;
+use portwise_probe::{GrpcHealth, HttpResponse, ServingStatus};
 
 /// The `format` of every recording.
 pub const FORMAT: &str = "portwise-probe-recording";
@@ -51,8 +51,12 @@ pub enum ProbeMode {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum ProbeKind {
+    /// `http-get`, and `http-get-with` (HTTPS and headers are not part of
+    /// the key: a probe is matched by address, port and path).
     HttpGet,
     TcpDial,
+    /// `grpc-health` (0.2.1); `path` holds the service name.
+    GrpcHealth,
 }
 
 /// One probe a guest made, and what it got.
@@ -63,7 +67,7 @@ pub struct RecordedProbe {
     /// The address under judgement (probes reach no other).
     pub address: IpAddr,
     pub port: u16,
-    /// The request path (`http-get` only).
+    /// The request path (`http-get`), or the service (`grpc-health`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub path: Option<String>,
     /// The timeout the probe ran with, after the host's cap (informative:
@@ -91,6 +95,16 @@ pub enum RecordedAnswer {
     },
     /// `tcp-dial` connected.
     Connected,
+    /// `grpc-health` answered with a serving status (`SERVING`,
+    /// `NOT_SERVING`, `UNKNOWN`, `SERVICE_UNKNOWN`).
+    Health {
+        status: String,
+    },
+    /// `grpc-health`'s call ended with a gRPC status other than OK.
+    GrpcFailed {
+        code: u32,
+        message: String,
+    },
     Timeout,
     Refused,
     Io {
@@ -124,6 +138,19 @@ impl RecordedAnswer {
         }
     }
 
+    fn grpc(result: &Result<GrpcHealth, ProbeFailure>) -> Self {
+        match result {
+            Ok(GrpcHealth::Status(s)) => RecordedAnswer::Health {
+                status: s.to_string(),
+            },
+            Ok(GrpcHealth::Failed { code, message }) => RecordedAnswer::GrpcFailed {
+                code: *code,
+                message: message.clone(),
+            },
+            Err(e) => Self::failure(e),
+        }
+    }
+
     fn failure(e: &ProbeFailure) -> Self {
         match e {
             ProbeFailure::Timeout => RecordedAnswer::Timeout,
@@ -140,7 +167,10 @@ impl RecordedAnswer {
             RecordedAnswer::Timeout => Some(ProbeFailure::Timeout),
             RecordedAnswer::Refused => Some(ProbeFailure::Refused),
             RecordedAnswer::Io { message } => Some(ProbeFailure::Io(message.clone())),
-            RecordedAnswer::Response { .. } | RecordedAnswer::Connected => None,
+            RecordedAnswer::Response { .. }
+            | RecordedAnswer::Connected
+            | RecordedAnswer::Health { .. }
+            | RecordedAnswer::GrpcFailed { .. } => None,
         }
     }
 
@@ -171,7 +201,37 @@ impl RecordedAnswer {
                 })
             }
             _ => Err(ProbeFailure::Io(
-                "replay: the recorded answer is a tcp-dial's, not an http-get's".into(),
+                "replay: the recorded answer is not an http-get's".into(),
+            )),
+        }
+    }
+
+    /// The answer to a `grpc-health`.
+    fn to_grpc(&self) -> Result<GrpcHealth, ProbeFailure> {
+        if let Some(e) = self.error() {
+            return Err(e);
+        }
+        match self {
+            RecordedAnswer::Health { status } => {
+                let status = match status.as_str() {
+                    "SERVING" => ServingStatus::Serving,
+                    "NOT_SERVING" => ServingStatus::NotServing,
+                    "UNKNOWN" => ServingStatus::Unknown,
+                    "SERVICE_UNKNOWN" => ServingStatus::ServiceUnknown,
+                    other => {
+                        return Err(ProbeFailure::Io(format!(
+                            "replay: {other:?} is not a recorded serving status"
+                        )));
+                    }
+                };
+                Ok(GrpcHealth::Status(status))
+            }
+            RecordedAnswer::GrpcFailed { code, message } => Ok(GrpcHealth::Failed {
+                code: *code,
+                message: message.clone(),
+            }),
+            _ => Err(ProbeFailure::Io(
+                "replay: the recorded answer is not a grpc-health's".into(),
             )),
         }
     }
@@ -179,10 +239,12 @@ impl RecordedAnswer {
     fn to_tcp(&self) -> Result<(), ProbeFailure> {
         match self {
             RecordedAnswer::Connected => Ok(()),
-            RecordedAnswer::Response { .. } => Err(ProbeFailure::Io(
-                "replay: the recorded answer is an http-get's, not a tcp-dial's".into(),
+            RecordedAnswer::Timeout | RecordedAnswer::Refused | RecordedAnswer::Io { .. } => {
+                Err(self.error().expect("an error answer"))
+            }
+            _ => Err(ProbeFailure::Io(
+                "replay: the recorded answer is not a tcp-dial's".into(),
             )),
-            other => Err(other.error().expect("an error answer")),
         }
     }
 }
@@ -295,6 +357,7 @@ fn describe(kind: ProbeKind, addr: SocketAddr, path: Option<&str>) -> String {
     match kind {
         ProbeKind::HttpGet => format!("GET {addr}{}", path.unwrap_or("")),
         ProbeKind::TcpDial => format!("TCP {addr}"),
+        ProbeKind::GrpcHealth => format!("gRPC health {addr} service {:?}", path.unwrap_or("")),
     }
 }
 
@@ -353,6 +416,23 @@ impl Recorder {
             path: None,
             timeout_ms: timeout.as_millis() as u64,
             answer: RecordedAnswer::tcp(result),
+        });
+    }
+
+    pub(crate) fn grpc(
+        &self,
+        addr: SocketAddr,
+        service: &str,
+        timeout: Duration,
+        result: &Result<GrpcHealth, ProbeFailure>,
+    ) {
+        self.push(RecordedProbe {
+            kind: ProbeKind::GrpcHealth,
+            address: addr.ip(),
+            port: addr.port(),
+            path: Some(service.to_string()),
+            timeout_ms: timeout.as_millis() as u64,
+            answer: RecordedAnswer::grpc(result),
         });
     }
 
@@ -454,6 +534,16 @@ impl Replayer {
             .to_tcp()
     }
 
+    pub(crate) fn grpc(&self, addr: SocketAddr, service: &str) -> Result<GrpcHealth, ProbeFailure> {
+        self.next((
+            ProbeKind::GrpcHealth,
+            addr.ip(),
+            addr.port(),
+            Some(service.to_string()),
+        ))?
+        .to_grpc()
+    }
+
     /// The probes that found no recorded answer, sorted.
     pub fn misses(&self) -> Vec<ReplayMiss> {
         self.misses
@@ -537,6 +627,49 @@ mod tests {
             Err(ProbeFailure::Io("unreachable: no route".into()))
         );
         assert!(r.misses().is_empty());
+    }
+
+    /// gRPC health answers (0.2.1) record and replay like the others,
+    /// keyed by the service.
+    #[test]
+    fn grpc_health_answers_round_trip() {
+        let recorder = Recorder::new();
+        let at = addr("10.244.0.5:50051");
+        let t = Duration::from_millis(500);
+        recorder.grpc(
+            at,
+            "db",
+            t,
+            &Ok(GrpcHealth::Status(ServingStatus::NotServing)),
+        );
+        let failed = GrpcHealth::Failed {
+            code: 5,
+            message: "unknown service".into(),
+        };
+        recorder.grpc(at, "cache", t, &Ok(failed.clone()));
+        recorder.grpc(at, "slow", t, &Err(ProbeFailure::Timeout));
+        let recording = Recording::from_json(&recorder.finish().to_json()).unwrap();
+        let replay = Replayer::new(recording);
+        assert_eq!(
+            replay.grpc(at, "db"),
+            Ok(GrpcHealth::Status(ServingStatus::NotServing))
+        );
+        assert_eq!(replay.grpc(at, "cache"), Ok(failed));
+        assert_eq!(replay.grpc(at, "slow"), Err(ProbeFailure::Timeout));
+        // Another service, or an HTTP probe at the same place, is a miss.
+        assert!(replay.grpc(at, "other").is_err());
+        assert!(replay.http(at, "db").is_err());
+        assert_eq!(
+            replay
+                .misses()
+                .iter()
+                .map(|m| m.probe.as_str())
+                .collect::<Vec<_>>(),
+            [
+                "GET 10.244.0.5:50051db",
+                "gRPC health 10.244.0.5:50051 service \"other\""
+            ]
+        );
     }
 
     #[test]

@@ -47,6 +47,8 @@ macro_rules! alike_in_every_version {
                     port: r.port,
                     path: r.path,
                     timeout_ms: r.timeout_ms,
+                    tls: false,
+                    headers: Vec::new(),
                 }
             }
         }

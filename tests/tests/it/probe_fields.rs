@@ -191,3 +191,101 @@ async fn grpc_health_decides_each_port_by_its_service() -> Result<()> {
     .await?;
     Ok(())
 }
+
+/// The same reach for guests (WIT 0.2.1): `broker-health` asks a pod's
+/// HTTPS admin API (with a header) and its gRPC health service, each on a
+/// port it finds by container-port name. Beside it in one `modulesDir`, the
+/// `admin-check` guest exactly as it was built against 0.2.0 (kept byte for
+/// byte in host/wasm/tests/fixtures) decides another port unchanged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_0_2_1_guest_probes_https_and_grpc_beside_an_unchanged_0_2_0_guest() -> Result<()> {
+    let cp = ControlPlane::shared().await?;
+    let ns = TestNs::new(cp, "probe-guests").await?;
+    let modules = tempfile::Builder::new().prefix("guests-0-2-1-").tempdir()?;
+    std::fs::copy(
+        guests_dir().join("broker-health.wasm"),
+        modules.path().join("broker-health.wasm"),
+    )?;
+    let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../host/wasm/tests/fixtures/admin-check-0.2.0.wasm");
+    std::fs::copy(&fixture, modules.path().join("admin-check-0.2.0.wasm"))?;
+
+    let ips: Vec<_> = (0..3).map(|_| next_ips()).collect();
+    let [a, b, c] = [ips[0].v4, ips[1].v4, ips[2].v4];
+    let mut admins = Vec::new();
+    let mut healths = Vec::new();
+    for (ip, credential, serving) in [
+        (a, "Bearer s3cret", true),
+        (b, "Bearer s3cret", false),
+        (c, "Bearer rotated", true),
+    ] {
+        let admin = HttpListener::start_tls(ip, 9644).await?;
+        admin.require_header("Authorization", credential);
+        admins.push(admin);
+        let health = GrpcHealthServer::start(ip, 50051).await?;
+        health.set("broker", serving).await;
+        healths.push(health);
+    }
+    let cfg = config_with(
+        "{perPort: {ports: {\
+         kafka: {wasm: {module: broker-health.wasm, config: {adminPort: admin, \
+         path: /v1/broker/ready, headers: {Authorization: Bearer s3cret}, \
+         grpcPort: grpc-health, service: broker, timeoutMs: 1000}}}, \
+         legacy: {wasm: {module: admin-check-0.2.0.wasm, config: {key: example.com/admin, timeoutMs: 500}}}}}}",
+        &format!("modulesDir: {}\n", modules.path().display()),
+    );
+    let _pw = Scenario::new(&ns)
+        .service(
+            service("brokers")
+                .annotation(GROUP_KEY, "g")
+                .port("kafka", 9092)
+                .port("legacy", 7000),
+        )
+        .pods(["a", "b", "c"].iter().zip(&ips).map(|(name, ip)| {
+            let p = pod(name)
+                .annotation(GROUP_KEY, "g")
+                .container_port("admin", 9644, "TCP")
+                .container_port("grpc-health", 50051, "TCP")
+                .ips(ip.v4());
+            if *name == "b" {
+                p
+            } else {
+                p.label("example.com/admin", "yes")
+            }
+        }))
+        .config(&cfg)
+        .binary()
+        .start()
+        .await?;
+    wait_for(SETTLE, || async {
+        expect_eq(members(&ns, "brokers", "kafka", V4).await?, names(&["a"]))?;
+        expect_eq(
+            members(&ns, "brokers", "legacy", V4).await?,
+            names(&["a", "c"]),
+        )
+    })
+    .await?;
+    ensure!(
+        admins[0]
+            .requests()
+            .iter()
+            .all(|r| r.path == "/v1/broker/ready" && r.status == 200),
+        "a's admin requests: {:?}",
+        admins[0].requests()
+    );
+    ensure!(
+        admins[2].answered(401) > 0,
+        "c's admin API never refused the header"
+    );
+
+    // b's broker comes up: the guest's next check sees SERVING.
+    healths[1].set("broker", true).await;
+    wait_for(SETTLE, || async {
+        expect_eq(
+            members(&ns, "brokers", "kafka", V4).await?,
+            names(&["a", "b"]),
+        )
+    })
+    .await?;
+    Ok(())
+}

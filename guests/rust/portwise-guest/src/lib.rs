@@ -1,7 +1,7 @@
 //! Write a portwise membership checker in a few lines of Rust.
 //!
 //! A checker is a WebAssembly component built against `wit/membership.wit`
-//! (`portwise:membership@0.2.0`). The raw bindings work, but every checker
+//! (`portwise:membership@0.2.1`). The raw bindings work, but every checker
 //! would repeat the same chores: look up a label, test the Ready condition,
 //! probe the address under judgement, parse its JSON configuration. This
 //! crate does those once.
@@ -59,7 +59,9 @@ pub mod bindings {
     });
 }
 
-pub use bindings::portwise::membership::probes::{HttpResponse, ProbeError};
+pub use bindings::portwise::membership::probes::{
+    GrpcFailure, GrpcHealthAnswer, HttpHeader, HttpResponse, ProbeError, ServingStatus,
+};
 pub use bindings::portwise::membership::types::{
     AddressFamily, ContainerPort, Decision, KeyValue, PodCondition, ServicePort, Target, Verdict,
 };
@@ -346,6 +348,59 @@ impl Target {
         })
     }
 
+    /// `GET https://<address>:<port><path>` with `headers`, as a kubelet
+    /// probe with `scheme: HTTPS` and `httpHeaders` (the certificate is not
+    /// verified). Needs a host serving 0.2.1.
+    pub fn https_get_port(
+        &self,
+        port: u16,
+        path: &str,
+        headers: &[(&str, &str)],
+        timeout: Duration,
+    ) -> Result<HttpResponse, ProbeError> {
+        self.http_get_with(port, path, true, headers, timeout)
+    }
+
+    /// `GET http(s)://<address>:<port><path>` with `headers` (0.2.1).
+    pub fn http_get_with(
+        &self,
+        port: u16,
+        path: &str,
+        tls: bool,
+        headers: &[(&str, &str)],
+        timeout: Duration,
+    ) -> Result<HttpResponse, ProbeError> {
+        probes::http_get_with(
+            &probes::HttpRequest {
+                host: String::new(),
+                port,
+                path: path.to_string(),
+                timeout_ms: millis(timeout),
+            },
+            &probes::HttpOptions {
+                tls,
+                headers: headers
+                    .iter()
+                    .map(|(name, value)| HttpHeader {
+                        name: name.to_string(),
+                        value: value.to_string(),
+                    })
+                    .collect(),
+            },
+        )
+    }
+
+    /// grpc.health.v1 `Check` of `service` (`""`: the server) on another
+    /// port of the same pod, as the kubelet's gRPC probe (0.2.1).
+    pub fn grpc_health_port(
+        &self,
+        port: u16,
+        service: &str,
+        timeout: Duration,
+    ) -> Result<GrpcHealthAnswer, ProbeError> {
+        probes::grpc_health("", port, service, millis(timeout))
+    }
+
     /// Opens and closes a TCP connection to `<address>:<target port>`.
     pub fn tcp_dial(&self, timeout: Duration) -> Result<(), ProbeError> {
         self.tcp_dial_port(self.target_port, timeout)
@@ -371,6 +426,27 @@ impl HttpResponse {
     pub fn json<T: serde::de::DeserializeOwned>(&self) -> Result<T, String> {
         serde_json::from_slice(&self.body)
             .map_err(|e| format!("body is not the expected JSON: {e}"))
+    }
+}
+
+impl GrpcHealthAnswer {
+    /// True for `SERVING`, the one answer a kubelet gRPC probe passes on.
+    pub fn is_serving(&self) -> bool {
+        matches!(self, GrpcHealthAnswer::Status(ServingStatus::Serving))
+    }
+
+    /// A one-line description (`SERVING`, `gRPC status 5: unknown service`).
+    pub fn message(&self) -> String {
+        match self {
+            GrpcHealthAnswer::Status(ServingStatus::Serving) => "SERVING".into(),
+            GrpcHealthAnswer::Status(ServingStatus::NotServing) => "NOT_SERVING".into(),
+            GrpcHealthAnswer::Status(ServingStatus::Unknown) => "UNKNOWN".into(),
+            GrpcHealthAnswer::Status(ServingStatus::ServiceUnknown) => "SERVICE_UNKNOWN".into(),
+            GrpcHealthAnswer::Failed(f) if f.message.is_empty() => {
+                format!("gRPC status {}", f.code)
+            }
+            GrpcHealthAnswer::Failed(f) => format!("gRPC status {}: {}", f.code, f.message),
+        }
     }
 }
 

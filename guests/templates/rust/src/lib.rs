@@ -87,7 +87,13 @@ impl Checker for MyChecker {
         // 2. One probe of the address under judgement (the host reaches no
         //    other), and 3. the verdict, with a reason (`portwise check` and
         //    the debug log show it). Change the path, the port or what
-        //    counts as healthy here.
+        //    counts as healthy here. The kubelet's other probes are host
+        //    calls too (WIT 0.2.1; guests/rust/broker-health uses both):
+        //      HTTPS with headers, on a port the pod names:
+        //        let admin = input.pod.container_port("admin").map(|p| p.port);
+        //        input.target.https_get_port(port, "/ready", &[("Authorization", "Bearer t")], timeout)
+        //      grpc.health.v1 (`SERVING` is the one healthy answer):
+        //        input.target.grpc_health_port(port, "my.Service", timeout)?.is_serving()
         let port = input.target.target_port;
         let timeout = Duration::from_millis(config.timeout_ms.into());
         let label = &config.label;

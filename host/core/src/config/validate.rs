@@ -421,7 +421,7 @@ fn check_tls(spec: &HttpGetSpec) -> Result<(), (&'static str, String)> {
 /// A gRPC service name goes into a protobuf string and a log line: keep it
 /// printable and short (grpc.health.v1 names are package-qualified, e.g.
 /// `grpc.health.v1.Health`).
-fn check_grpc_service(service: &str) -> Result<(), String> {
+pub fn check_grpc_service(service: &str) -> Result<(), String> {
     if service.len() > 256 {
         return Err(format!("is {} bytes, at most 256", service.len()));
     }

@@ -17,6 +17,46 @@ impl probes::Host for HostState {
 
     crate::wit::probe_imports!();
 
+    async fn http_get_with(
+        &mut self,
+        request: probes::HttpRequest,
+        options: probes::HttpOptions,
+    ) -> Result<probes::HttpResponse, probes::ProbeError> {
+        let mut request: crate::probes::HttpGet = request.into();
+        request.tls = options.tls;
+        request.headers = options
+            .headers
+            .into_iter()
+            .map(|h| (h.name, h.value))
+            .collect();
+        Ok(self.probe_http(request).await?.into())
+    }
+
+    async fn grpc_health(
+        &mut self,
+        host: String,
+        port: u16,
+        service: String,
+        timeout_ms: u32,
+    ) -> Result<probes::GrpcHealthAnswer, probes::ProbeError> {
+        use probe::{GrpcHealth, ServingStatus};
+        use probes::{GrpcFailure, GrpcHealthAnswer, ServingStatus as Status};
+        Ok(
+            match self.probe_grpc(&host, port, &service, timeout_ms).await? {
+                GrpcHealth::Status(s) => GrpcHealthAnswer::Status(match s {
+                    ServingStatus::Serving => Status::Serving,
+                    ServingStatus::NotServing => Status::NotServing,
+                    ServingStatus::ServiceUnknown => Status::ServiceUnknown,
+                    // A value newer than the WIT: as unknown as UNKNOWN.
+                    ServingStatus::Unknown | ServingStatus::Other(_) => Status::Unknown,
+                }),
+                GrpcHealth::Failed { code, message } => {
+                    GrpcHealthAnswer::Failed(GrpcFailure { code, message })
+                }
+            },
+        )
+    }
+
     fn pod_ready(&mut self) -> wasmtime::Result<bool> {
         Ok(self.call_pod_ready())
     }

@@ -1,5 +1,7 @@
-//! `portwise:membership@0.2.0` (`wit/`): the pod and Service are host
-//! resources the guest queries, so only what it reads is copied.
+//! `portwise:membership@0.2.x` (`wit/`, today 0.2.1): the pod and Service
+//! are host resources the guest queries, so only what it reads is copied.
+//! A 0.2.0 guest is served by the same bindings: wasmtime matches imports
+//! and exports of semver-compatible versions, and 0.2.1 only adds imports.
 //!
 //! - the bindings (here) and the conversions every version shares
 //!   ([`crate::wit`]);
@@ -18,6 +20,8 @@ wasmtime::component::bindgen!({
     imports: {
         "portwise:membership/probes.http-get": async,
         "portwise:membership/probes.tcp-dial": async,
+        "portwise:membership/probes.http-get-with": async,
+        "portwise:membership/probes.grpc-health": async,
         default: trappable,
     },
     exports: { default: async },

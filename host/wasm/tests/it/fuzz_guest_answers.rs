@@ -193,8 +193,8 @@ fn core_wat(pool: &[u8], answers: &[Answer]) -> String {
     let n = answers.len();
     format!(
         r#"(module
-  (import "portwise:membership/types@0.2.0" "[resource-drop]service" (func $drop_service (param i32)))
-  (import "portwise:membership/types@0.2.0" "[resource-drop]pod" (func $drop_pod (param i32)))
+  (import "portwise:membership/types@0.2.1" "[resource-drop]service" (func $drop_service (param i32)))
+  (import "portwise:membership/types@0.2.1" "[resource-drop]pod" (func $drop_pod (param i32)))
   (memory (export "memory") 2)
   (global $bump (mut i32) (i32.const {HEAP}))
   (func (export "cabi_realloc") (param $old i32) (param $old_size i32) (param $align i32) (param $size i32) (result i32)
@@ -209,12 +209,12 @@ fn core_wat(pool: &[u8], answers: &[Answer]) -> String {
                                   (i32.const 1)))))
     (global.set $bump (local.get $end))
     (local.get $p))
-  (func (export "portwise:membership/checker@0.2.0#validate-config") (param i32 i32) (result i32)
+  (func (export "portwise:membership/checker@0.2.1#validate-config") (param i32 i32) (result i32)
     (global.set $bump (i32.const {HEAP}))
     (i32.const {OK_AREA}))
   ;; 0.2's check flattens to 13 parameters: config (pointer, length), the
   ;; service and pod handles, then the target record's fields.
-  (func (export "portwise:membership/checker@0.2.0#check")
+  (func (export "portwise:membership/checker@0.2.1#check")
     (param $config i32) (param $config_len i32) (param $service i32) (param $pod i32)
     (param i32 i32 i32 i32 i32 i32 i32 i32 i32) (result i32)
     (local $k i32)
