@@ -137,6 +137,12 @@ static void judge(const str_t *config, portwise_membership_types_borrow_pod_t po
      *    other; an empty host means that address), and 3. the verdict, with
      *    a reason (`portwise check` and the debug log show it). Change the
      *    path, the port or what counts as healthy here. */
+    /* The kubelet's other probes (WIT 0.2.1): HTTPS with headers,
+     *   portwise_membership_probes_http_get_with(&req, &opts, &resp, &perr)
+     * with opts.tls = true and opts.headers a list of {name, value}; and
+     * grpc.health.v1, SERVING being the one healthy answer:
+     *   portwise_membership_probes_grpc_health(&any_host, port, &service,
+     *                                          cfg.timeout_ms, &answer, &perr) */
     if (cfg.path[0] != '\0') {
         portwise_membership_probes_http_request_t req;
         portwise_membership_probes_http_response_t resp;

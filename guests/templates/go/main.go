@@ -90,6 +90,11 @@ func (myChecker) Check(in portwise.Input) portwise.Verdict {
 	//    debug log show it). Change the path, the port or what counts as
 	//    healthy here. FromProbeError abstains on a timeout, a denied probe
 	//    and the prober's own "unreachable:" failures, and excludes otherwise.
+	//    The kubelet's other probes (WIT 0.2.1) are in the generated
+	//    bindings (guests/go/bindings/imports/portwise_membership_probes):
+	//    HttpGetWith(request, HttpOptions{Tls: true, Headers: ...}) for
+	//    HTTPS with headers, and GrpcHealth("", port, "my.Service", ms) for
+	//    grpc.health.v1 (SERVING is the one healthy answer).
 	timeout := time.Duration(cfg.TimeoutMs) * time.Millisecond
 	port := in.Target.TargetPort
 	if cfg.Path != nil {

@@ -103,7 +103,12 @@ function check(config, service, pod, target) {
   // 2. One probe of the address under judgement (the host reaches no other;
   //    host "" means that address), and 3. the verdict, with a reason
   //    (`portwise check` and the debug log show it). Change the path, the
-  //    port or what counts as healthy here.
+  //    port or what counts as healthy here. The kubelet's other probes
+  //    (WIT 0.2.1): HTTPS with headers,
+  //      probes.httpGetWith({ host: "", port, path: "/ready", timeoutMs: 1000 },
+  //                         { tls: true, headers: [{ name: "Authorization", value: "Bearer t" }] })
+  //    and grpc.health.v1, whose answer is { tag: "status", val: "serving" } when healthy:
+  //      probes.grpcHealth("", port, "my.Service", 1000)
   const port = target.targetPort;
   if (cfg.path !== null) {
     const what = `GET ${cfg.path} on port ${port}`;

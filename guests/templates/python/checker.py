@@ -111,7 +111,12 @@ class Checker(exports.Checker):
         # 2. One probe of the address under judgement (the host reaches no
         #    other; host="" means that address), and 3. the verdict, with a
         #    reason (`portwise check` and the debug log show it). Change the
-        #    path, the port or what counts as healthy here.
+        #    path, the port or what counts as healthy here. The kubelet's
+        #    other probes (WIT 0.2.1): HTTPS with headers,
+        #      probes.http_get_with(request, probes.HttpOptions(tls=True,
+        #          headers=[probes.HttpHeader(name="Authorization", value="Bearer t")]))
+        #    and grpc.health.v1 (SERVING is the one healthy answer):
+        #      probes.grpc_health("", port, "my.Service", 1000)
         port = target.target_port
         if cfg["path"] is not None:
             what = f"GET {cfg['path']} on port {port}"
