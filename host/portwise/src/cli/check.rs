@@ -190,7 +190,7 @@ pub async fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
     if (args.record.is_some() || args.replay.is_some()) && uses_builtin_probes(&expr) {
         eprintln!(
             "portwise: note: only WebAssembly guests' probes are recorded and replayed; \
-             the built-in tcpDial and httpGet checkers in this expression probe the network"
+             the built-in tcpDial, httpGet and grpc checkers in this expression probe the network"
         );
     }
     let cache_dir = args
