@@ -41,4 +41,5 @@ mod target_ports;
 mod traefik;
 mod trigger_time;
 mod write_guards;
+mod wire;
 mod writes;

@@ -1,0 +1,151 @@
+//! What portwise sends is what the apiserver stores, on every Kubernetes
+//! minor the chart supports (issue 47, item 2): portwise is compiled
+//! against the newest API, and a field an older apiserver does not have
+//! would be dropped (or, behind a gate that is off, cleared) without an
+//! error, or refused. The audit log holds both bodies of each write in
+//! the namespace `portwise-wire` (tests/src/wire.rs); every field portwise
+//! sends must come back as sent.
+//!
+//! The Services between them make portwise send every field it can:
+//! both address families, hints for zones and nodes (trafficDistribution
+//! PreferSameNode), zone and nodeName, appProtocol, hostname (a headless
+//! Service the pods name as their subdomain), not-ready endpoints
+//! (publishNotReadyAddresses), legacy Endpoints, and a warning Event (a
+//! Service with a selector). Creates, then updates (a readiness flip).
+
+use std::time::Duration;
+
+use anyhow::{Result, ensure};
+use portwise_tests::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_portwise_sends_is_stored_as_sent() -> Result<()> {
+    stored_as_sent_on(ControlPlane::shared().await?).await
+}
+
+on_older_minors!(what_portwise_sends_is_stored_as_sent => stored_as_sent_on);
+
+async fn stored_as_sent_on(cp: &'static ControlPlane) -> Result<()> {
+    let ns = wire_namespace(cp).await?;
+    let n1 = ns.ensure_node("wire-n1", "zone-a").await?;
+    let n2 = ns.ensure_node("wire-n2", "zone-b").await?;
+    ns.create_service(
+        service("web")
+            .annotation(GROUP_KEY, "g")
+            .dual_stack()
+            .traffic_distribution("PreferSameNode")
+            .port_app("http", 8080, "kubernetes.io/h2c")
+            .port("metrics", 9090),
+    )
+    .await?;
+    ns.create_service(
+        service("peers")
+            .annotation(GROUP_KEY, "g")
+            .headless()
+            .family(V4)
+            .publish_not_ready()
+            .port("peer", 7000),
+    )
+    .await?;
+    // Served despite its selector, with a warning Event (events.k8s.io).
+    ns.create_service(
+        service("selected")
+            .annotation(GROUP_KEY, "g")
+            .selector("app", "nothing-matches")
+            .port("http", 8080),
+    )
+    .await?;
+    for (name, node, ready) in [("a", &n1, true), ("b", &n2, true), ("c", &n1, false)] {
+        ns.create_pod(
+            pod(name)
+                .annotation(GROUP_KEY, "g")
+                .node(node)
+                .hostname(name)
+                .subdomain("peers")
+                .ready(ready)
+                .ips(next_ips().dual()),
+        )
+        .await?;
+    }
+    // `podReady` honours the Service's publishNotReadyAddresses, as the
+    // native rules do: c is published on peers while not ready.
+    let cfg = config_with("podReady", "publishLegacyEndpoints: true\n");
+    let _pw = Portwise::start(&ns, &cfg).await?;
+    let both = ["a", "b"];
+    expect_endpoints(
+        &ns,
+        "web",
+        by_port([
+            (("http", V4), &both[..]),
+            (("http", V6), &both[..]),
+            (("metrics", V4), &both[..]),
+            (("metrics", V6), &both[..]),
+        ]),
+    )
+    .await?;
+    // Updates: b leaves, c joins.
+    ns.set_ready("b", false).await?;
+    ns.set_ready("c", true).await?;
+    let now = ["a", "c"];
+    expect_endpoints(
+        &ns,
+        "web",
+        by_port([
+            (("http", V4), &now[..]),
+            (("http", V6), &now[..]),
+            (("metrics", V4), &now[..]),
+            (("metrics", V6), &now[..]),
+        ]),
+    )
+    .await?;
+    wait_for(SETTLE, || async {
+        ensure!(
+            !events_for(&ns, "selected", None).await?.is_empty(),
+            "no Event for the Service with a selector yet"
+        );
+        Ok(())
+    })
+    .await?;
+    // A few resyncs (2 s each) for anything still in flight to land.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+
+    let writes = wire_writes(cp, "portwise/")?;
+    let count = |resource: &str, verbs: &[&str]| {
+        writes
+            .iter()
+            .filter(|w| w.resource == resource && verbs.contains(&w.verb.as_str()))
+            .count()
+    };
+    // The check must have had writes of each kind to look at.
+    let seen = [
+        ("endpointslices created", count("endpointslices", &["create"])),
+        (
+            "endpointslices updated",
+            count("endpointslices", &["update", "patch"]),
+        ),
+        ("endpoints written", count("endpoints", &["create", "update", "patch"])),
+        ("events written", count("events", &["create", "update", "patch"])),
+    ];
+    for (what, n) in seen {
+        ensure!(
+            n > 0,
+            "no {what} by portwise in the audit log of {} ({} writes in all: {:?})",
+            WIRE_NS,
+            writes.len(),
+            writes
+                .iter()
+                .map(|w| format!("{} {} {}", w.verb, w.resource, w.name))
+                .collect::<Vec<_>>()
+        );
+    }
+    let bad = wire_differences(&writes);
+    ensure!(
+        bad.is_empty(),
+        "the apiserver did not store what portwise sent ({} of {} writes):\n  {}",
+        bad.len(),
+        writes.len(),
+        bad.join("\n  ")
+    );
+    eprintln!("wire: {} writes, every field stored as sent: {seen:?}", writes.len());
+    Ok(())
+}
