@@ -71,33 +71,11 @@ async fn stored_as_sent_on(cp: &'static ControlPlane) -> Result<()> {
     // native rules do: c is published on peers while not ready.
     let cfg = config_with("podReady", "publishLegacyEndpoints: true\n");
     let _pw = Portwise::start(&ns, &cfg).await?;
-    let both = ["a", "b"];
-    expect_endpoints(
-        &ns,
-        "web",
-        by_port([
-            (("http", V4), &both[..]),
-            (("http", V6), &both[..]),
-            (("metrics", V4), &both[..]),
-            (("metrics", V6), &both[..]),
-        ]),
-    )
-    .await?;
+    web_serves(&ns, &["a", "b"]).await?;
     // Updates: b leaves, c joins.
     ns.set_ready("b", false).await?;
     ns.set_ready("c", true).await?;
-    let now = ["a", "c"];
-    expect_endpoints(
-        &ns,
-        "web",
-        by_port([
-            (("http", V4), &now[..]),
-            (("http", V6), &now[..]),
-            (("metrics", V4), &now[..]),
-            (("metrics", V6), &now[..]),
-        ]),
-    )
-    .await?;
+    web_serves(&ns, &["a", "c"]).await?;
     wait_for(SETTLE, || async {
         ensure!(
             !events_for(&ns, "selected", None).await?.is_empty(),
@@ -148,4 +126,10 @@ async fn stored_as_sent_on(cp: &'static ControlPlane) -> Result<()> {
     );
     eprintln!("wire: {} writes, every field stored as sent: {seen:?}", writes.len());
     Ok(())
+}
+
+/// `web` publishes `pods` on both ports, in both families.
+async fn web_serves(ns: &TestNs, pods: &[&str]) -> Result<()> {
+    let each = [("http", V4), ("http", V6), ("metrics", V4), ("metrics", V6)];
+    expect_endpoints(ns, "web", by_port(each.map(|key| (key, pods)))).await
 }
