@@ -211,9 +211,18 @@ impl ControlPlane {
 
     /// A new admin client sending `User-Agent: agent`, which the audit log
     /// records (used to tell the controller's writes from the test's).
+    /// The apiserver's `Warning` headers to this client are kept
+    /// ([`crate::warnings_to`]).
     pub async fn client_with_agent(&self, agent: &str) -> Result<Client> {
         let config = self.kube_config(agent).await?;
-        Ok(Client::try_from(config)?)
+        let agent = agent.to_string();
+        let keep = tower::util::MapResponseLayer::new(move |res: http::Response<_>| {
+            crate::wire::keep_warnings(&agent, res.headers());
+            res
+        });
+        Ok(kube::client::ClientBuilder::try_from(config)?
+            .with_layer(&keep)
+            .build())
     }
 
     pub(crate) async fn kube_config(&self, agent: &str) -> Result<kube::Config> {

@@ -77,7 +77,9 @@ pub use scenario::{
     SEED_MEMBERSHIP, Scenario, expect_endpoints, expect_seed, seed_is, seed_pod, seed_scenario,
     seed_scenario_with, seed_slices,
 };
-pub use wire::{WIRE_NS, WireWrite, wire_differences, wire_namespace, wire_writes};
+pub use wire::{
+    WIRE_NS, WireWrite, field_warnings, warnings_to, wire_differences, wire_namespace, wire_writes,
+};
 pub use writes::{Write, WriteCounter};
 
 use std::time::Duration;

@@ -14,6 +14,7 @@
 
 use std::{
     io::{BufRead, BufReader},
+    sync::Mutex,
     time::Duration,
 };
 
@@ -36,6 +37,46 @@ const SERVER_SET: &[&str] = &[
     "creationTimestamp",
     "uid",
 ];
+
+/// The `Warning` headers the apiserver sent to this process's clients, by
+/// user agent. The audit log shows a create or update as decoded, so a
+/// field the server does not know is already gone from its request body
+/// there; the warning (`unknown field "…"`) is where that drop shows.
+static WARNINGS: Mutex<Vec<(String, String)>> = Mutex::new(Vec::new());
+
+pub(crate) fn keep_warnings(agent: &str, headers: &http::HeaderMap) {
+    let found: Vec<(String, String)> = headers
+        .get_all(http::header::WARNING)
+        .iter()
+        .map(|w| (agent.to_string(), String::from_utf8_lossy(w.as_bytes()).into_owned()))
+        .collect();
+    if !found.is_empty() {
+        WARNINGS.lock().unwrap().extend(found);
+    }
+}
+
+/// The warnings the apiserver sent to clients whose user agent is `agent`.
+pub fn warnings_to(agent: &str) -> Vec<String> {
+    WARNINGS
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(a, _)| a == agent)
+        .map(|(_, w)| w.clone())
+        .collect()
+}
+
+/// Warnings about a field of a body: a field the server does not know, or
+/// one it read twice (the apiserver's strict-decoding warnings, which it
+/// sends whatever `fieldValidation` asks; any other warning, a deprecated
+/// API's say, is not about what portwise sends).
+pub fn field_warnings(warnings: &[String]) -> Vec<String> {
+    warnings
+        .iter()
+        .filter(|w| w.contains("unknown field") || w.contains("duplicate field"))
+        .cloned()
+        .collect()
+}
 
 /// One write portwise made in [`WIRE_NS`], as the audit log holds it.
 #[derive(Debug)]

@@ -4,7 +4,8 @@
 //! would be dropped (or, behind a gate that is off, cleared) without an
 //! error, or refused. The audit log holds both bodies of each write in
 //! the namespace `portwise-wire` (tests/src/wire.rs); every field portwise
-//! sends must come back as sent.
+//! sends must come back as sent, and the apiserver must have sent
+//! portwise's client no warning of an unknown field.
 //!
 //! The Services between them make portwise send every field it can:
 //! both address families, hints for zones and nodes (trafficDistribution
@@ -116,6 +117,15 @@ async fn stored_as_sent_on(cp: &'static ControlPlane) -> Result<()> {
                 .collect::<Vec<_>>()
         );
     }
+    // A field the server does not know never reaches the audit log's
+    // request body (it is logged as decoded): the server's warning to
+    // portwise's client names it.
+    let dropped = field_warnings(&warnings_to(&format!("portwise/{WIRE_NS}")));
+    ensure!(
+        dropped.is_empty(),
+        "the apiserver dropped fields portwise sent:\n  {}",
+        dropped.join("\n  ")
+    );
     let bad = wire_differences(&writes);
     ensure!(
         bad.is_empty(),
