@@ -57,7 +57,12 @@ static OLDER: [OnceCell<ControlPlane>; 2] = [OnceCell::const_new(), OnceCell::co
 /// Whether `PORTWISE_K8S_MINORS` (comma-separated, e.g. `1.35,1.37`; unset
 /// or empty: every minor) selects `minor`.
 pub fn minor_selected(minor: &str) -> bool {
-    minor_in(std::env::var("PORTWISE_K8S_MINORS").as_deref().unwrap_or(""), minor)
+    minor_in(
+        std::env::var("PORTWISE_K8S_MINORS")
+            .as_deref()
+            .unwrap_or(""),
+        minor,
+    )
 }
 
 fn minor_in(list: &str, minor: &str) -> bool {
@@ -119,7 +124,10 @@ impl ControlPlane {
         }
         crate::init_tracing();
         ensure_in_test_netns()?;
-        OLDER[i].get_or_try_init(|| Self::start(Some(minor))).await.map(Some)
+        OLDER[i]
+            .get_or_try_init(|| Self::start(Some(minor)))
+            .await
+            .map(Some)
     }
 
     async fn reuse_or_start() -> Result<ControlPlane> {

@@ -48,7 +48,12 @@ pub(crate) fn keep_warnings(agent: &str, headers: &http::HeaderMap) {
     let found: Vec<(String, String)> = headers
         .get_all(http::header::WARNING)
         .iter()
-        .map(|w| (agent.to_string(), String::from_utf8_lossy(w.as_bytes()).into_owned()))
+        .map(|w| {
+            (
+                agent.to_string(),
+                String::from_utf8_lossy(w.as_bytes()).into_owned(),
+            )
+        })
         .collect();
     if !found.is_empty() {
         WARNINGS.lock().unwrap().extend(found);
@@ -108,7 +113,10 @@ pub async fn wire_namespace(cp: &'static ControlPlane) -> Result<TestNs> {
 /// what of its request body the response did not hold.
 pub fn wire_writes(cp: &ControlPlane, agent: &str) -> Result<Vec<WireWrite>> {
     let Some(path) = cp.audit_log() else {
-        bail!("the control plane in {} writes no audit log", cp.dir().display());
+        bail!(
+            "the control plane in {} writes no audit log",
+            cp.dir().display()
+        );
     };
     let file = std::fs::File::open(&path).with_context(|| format!("opening {}", path.display()))?;
     let mut writes = Vec::new();
@@ -120,14 +128,21 @@ pub fn wire_writes(cp: &ControlPlane, agent: &str) -> Result<Vec<WireWrite>> {
         let obj = &ev["objectRef"];
         if obj["namespace"] != WIRE_NS
             || ev["stage"] != "ResponseComplete"
-            || !ev["userAgent"].as_str().is_some_and(|a| a.starts_with(agent))
+            || !ev["userAgent"]
+                .as_str()
+                .is_some_and(|a| a.starts_with(agent))
         {
             continue;
         }
         let mut differences = Vec::new();
         let code = ev["responseStatus"]["code"].as_i64().unwrap_or_default();
         if (200..300).contains(&code) {
-            compare("", &ev["requestObject"], &ev["responseObject"], &mut differences);
+            compare(
+                "",
+                &ev["requestObject"],
+                &ev["responseObject"],
+                &mut differences,
+            );
         }
         writes.push(WireWrite {
             verb: ev["verb"].as_str().unwrap_or_default().into(),

@@ -40,6 +40,6 @@ mod support;
 mod target_ports;
 mod traefik;
 mod trigger_time;
-mod write_guards;
 mod wire;
+mod write_guards;
 mod writes;

@@ -97,13 +97,22 @@ async fn stored_as_sent_on(cp: &'static ControlPlane) -> Result<()> {
     };
     // The check must have had writes of each kind to look at.
     let seen = [
-        ("endpointslices created", count("endpointslices", &["create"])),
+        (
+            "endpointslices created",
+            count("endpointslices", &["create"]),
+        ),
         (
             "endpointslices updated",
             count("endpointslices", &["update", "patch"]),
         ),
-        ("endpoints written", count("endpoints", &["create", "update", "patch"])),
-        ("events written", count("events", &["create", "update", "patch"])),
+        (
+            "endpoints written",
+            count("endpoints", &["create", "update", "patch"]),
+        ),
+        (
+            "events written",
+            count("events", &["create", "update", "patch"]),
+        ),
     ];
     for (what, n) in seen {
         ensure!(
@@ -134,7 +143,10 @@ async fn stored_as_sent_on(cp: &'static ControlPlane) -> Result<()> {
         writes.len(),
         bad.join("\n  ")
     );
-    eprintln!("wire: {} writes, every field stored as sent: {seen:?}", writes.len());
+    eprintln!(
+        "wire: {} writes, every field stored as sent: {seen:?}",
+        writes.len()
+    );
     Ok(())
 }
 
