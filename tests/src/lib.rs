@@ -174,6 +174,9 @@ where
     Fut: std::future::Future<Output = anyhow::Result<()>>,
 {
     use anyhow::Context as _;
+    // module_path! starts with the test binary's crate (`it::`), which the
+    // report's test names do not.
+    let test = test.split_once("::").map_or(test, |(_, rest)| rest);
     match ControlPlane::minor(minor, test).await? {
         Some(cp) => body(cp)
             .await
