@@ -158,6 +158,10 @@ impl ControlPlane {
     /// Starts a control plane for this process: the suite's minor, or
     /// `minor`'s.
     async fn start(minor: Option<&str>) -> Result<ControlPlane> {
+        // One start at a time: `start` picks free ports (6443 when free)
+        // by asking the kernel, so two at once could pick the same ones.
+        static STARTING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+        let _one = STARTING.lock().await;
         let tmp = tempfile::Builder::new().prefix("portwise-cp-").tempdir()?;
         let dir = tmp.path().to_path_buf();
         let start = repo_root().join("tests/control-plane/start");

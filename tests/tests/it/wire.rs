@@ -11,12 +11,14 @@
 //! both address families, hints for zones and nodes (trafficDistribution
 //! PreferSameNode), zone and nodeName, appProtocol, hostname (a headless
 //! Service the pods name as their subdomain), not-ready endpoints
-//! (publishNotReadyAddresses), legacy Endpoints, and a warning Event (a
-//! Service with a selector). Creates, then updates (a readiness flip).
+//! (publishNotReadyAddresses), legacy Endpoints, a warning Event (a
+//! Service with a selector), and a Lease (portwise's leader election).
+//! Creates, then updates (a readiness flip, the Lease's renewals).
 
 use std::time::Duration;
 
-use anyhow::{Result, ensure};
+use anyhow::{Context, Result, ensure};
+use portwise::ops::leader::{LeaderElector, Timings, identity};
 use portwise_tests::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -72,6 +74,8 @@ async fn stored_as_sent_on(cp: &'static ControlPlane) -> Result<()> {
     // native rules do: c is published on peers while not ready.
     let cfg = config_with("podReady", "publishLegacyEndpoints: true\n");
     let _pw = Portwise::start(&ns, &cfg).await?;
+    // The user agent of the portwise Portwise::start runs here.
+    let agent = format!("portwise/{WIRE_NS}");
     web_serves(&ns, &["a", "b"]).await?;
     // Updates: b leaves, c joins.
     ns.set_ready("b", false).await?;
@@ -85,10 +89,29 @@ async fn stored_as_sent_on(cp: &'static ControlPlane) -> Result<()> {
         Ok(())
     })
     .await?;
-    // A few resyncs (2 s each) for anything still in flight to land.
+    // Leases: portwise's leader election, as `portwise run --leader-elect`
+    // makes it, with portwise's user agent: a create, renewals (updates),
+    // and the release.
+    let elector = LeaderElector::start(
+        cp.client_with_agent(&agent).await?,
+        ns.name(),
+        "portwise",
+        &identity(Some("wire")),
+        Timings {
+            lease_duration: Duration::from_secs(3),
+            renew_deadline: Duration::from_secs(2),
+            retry_period: Duration::from_millis(500),
+        },
+    )?;
+    tokio::time::timeout(SETTLE, elector.subscribe().wait_for(|l| *l))
+        .await
+        .context("the leader elector did not lead")??;
+    // A few renewals, and a few resyncs (2 s each) for anything still in
+    // flight to land.
     tokio::time::sleep(Duration::from_secs(5)).await;
+    elector.release().await?;
 
-    let writes = wire_writes(cp, "portwise/")?;
+    let writes = wire_writes(cp, &agent)?;
     let count = |resource: &str, verbs: &[&str]| {
         writes
             .iter()
@@ -113,6 +136,8 @@ async fn stored_as_sent_on(cp: &'static ControlPlane) -> Result<()> {
             "events written",
             count("events", &["create", "update", "patch"]),
         ),
+        ("leases created", count("leases", &["create"])),
+        ("leases updated", count("leases", &["update", "patch"])),
     ];
     for (what, n) in seen {
         ensure!(
@@ -129,7 +154,7 @@ async fn stored_as_sent_on(cp: &'static ControlPlane) -> Result<()> {
     // A field the server does not know never reaches the audit log's
     // request body (it is logged as decoded): the server's warning to
     // portwise's client names it.
-    let dropped = field_warnings(&warnings_to(&format!("portwise/{WIRE_NS}")));
+    let dropped = field_warnings(&warnings_to(&agent));
     ensure!(
         dropped.is_empty(),
         "the apiserver dropped fields portwise sent:\n  {}",
