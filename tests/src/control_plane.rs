@@ -5,6 +5,15 @@
 //! When that is unset (running one test binary by hand), the first test
 //! starts one for this binary and an `atexit` hook stops it, because the test
 //! harness never runs static destructors.
+//!
+//! The older Kubernetes minors the chart supports (1.35, 1.36) each get a
+//! control plane of their own, built from that minor's modules
+//! (`tests/control-plane/build MINOR`) and started by the first test that
+//! asks for it ([`ControlPlane::minor`]): the suite's matrix tests (the
+//! oracle, the seed, kube-proxy, legacy Endpoints, the write economy) run
+//! their bodies against each, while every other test stays on the suite's
+//! own control plane, 1.37. `PORTWISE_K8S_MINORS=1.35,1.37` picks which
+//! minors the matrix runs on (default: all).
 
 use std::{
     path::{Path, PathBuf},
@@ -33,8 +42,33 @@ pub struct ControlPlane {
 }
 
 static SHARED: OnceCell<ControlPlane> = OnceCell::const_new();
-/// Directory of a control plane this process started, for the exit hook.
-static STARTED: Mutex<Option<PathBuf>> = Mutex::new(None);
+/// Directories of the control planes this process started, for the exit
+/// hook.
+static STARTED: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+/// The minor of the suite's own control plane (tests/control-plane/go.mod).
+pub const SUITE_MINOR: &str = "1.37";
+/// The older minors the chart supports, each with a control plane of its
+/// own for the matrix tests (tests/control-plane/MINOR/go.mod).
+pub const OLDER_MINORS: [&str; 2] = ["1.35", "1.36"];
+/// One per entry of [`OLDER_MINORS`], started on first use.
+static OLDER: [OnceCell<ControlPlane>; 2] = [OnceCell::const_new(), OnceCell::const_new()];
+
+/// Whether `PORTWISE_K8S_MINORS` (comma-separated, e.g. `1.35,1.37`; unset
+/// or empty: every minor) selects `minor`.
+pub fn minor_selected(minor: &str) -> bool {
+    minor_in(
+        std::env::var("PORTWISE_K8S_MINORS")
+            .as_deref()
+            .unwrap_or(""),
+        minor,
+    )
+}
+
+fn minor_in(list: &str, minor: &str) -> bool {
+    let list = list.trim();
+    list.is_empty() || list.split(',').any(|m| m.trim() == minor)
+}
 
 /// The repository root (tests/..).
 pub(crate) fn repo_root() -> PathBuf {
@@ -67,6 +101,35 @@ impl ControlPlane {
         SHARED.get_or_try_init(Self::reuse_or_start).await
     }
 
+    /// The control plane of Kubernetes `minor` for the matrix test `test`
+    /// (its name as the report shows it): the suite's own for
+    /// [`SUITE_MINOR`], else one of [`OLDER_MINORS`], started once per test
+    /// process. `None` when the test is not to run, having said why: the
+    /// minor is not in `PORTWISE_K8S_MINORS`, or a cold `./test` deferred
+    /// its build (`control-plane@MINOR`, tests/src/deferred.rs).
+    pub async fn minor(minor: &str, test: &str) -> Result<Option<&'static ControlPlane>> {
+        if !minor_selected(minor) {
+            eprintln!("SKIPPED {test}: Kubernetes {minor} is not in PORTWISE_K8S_MINORS");
+            return Ok(None);
+        }
+        if minor == SUITE_MINOR {
+            return Self::shared().await.map(Some);
+        }
+        let Some(i) = OLDER_MINORS.iter().position(|m| *m == minor) else {
+            bail!("Kubernetes {minor} has no control plane here ({SUITE_MINOR}, {OLDER_MINORS:?})");
+        };
+        let build = format!("control-plane@{minor}");
+        if crate::deferred::skip(&[build.as_str()], test) {
+            return Ok(None);
+        }
+        crate::init_tracing();
+        ensure_in_test_netns()?;
+        OLDER[i]
+            .get_or_try_init(|| Self::start(Some(minor)))
+            .await
+            .map(Some)
+    }
+
     async fn reuse_or_start() -> Result<ControlPlane> {
         if let Some(path) = std::env::var_os("PORTWISE_TEST_KUBECONFIG") {
             let kubeconfig = PathBuf::from(path);
@@ -89,6 +152,16 @@ impl ControlPlane {
                 _tmp: None,
             });
         }
+        Self::start(None).await
+    }
+
+    /// Starts a control plane for this process: the suite's minor, or
+    /// `minor`'s.
+    async fn start(minor: Option<&str>) -> Result<ControlPlane> {
+        // One start at a time: `start` picks free ports (6443 when free)
+        // by asking the kernel, so two at once could pick the same ones.
+        static STARTING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+        let _one = STARTING.lock().await;
         let tmp = tempfile::Builder::new().prefix("portwise-cp-").tempdir()?;
         let dir = tmp.path().to_path_buf();
         let start = repo_root().join("tests/control-plane/start");
@@ -99,22 +172,28 @@ impl ControlPlane {
             );
         }
         eprintln!(
-            "portwise-tests: starting a control plane in {}",
+            "portwise-tests: starting a control plane (Kubernetes {}) in {}",
+            minor.unwrap_or(SUITE_MINOR),
             dir.display()
         );
-        let status = tokio::process::Command::new(&start)
-            .arg(&dir)
-            .arg("--controllers")
-            .arg(CONTROLLERS)
+        let mut cmd = tokio::process::Command::new(&start);
+        cmd.arg(&dir).arg("--controllers").arg(CONTROLLERS);
+        if let Some(minor) = minor {
+            cmd.arg("--minor").arg(minor);
+        }
+        let status = cmd
             .status()
             .await
             .with_context(|| format!("running {}", start.display()))?;
         if !status.success() {
             bail!("{} {} failed: {status}", start.display(), dir.display());
         }
-        *STARTED.lock().unwrap() = Some(dir.clone());
-        // SAFETY: registering a plain extern "C" fn with no captured state.
-        unsafe { libc::atexit(stop_started_control_plane) };
+        let mut started = STARTED.lock().unwrap();
+        if started.is_empty() {
+            // SAFETY: registering a plain extern "C" fn with no captured state.
+            unsafe { libc::atexit(stop_started_control_planes) };
+        }
+        started.push(dir.clone());
         Ok(ControlPlane {
             kubeconfig: dir.join("kubeconfig"),
             dir,
@@ -144,9 +223,18 @@ impl ControlPlane {
 
     /// A new admin client sending `User-Agent: agent`, which the audit log
     /// records (used to tell the controller's writes from the test's).
+    /// The apiserver's `Warning` headers to this client are kept
+    /// ([`crate::warnings_to`]).
     pub async fn client_with_agent(&self, agent: &str) -> Result<Client> {
         let config = self.kube_config(agent).await?;
-        Ok(Client::try_from(config)?)
+        let agent = agent.to_string();
+        let keep = tower::util::MapResponseLayer::new(move |res: http::Response<_>| {
+            crate::wire::keep_warnings(&agent, res.headers());
+            res
+        });
+        Ok(kube::client::ClientBuilder::try_from(config)?
+            .with_layer(&keep)
+            .build())
     }
 
     pub(crate) async fn kube_config(&self, agent: &str) -> Result<kube::Config> {
@@ -165,21 +253,24 @@ impl ControlPlane {
     }
 }
 
-extern "C" fn stop_started_control_plane() {
-    let Some(dir) = STARTED.lock().ok().and_then(|mut g| g.take()) else {
-        return;
-    };
-    let stop = repo_root().join("tests/control-plane/stop");
-    let stopped = std::process::Command::new(stop)
-        .arg(&dir)
-        .status()
-        .is_ok_and(|s| s.success());
-    // The shared control plane lives in a static, so its TempDir is never
-    // dropped: remove the directory here (etcd data, ~60 MB per test binary
-    // that started one), or every run leaves it in /tmp. Kept when the stop
-    // failed, since processes may still use it.
-    if stopped {
-        let _ = std::fs::remove_dir_all(&dir);
+extern "C" fn stop_started_control_planes() {
+    let dirs = STARTED
+        .lock()
+        .map(|mut g| std::mem::take(&mut *g))
+        .unwrap_or_default();
+    for dir in dirs {
+        let stop = repo_root().join("tests/control-plane/stop");
+        let stopped = std::process::Command::new(stop)
+            .arg(&dir)
+            .status()
+            .is_ok_and(|s| s.success());
+        // A control plane lives in a static, so its TempDir is never
+        // dropped: remove the directory here (etcd data, ~60 MB per control
+        // plane), or every run leaves it in /tmp. Kept when the stop
+        // failed, since processes may still use it.
+        if stopped {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
     }
 }
 
@@ -208,4 +299,20 @@ fn ensure_in_test_netns() -> Result<()> {
          tests/netns bash -c 'tests/control-plane/start /tmp/cp && \
          PORTWISE_TEST_KUBECONFIG=/tmp/cp/kubeconfig cargo test -p portwise-tests --offline'"
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn minors_are_picked_by_name() {
+        assert!(minor_in("", "1.35"));
+        assert!(minor_in(" ", "1.37"));
+        assert!(minor_in("1.35,1.37", "1.35"));
+        assert!(minor_in("1.35, 1.37", "1.37"));
+        assert!(!minor_in("1.35,1.37", "1.36"));
+        // A name is matched whole: 1.3 is not 1.35.
+        assert!(!minor_in("1.3", "1.35"));
+    }
 }

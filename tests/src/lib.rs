@@ -51,10 +51,11 @@ pub mod prometheus;
 pub mod registry;
 mod scenario;
 pub mod traefik;
+mod wire;
 mod writes;
 
 pub use addresses::{PodIps, next_ips};
-pub use control_plane::{ControlPlane, built_tool};
+pub use control_plane::{ControlPlane, OLDER_MINORS, SUITE_MINOR, built_tool, minor_selected};
 pub use identity::{
     PORTWISE_USER, impersonating, install_crds, kubeconfig_variant, kubectl, kubectl_as,
     portwise_identity, service_account_token, token_kubeconfig, unreachable_kubeconfig,
@@ -79,6 +80,9 @@ pub use probe_servers::GrpcHealthServer;
 pub use scenario::{
     SEED_MEMBERSHIP, Scenario, expect_endpoints, expect_seed, seed_is, seed_pod, seed_scenario,
     seed_scenario_with, seed_slices,
+};
+pub use wire::{
+    WIRE_NS, WireWrite, field_warnings, warnings_to, wire_differences, wire_namespace, wire_writes,
 };
 pub use writes::{Write, WriteCounter};
 
@@ -137,4 +141,64 @@ pub fn init_tracing() {
             .with_test_writer()
             .try_init();
     });
+}
+
+/// The Kubernetes matrix: `on_older_minors!(NAME => BODY)` runs the async
+/// `BODY(cp: &'static ControlPlane) -> anyhow::Result<()>` as the tests
+/// `NAME::k8s_1_35` and `NAME::k8s_1_36`, each on that minor's control plane
+/// ([`ControlPlane::minor`]: skipped, saying why, when `PORTWISE_K8S_MINORS`
+/// leaves the minor out or a cold `./test` deferred its build). `NAME` is
+/// the test that runs `BODY` on the suite's own control plane (1.37), so a
+/// filter on it runs the row for every minor. The minors are
+/// [`OLDER_MINORS`]; a unit test below keeps the two lists together.
+#[macro_export]
+macro_rules! on_older_minors {
+    ($name:ident => $body:ident) => {
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn k8s_1_35() -> ::anyhow::Result<()> {
+                $crate::run_on_minor("1.35", concat!(module_path!(), "::k8s_1_35"), super::$body)
+                    .await
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn k8s_1_36() -> ::anyhow::Result<()> {
+                $crate::run_on_minor("1.36", concat!(module_path!(), "::k8s_1_36"), super::$body)
+                    .await
+            }
+        }
+    };
+}
+
+/// [`on_older_minors`]'s test body: `body` on `minor`'s control plane,
+/// unless that is not to run. Errors name the minor.
+pub async fn run_on_minor<F, Fut>(minor: &str, test: &str, body: F) -> anyhow::Result<()>
+where
+    F: FnOnce(&'static ControlPlane) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<()>>,
+{
+    use anyhow::Context as _;
+    // module_path! starts with the test binary's crate (`it::`), which the
+    // report's test names do not.
+    let test = test.split_once("::").map_or(test, |(_, rest)| rest);
+    match ControlPlane::minor(minor, test).await? {
+        Some(cp) => body(cp)
+            .await
+            .with_context(|| format!("on Kubernetes {minor}")),
+        None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod matrix_tests {
+    /// The macro spells the minors out (a test name is an identifier); they
+    /// must be the ones the support crate builds control planes for.
+    #[test]
+    fn the_macro_covers_the_older_minors() {
+        let source = include_str!("lib.rs");
+        for minor in super::OLDER_MINORS {
+            let test = format!("fn k8s_{}()", minor.replace('.', "_"));
+            assert!(source.contains(&test), "on_older_minors! has no {test}");
+        }
+    }
 }

@@ -59,6 +59,17 @@ impl TestNs {
             .map(|_| fastrand::alphanumeric().to_ascii_lowercase())
             .collect();
         let name = format!("{}-{suffix}", prefix.trim_matches('-'));
+        Self::create(cp, client, name).await
+    }
+
+    /// Creates the namespace `name` as it is (one a control plane's audit
+    /// policy names, say: [`crate::WIRE_NS`]); fails if it exists.
+    pub async fn exact(cp: &'static ControlPlane, name: &str) -> Result<Self> {
+        let client = cp.client().await?;
+        Self::create(cp, client, name.to_string()).await
+    }
+
+    async fn create(cp: &'static ControlPlane, client: Client, name: String) -> Result<Self> {
         let ns: Namespace = serde_json::from_value(json!({
             "metadata": { "name": name, "labels": { "portwise.test/suite": "true" } }
         }))?;

@@ -87,8 +87,7 @@ async fn seed_behind_proxy(
 /// answer are exactly that port's members, and a readiness flip, an
 /// annotation change and a pod deletion each change who answers. A port
 /// left without members refuses connections.
-async fn routes_each_port_to_its_members(mode: ProxyMode) -> Result<()> {
-    let cp = ControlPlane::shared().await?;
+async fn routes_each_port_to_its_members(cp: &'static ControlPlane, mode: ProxyMode) -> Result<()> {
     let ns = TestNs::new(cp, &format!("kp-{}", mode.flag())).await?;
     let SeedBehindProxy {
         proxy, http, https, ..
@@ -152,12 +151,20 @@ async fn routes_each_port_to_its_members(mode: ProxyMode) -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kube_proxy_routes_each_port_to_its_members_nftables() -> Result<()> {
-    routes_each_port_to_its_members(ProxyMode::Nftables).await
+    routes_each_port_to_its_members(ControlPlane::shared().await?, ProxyMode::Nftables).await
+}
+
+// The Kubernetes matrix: each minor's own kube-proxy (the minor's
+// portwise-cp), nftables, routing the seed Service per port.
+on_older_minors!(kube_proxy_routes_each_port_to_its_members_nftables => routes_nftables_on);
+
+async fn routes_nftables_on(cp: &'static ControlPlane) -> Result<()> {
+    routes_each_port_to_its_members(cp, ProxyMode::Nftables).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kube_proxy_routes_each_port_to_its_members_iptables() -> Result<()> {
-    routes_each_port_to_its_members(ProxyMode::Iptables).await
+    routes_each_port_to_its_members(ControlPlane::shared().await?, ProxyMode::Iptables).await
 }
 
 /// A dual-stack ClusterIP: each family's address reaches only that

@@ -41,5 +41,6 @@ mod support;
 mod target_ports;
 mod traefik;
 mod trigger_time;
+mod wire;
 mod write_guards;
 mod writes;

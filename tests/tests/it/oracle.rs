@@ -1115,10 +1115,17 @@ fn seed_and_steps() -> Result<(u64, usize, bool)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn native_controller_agrees_with_portwise() -> Result<()> {
+    agrees_on(ControlPlane::shared().await?).await
+}
+
+// The Kubernetes matrix: every pair kind against the native controller of
+// 1.35 and of 1.36 too, each minor's rules being its own.
+on_older_minors!(native_controller_agrees_with_portwise => agrees_on);
+
+async fn agrees_on(cp: &'static ControlPlane) -> Result<()> {
     let (seed, steps, fixed) = seed_and_steps()?;
     eprintln!("oracle: seed {seed}, {steps} steps (PORTWISE_ORACLE_SEED, PORTWISE_ORACLE_STEPS)");
     let started = Instant::now();
-    let cp = ControlPlane::shared().await?;
     let ns = TestNs::new(cp, "oracle").await?;
     for (i, short) in NODES.iter().enumerate() {
         ns.ensure_node(short, ZONES[i]).await?;

@@ -7,7 +7,13 @@ use portwise_tests::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn seed_example() -> Result<()> {
-    let cp = ControlPlane::shared().await?;
+    seed_example_on(ControlPlane::shared().await?).await
+}
+
+// The Kubernetes matrix: the seed on 1.35 and 1.36 too.
+on_older_minors!(seed_example => seed_example_on);
+
+async fn seed_example_on(cp: &'static ControlPlane) -> Result<()> {
     let ns = TestNs::new(cp, "seed").await?;
     let _pw = seed_scenario(&ns)
         .expect(
