@@ -49,9 +49,14 @@ impl GrpcHealthServer {
             .with_context(|| format!("binding {addr} (inside tests/netns?)"))?;
         let (reporter, service) = tonic_health::server::health_reporter();
         let task = tokio::spawn(async move {
+            // TCP_NODELAY as gRPC servers in the field set it (grpc-go
+            // does): without it, Nagle holds the trailers behind the data
+            // frame for a delayed ACK and every probe waits tens of ms.
+            let incoming =
+                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
             let _ = tonic::transport::Server::builder()
                 .add_service(service)
-                .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener))
+                .serve_with_incoming(incoming)
                 .await;
         });
         Ok(GrpcHealthServer {

@@ -25,7 +25,9 @@ async fn reference_server() -> SocketAddr {
         let _reporter = reporter;
         tonic::transport::Server::builder()
             .add_service(service)
-            .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener))
+            .serve_with_incoming(
+                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
+            )
             .await
             .unwrap();
     });
@@ -69,7 +71,9 @@ async fn a_server_without_a_health_service_is_unimplemented() {
             .add_optional_service::<tonic_health::pb::health_server::HealthServer<
                 tonic_health::server::HealthService,
             >>(None)
-            .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener))
+            .serve_with_incoming(
+                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
+            )
             .await
             .unwrap();
     });
