@@ -10,8 +10,9 @@
 //! What a reconcile then does is [`crate::reconcile`]'s business.
 //!
 //! One file a job: this one assembles the parts ([`run`]); `judges.rs`
-//! builds the live judge and the shadows; `keyed.rs` builds the Service and
-//! pod watches, `informers.rs` the watches of our own objects and of nodes;
+//! builds the live judge and the shadows; `caches.rs` opens every watch:
+//! `keyed.rs`'s Service and pod watches, `informers.rs`'s of our own
+//! objects and of nodes;
 //! `background.rs` starts the work beside them; `triggers.rs` is
 //! where events ask for reconciles; `terms.rs` follows the caches' sync and
 //! the leader's terms; `release.rs` takes back the slices of Services that
@@ -80,6 +81,7 @@ use tokio::{
 };
 
 mod background;
+mod caches;
 mod informers;
 mod judges;
 mod keyed;
@@ -88,6 +90,7 @@ mod release;
 mod terms;
 mod triggers;
 
+use caches::Caches;
 use informers::Watches;
 use reconciles::{ColdStart, reconcile_outside, serve};
 use release::{Gone, release_gone, slice_service, sweep_gone};
@@ -114,91 +117,33 @@ pub(crate) async fn run(
         queue: queue.clone(),
         gate: gate.clone(),
     };
-    let (svc_reader, svc_writer) = reflector::store::<Service>();
     let (release_tx, release_rx) = unbounded_channel::<Gone>();
-    // Streamed from the watch cache, as the native controller's informers
-    // do (`watches::streaming_or_listing` falls back to LIST + WATCH).
-    let list_cfg = watcher::Config::default().any_semantic().streaming_lists();
-    let watches = Watches {
-        client: &client,
-        namespaces: &opts.namespaces,
-        cfg: &list_cfg,
-        gate: &gate,
-        triggers: &triggers,
-        services: &svc_reader,
-        managed_by: &config.managed_by,
-    };
-    let per_namespace = keyed::per_namespace_pods(&config, &opts.namespaces);
-    let mut services = watches.services(
-        svc_writer,
-        &config.service_key,
-        per_namespace,
-        release_tx.clone(),
+    let (caches, watching) = caches::open(
+        &client,
+        &config,
+        &opts,
+        &gate,
+        &triggers,
+        &table,
+        &release_tx,
     );
-    let pods = watches.pods(
-        config.pod_key(),
-        services.seen.take(),
-        opts.pod_watch_namespaces,
-        &services,
-        table.clone(),
-    );
-    let slice_owners = Arc::new(GroupIndex::default());
-    let echoes = Arc::new(Echoes::default());
-    let (slice_reader, slice_stream) =
-        watches.slices(slice_owners.clone(), echoes.clone(), release_tx.clone());
-    let (our_endpoints_reader, our_endpoints_stream) = watches.our_endpoints();
-    let (node_store, node_stream) = if config.disable_node_lookups {
-        (None, future::pending::<()>().boxed())
-    } else {
-        let (store, stream) = watches.nodes();
-        (Some(store), stream)
-    };
-
-    let reporter = Reporter {
-        controller: config.managed_by.clone(),
-        instance: opts.instance.clone(),
-    };
-    let events = Arc::new(Events::new(Recorder::new(client.clone(), reporter)));
-    let ctx = Arc::new(Context {
-        judge,
-        shadows,
-        writer: SliceWriter::new(client.clone(), config.managed_by.clone()).with_echoes(echoes),
-        events: events.clone(),
-        shadow_outlets: crate::shadow::Outlets {
-            events,
-            metrics: opts.metrics.clone(),
-            services: svc_reader.clone(),
-        },
-        migration: Migrator::new(client.clone(), config.managed_by.clone(), table.clone()),
-        synced: gate.clone(),
-        pods_listed: pods.listed,
-        queue: queue.clone(),
-        config: config.clone(),
-        services: svc_reader,
-        pods: pods.store,
-        slices: slice_reader,
-        our_endpoints: our_endpoints_reader,
-        nodes: node_store,
-        pod_groups: pods.groups,
-        slice_owners,
-        metrics: opts.metrics.clone(),
-        leader: opts.leader.clone(),
+    let ctx = context(
+        &client,
+        &config,
+        &opts,
+        (judge, shadows),
+        caches,
+        &triggers,
         table,
-    });
+    );
 
     // The supervisor: every task is stopped with the controller, so that an
     // in-process run leaves no writer (or watch) behind.
     let mut tasks = JoinSet::new();
     // First: the start-up LIST joins the sync gate before any watch can
     // open it.
-    background::spawn(&mut tasks, &ctx, &opts, services.gone);
-    for stream in [
-        services.stream,
-        pods.stream,
-        slice_stream,
-        our_endpoints_stream,
-        node_stream,
-    ] {
+    background::spawn(&mut tasks, &ctx, &opts, watching.services_gone);
+    for stream in watching.streams {
         tasks.spawn(stream);
     }
     // Services that leave the cache but not the cluster are released
@@ -236,4 +181,50 @@ pub(crate) async fn run(
     tasks.shutdown().await;
     info!("portwise controller stopped");
     Ok(())
+}
+
+/// The context every reconcile shares: the judges, the caches, the queue
+/// and sync gate (`triggers`'), and what writes (slices, Events, migration
+/// cleanup) under portwise's name.
+fn context(
+    client: &Client,
+    config: &Arc<Config>,
+    opts: &RunOptions,
+    (judge, shadows): (Judge, Option<Arc<Shadows>>),
+    caches: Caches,
+    triggers: &Triggers,
+    table: Arc<ServiceTable>,
+) -> Arc<Context> {
+    let reporter = Reporter {
+        controller: config.managed_by.clone(),
+        instance: opts.instance.clone(),
+    };
+    let events = Arc::new(Events::new(Recorder::new(client.clone(), reporter)));
+    Arc::new(Context {
+        judge,
+        shadows,
+        writer: SliceWriter::new(client.clone(), config.managed_by.clone())
+            .with_echoes(caches.echoes),
+        events: events.clone(),
+        shadow_outlets: crate::shadow::Outlets {
+            events,
+            metrics: opts.metrics.clone(),
+            services: caches.services.clone(),
+        },
+        migration: Migrator::new(client.clone(), config.managed_by.clone(), table.clone()),
+        synced: triggers.gate.clone(),
+        pods_listed: caches.pods_listed,
+        queue: triggers.queue.clone(),
+        config: config.clone(),
+        services: caches.services,
+        pods: caches.pods,
+        slices: caches.slices,
+        our_endpoints: caches.our_endpoints,
+        nodes: caches.nodes,
+        pod_groups: caches.pod_groups,
+        slice_owners: caches.slice_owners,
+        metrics: opts.metrics.clone(),
+        leader: opts.leader.clone(),
+        table,
+    })
 }
