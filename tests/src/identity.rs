@@ -213,9 +213,10 @@ pub async fn service_account_token(
     Ok(token.trim().to_string())
 }
 
-/// Installs deploy/'s namespace and least-privilege RBAC and writes a
-/// kubeconfig for the `portwise` ServiceAccount (a 2h token) in the control
-/// plane's directory. Idempotent.
+/// Installs deploy/'s namespace, least-privilege RBAC and admission policy
+/// (what that token may write), and writes a kubeconfig for the `portwise`
+/// ServiceAccount (a 2h token) in the control plane's directory.
+/// Idempotent.
 ///
 /// Faults must hit portwise as a non-admin: `system:masters` is exempt from
 /// the apiserver's inflight limits, and its requests are the only ones the
@@ -229,6 +230,8 @@ pub async fn portwise_identity(cp: &ControlPlane) -> Result<PathBuf> {
             "deploy/kustomize/namespace.yaml",
             "-f",
             "deploy/kustomize/rbac.yaml",
+            "-f",
+            "deploy/kustomize/admission-policy.yaml",
         ],
         None,
     )

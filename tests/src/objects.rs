@@ -25,6 +25,7 @@ pub fn pod(name: &str) -> PodBuilder {
         node: None,
         subdomain: None,
         hostname: None,
+        host_network: false,
         finalizers: Vec::new(),
         ips: Vec::new(),
         ready: true,
@@ -46,6 +47,7 @@ pub struct PodBuilder {
     node: Option<String>,
     subdomain: Option<String>,
     hostname: Option<String>,
+    host_network: bool,
     finalizers: Vec<String>,
     pub(crate) ips: Vec<String>,
     pub(crate) ready: bool,
@@ -111,6 +113,12 @@ impl PodBuilder {
         self.hostname = Some(hostname.into());
         self
     }
+    /// `spec.hostNetwork: true`: its address (set with [`PodBuilder::ips`])
+    /// stands for its Node's.
+    pub fn host_network(mut self) -> Self {
+        self.host_network = true;
+        self
+    }
     /// Adds the test finalizer so that delete leaves the pod terminating.
     pub fn held(mut self) -> Self {
         self.finalizers.push(HOLD_FINALIZER.into());
@@ -162,6 +170,9 @@ impl PodBuilder {
         }
         if let Some(h) = &self.hostname {
             spec["hostname"] = json!(h);
+        }
+        if self.host_network {
+            spec["hostNetwork"] = json!(true);
         }
         let value = json!({
             "apiVersion": "v1",

@@ -15,7 +15,10 @@ use std::{
     sync::Arc,
 };
 
-use crate::membership::{Family, ResolvedPort, Subject};
+use crate::{
+    config::PodAddresses,
+    membership::{Family, ResolvedPort, Subject},
+};
 use k8s_openapi::{
     api::core::v1::{Container, Pod, Service, ServicePort},
     apimachinery::pkg::{apis::meta::v1::ObjectMeta, util::intstr::IntOrString},
@@ -319,12 +322,7 @@ pub fn on_known_node(service: &Service, pod: &Pod, node_known: &dyn Fn(&str) -> 
 /// Service's ports resolve to on that pod: a checker must not reach the
 /// kubelet, or anything else that listens on the Node.
 pub fn probe_ports(service: &Service, pod: &Pod) -> Option<BTreeSet<u16>> {
-    let host_network = pod
-        .spec
-        .as_ref()
-        .and_then(|s| s.host_network)
-        .unwrap_or(false);
-    if !host_network {
+    if !is_host_network(pod) {
         return None;
     }
     Some(
@@ -348,20 +346,32 @@ pub enum NotJudged {
     Terminal,
     /// Its Node is not in the cache ([`on_known_node`]).
     NodeGone,
+    /// A `hostNetwork` pod, and `podAddresses.hostNetwork` is off.
+    HostNetwork,
     /// No address of any of the Service's families: not started yet, or
     /// an IP of another family only.
     NoAddress,
+    /// Addresses of the Service's families, none in `podAddresses.cidrs`.
+    OutsideCidrs,
 }
 
 impl NotJudged {
-    pub const ALL: [NotJudged; 3] = [Self::Terminal, Self::NodeGone, Self::NoAddress];
+    pub const ALL: [NotJudged; 5] = [
+        Self::Terminal,
+        Self::NodeGone,
+        Self::HostNetwork,
+        Self::NoAddress,
+        Self::OutsideCidrs,
+    ];
 
     /// The metric label.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Terminal => "terminal",
             Self::NodeGone => "node-gone",
+            Self::HostNetwork => "host-network",
             Self::NoAddress => "no-address",
+            Self::OutsideCidrs => "outside-cidrs",
         }
     }
 
@@ -372,7 +382,11 @@ impl NotJudged {
             Self::NodeGone => {
                 "its Node is gone, and the Service does not publish not-ready addresses"
             }
+            Self::HostNetwork => {
+                "it is a hostNetwork pod (its address is its Node's), and podAddresses.hostNetwork is off"
+            }
             Self::NoAddress => "it has no IP of the Service's address families yet",
+            Self::OutsideCidrs => "its addresses are outside podAddresses.cidrs",
         }
     }
 }
@@ -383,6 +397,7 @@ pub fn not_judged(
     service: &Service,
     pod: &Pod,
     node_known: &dyn Fn(&str) -> bool,
+    addresses: &PodAddresses,
 ) -> Option<NotJudged> {
     if !is_candidate(pod) {
         return Some(NotJudged::Terminal);
@@ -390,13 +405,41 @@ pub fn not_judged(
     if !on_known_node(service, pod, node_known) {
         return Some(NotJudged::NodeGone);
     }
-    if families(service)
-        .into_iter()
-        .all(|f| pod_address(pod, f).is_none())
-    {
+    if is_host_network(pod) && !addresses.host_network {
+        return Some(NotJudged::HostNetwork);
+    }
+    let families = families(service);
+    if families.iter().all(|&f| pod_address(pod, f).is_none()) {
         return Some(NotJudged::NoAddress);
     }
+    if families
+        .iter()
+        .all(|&f| judged_address(pod, f, addresses).is_none())
+    {
+        return Some(NotJudged::OutsideCidrs);
+    }
     None
+}
+
+/// Whether `pod` runs in its Node's network namespace.
+pub fn is_host_network(pod: &Pod) -> bool {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.host_network)
+        .unwrap_or(false)
+}
+
+/// Whether `podAddresses` lets `pod` be judged at all.
+fn judged_pod(pod: &Pod, addresses: &PodAddresses) -> bool {
+    addresses.host_network || !is_host_network(pod)
+}
+
+/// The pod's address in `family` that portwise probes and publishes: its
+/// [`pod_address`], if `podAddresses` admits it (a `hostNetwork` pod's is
+/// its Node's, which no pod CIDR holds: `hostNetwork` alone decides for
+/// those).
+pub fn judged_address(pod: &Pod, family: Family, addresses: &PodAddresses) -> Option<IpAddr> {
+    pod_address(pod, family).filter(|ip| is_host_network(pod) || addresses.admits(*ip))
 }
 
 /// A headless Service with no ports: judged and published port-less
@@ -416,8 +459,13 @@ pub fn is_portless_headless(service: &Service) -> bool {
 /// and which has an address of that family: what the checker judges.
 ///
 /// Order: Service ports in spec order, then families in `ipFamilies` order,
-/// then pods in the order given. Pods of other namespaces are skipped.
-pub fn subjects(service: &Arc<Service>, pods: &[Arc<Pod>]) -> Vec<Subject> {
+/// then pods in the order given. Pods of other namespaces are skipped, and
+/// pods and addresses that `podAddresses` does not let be judged.
+pub fn subjects(
+    service: &Arc<Service>,
+    pods: &[Arc<Pod>],
+    addresses: &PodAddresses,
+) -> Vec<Subject> {
     let ports = service
         .spec
         .as_ref()
@@ -428,7 +476,7 @@ pub fn subjects(service: &Arc<Service>, pods: &[Arc<Pod>]) -> Vec<Subject> {
     let pods: Vec<&Arc<Pod>> = pods
         .iter()
         .filter(|p| p.metadata.namespace.as_deref().unwrap_or_default() == ns)
-        .filter(|p| is_candidate(p))
+        .filter(|p| is_candidate(p) && judged_pod(p, addresses))
         .collect();
     let mut out = Vec::new();
     // A headless Service without ports (DNS-based peer discovery, e.g. a
@@ -437,7 +485,7 @@ pub fn subjects(service: &Arc<Service>, pods: &[Arc<Pod>]) -> Vec<Subject> {
     if ports.is_empty() && is_portless_headless(service) {
         for &family in &families {
             for pod in &pods {
-                if let Some(address) = pod_address(pod, family) {
+                if let Some(address) = judged_address(pod, family, addresses) {
                     out.push(Subject {
                         service: service.clone(),
                         pod: Arc::clone(pod),
@@ -456,7 +504,7 @@ pub fn subjects(service: &Arc<Service>, pods: &[Arc<Pod>]) -> Vec<Subject> {
                 let Some(target) = resolve_target(sp, pod) else {
                     continue;
                 };
-                let Some(address) = pod_address(pod, family) else {
+                let Some(address) = judged_address(pod, family, addresses) else {
                     continue;
                 };
                 out.push(Subject {

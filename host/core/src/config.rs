@@ -100,6 +100,9 @@ pub struct Config {
     /// No Node watch: no zones, no hints.
     #[serde(default)]
     pub disable_node_lookups: bool,
+    /// Which pod addresses portwise probes and publishes.
+    #[serde(default)]
+    pub pod_addresses: PodAddresses,
     /// Where `wasm` checkers are loaded from.
     #[serde(default)]
     pub modules_dir: Option<PathBuf>,
@@ -147,6 +150,74 @@ pub struct Config {
     /// nothing: how a new checker is tried before it decides.
     #[serde(default)]
     pub shadow: Option<ShadowSpec>,
+}
+
+/// `podAddresses: {cidrs: [CIDR, ...], hostNetwork: BOOL}`.
+///
+/// Why: a pod's addresses are whatever its status says, and whoever can
+/// write `pods/status` (a node's kubelet, or anyone granted it) can point
+/// them at a Node, a ClusterIP or the apiserver. portwise would probe
+/// there, and publish it for the Service's clients. `cidrs` names the
+/// cluster's pod networks; a `hostNetwork` pod, whose address is its
+/// Node's and so in none of them, is judged only when `hostNetwork` says
+/// so. The built-in refusals ([`crate::align::is_endpoint_address`],
+/// [`crate::align::is_metadata_address`]) hold either way.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct PodAddresses {
+    /// The pod networks, of either family. Empty: any address (portwise
+    /// warns at start).
+    #[serde(default)]
+    pub cidrs: Vec<Cidr>,
+    /// Judge (probe and publish) `hostNetwork` pods. Off: they are not
+    /// judged, like a pod on a Node that is gone.
+    #[serde(default)]
+    pub host_network: bool,
+}
+
+impl PodAddresses {
+    /// Whether a pod with its own network may be probed and published at
+    /// `ip` (a `hostNetwork` pod's address is its Node's: `hostNetwork`
+    /// decides for those, not `cidrs`).
+    pub fn admits(&self, ip: std::net::IpAddr) -> bool {
+        self.cidrs.is_empty() || self.cidrs.iter().any(|c| c.0.contains(&ip))
+    }
+}
+
+/// A CIDR in `podAddresses.cidrs`: an address with no bits set past its
+/// prefix (`10.244.0.0/16`, `fd00:10:244::/64`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Cidr(pub ipnet::IpNet);
+
+impl std::str::FromStr for Cidr {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let net: ipnet::IpNet = s.parse().map_err(|_| {
+            format!("{s:?} is not a CIDR: write an address, a slash and a prefix length, e.g. 10.244.0.0/16 or fd00:10:244::/64")
+        })?;
+        if net.trunc() != net {
+            return Err(format!(
+                "{s:?} has bits set past its /{} prefix: did you mean {}?",
+                net.prefix_len(),
+                net.trunc()
+            ));
+        }
+        Ok(Cidr(net))
+    }
+}
+
+impl fmt::Display for Cidr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl<'de> Deserialize<'de> for Cidr {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
 }
 
 /// `moduleSignatures: {keys: [FILE, ...]}`.
@@ -409,6 +480,7 @@ impl Config {
             native_cleanup: true,
             publish_legacy_endpoints: false,
             disable_node_lookups: false,
+            pod_addresses: PodAddresses::default(),
             modules_dir: None,
             registry_auth: None,
             registry_ca: None,

@@ -242,13 +242,15 @@ pub fn decide(input: &Input) -> Decision {
     let mut not_judged = BTreeMap::new();
     let pods: Vec<Arc<Pod>> = (input.pods_in_group)(group)
         .into_iter()
-        .filter(|p| match align::not_judged(svc, p, input.node_known) {
-            Some(why) => {
-                *not_judged.entry(why).or_default() += 1;
-                false
-            }
-            None => true,
-        })
+        .filter(
+            |p| match align::not_judged(svc, p, input.node_known, &cfg.pod_addresses) {
+                Some(why) => {
+                    *not_judged.entry(why).or_default() += 1;
+                    false
+                }
+                None => true,
+            },
+        )
         .collect();
     Decision::Serve(Serve {
         group: group.to_string(),
@@ -264,7 +266,7 @@ pub fn decide(input: &Input) -> Decision {
             unknown_policy: Once::Rearm,
         },
         forget_migration: has_selector,
-        subjects: align::subjects(svc, &pods),
+        subjects: align::subjects(svc, &pods, &cfg.pod_addresses),
         not_judged,
         native_cleanup: cfg.native_cleanup && !has_selector,
         publish_legacy_endpoints: cfg.publish_legacy_endpoints,

@@ -22,7 +22,7 @@ use crate::stats::{ratio, secs};
 use crate::{Bench, Pair};
 
 impl Bench {
-    pub(crate) async fn row3(&mut self, pair: &mut Pair) -> Result<()> {
+    pub(crate) async fn churn(&mut self, pair: &mut Pair) -> Result<()> {
         let big = self.knobs.big_pods;
         eprintln!("bench: row 3 setup: one Service with {big} pods per namespace");
         let base = self.knobs.services * self.knobs.pods_per_service;
@@ -108,8 +108,8 @@ impl Bench {
             None,
             Goal::None,
         );
-        self.row3_port_sets(pair).await?;
-        self.row3_reconciles(pair, &pb[0]).await
+        self.port_set_churn(pair).await?;
+        self.reconcile_costs(pair, &pb[0]).await
     }
 
     /// Row 3's third part: what a flip costs when every pod sits in one
@@ -119,7 +119,7 @@ impl Bench {
     /// changes the set: it moves between slices. portwise only: the native
     /// controller has no per-port membership, so no pod of it changes its
     /// set of ports without being re-created.
-    pub(crate) async fn row3_port_sets(&mut self, pair: &mut Pair) -> Result<()> {
+    pub(crate) async fn port_set_churn(&mut self, pair: &mut Pair) -> Result<()> {
         let big = self.knobs.big_pods;
         let svc = "two-0000";
         eprintln!("bench: row 3 port sets: one Service of two ports, {big} pods backing both");

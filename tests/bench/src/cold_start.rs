@@ -73,7 +73,7 @@ impl ColdTimings {
 }
 
 impl Bench {
-    pub(crate) async fn row1(&mut self) -> Result<Pair> {
+    pub(crate) async fn cold_start(&mut self) -> Result<Pair> {
         let k = &self.knobs;
         let (n_svc, per) = (k.services, k.pods_per_service);
         eprintln!("bench: row 1 setup: {n_svc} Services × {per} pods, twice");
@@ -235,12 +235,12 @@ impl Bench {
     /// cluster-wide. One run decides nothing on a noisy machine, so each
     /// controller starts cold `fair_runs` times, alternating, and the
     /// median ratio is the verdict.
-    pub(crate) async fn row1b(&mut self, pair: &mut Pair) -> Result<()> {
+    pub(crate) async fn native_without_rate_limit(&mut self, pair: &mut Pair) -> Result<()> {
         let runs = self.knobs.fair_runs;
         let mut results = Vec::new();
         for i in 1..=runs {
-            let nat = self.row1b_native(pair, i).await?;
-            let pw = self.row1b_portwise(pair, i).await?;
+            let nat = self.uncapped_native_start(pair, i).await?;
+            let pw = self.uncapped_portwise_start(pair, i).await?;
             results.push((nat, pw));
         }
         let services = pair.portwise_tracker.state.lock().unwrap().expected.len();
@@ -341,7 +341,7 @@ impl Bench {
         Ok(())
     }
 
-    pub(crate) async fn row1b_native(
+    pub(crate) async fn uncapped_native_start(
         &mut self,
         pair: &mut Pair,
         run: usize,
@@ -391,7 +391,7 @@ impl Bench {
         Ok((time, req.slice_writes("native"), u, synced))
     }
 
-    pub(crate) async fn row1b_portwise(
+    pub(crate) async fn uncapped_portwise_start(
         &mut self,
         pair: &mut Pair,
         run: usize,

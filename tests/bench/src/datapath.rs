@@ -192,7 +192,7 @@ pub(crate) struct FlipRun {
 impl Bench {
     /// Row 8: from a pod's readiness flip to kube-proxy routing by it, one
     /// kube-proxy for a native and a portwise Service of the same shape.
-    pub(crate) async fn row8(&mut self) -> Result<()> {
+    pub(crate) async fn datapath(&mut self) -> Result<()> {
         let flips = self.knobs.datapath_flips.max(2);
         let per = self.knobs.pods_per_service.max(2);
         eprintln!(
@@ -215,13 +215,13 @@ impl Bench {
                 }
             }
         }
-        self.row8_report(flips, per, &runs);
+        self.datapath_report(flips, per, &runs);
         Ok(())
     }
 
     /// Row 10: row 8 with Cilium's agent (kube-proxy replacement, socket
     /// LB; tests/src/cilium.rs) as the data path instead of kube-proxy.
-    pub(crate) async fn row10(&mut self) -> Result<()> {
+    pub(crate) async fn cilium_datapath(&mut self) -> Result<()> {
         let flips = self.knobs.datapath_flips.max(2);
         let per = self.knobs.pods_per_service.max(2);
         eprintln!(
@@ -233,7 +233,7 @@ impl Bench {
         let res = self.flip_row(DataPath::Cilium(&agent), flips, per, 1).await;
         match res {
             Ok(run) => {
-                self.row10_report(flips, per, &run, agent.ready_after);
+                self.cilium_datapath_report(flips, per, &run, agent.ready_after);
                 Ok(())
             }
             Err(e) => {

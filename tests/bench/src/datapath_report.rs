@@ -141,7 +141,7 @@ impl Bench {
         }
     }
 
-    pub(crate) fn row8_report(&mut self, flips: usize, per: usize, runs: &[FlipRun]) {
+    pub(crate) fn datapath_report(&mut self, flips: usize, per: usize, runs: &[FlipRun]) {
         let Some(first) = runs.first() else { return };
         let label = format!(
             "8 pod change to data path (one kube-proxy, nftables; {flips} readiness flips each)"
@@ -234,7 +234,7 @@ impl Bench {
         self.report.section("Row 8: pod change to data path", body);
     }
 
-    pub(crate) fn row10_report(
+    pub(crate) fn cilium_datapath_report(
         &mut self,
         flips: usize,
         per: usize,

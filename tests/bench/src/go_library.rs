@@ -5,7 +5,7 @@ use crate::Bench;
 use crate::report::Goal;
 
 impl Bench {
-    pub(crate) fn row7(&mut self) {
+    pub(crate) fn go_library(&mut self) {
         let text = std::env::var("BENCH_GO_LIBRARY").unwrap_or_default();
         let served = !text.is_empty() && !text.contains("\"Error\"");
         let what = if text.is_empty() {

@@ -168,7 +168,7 @@ async fn run(knobs: Knobs, bcp: BenchCp, work: PathBuf, machine: String) -> Resu
     );
     let mut pair = None;
     if b.knobs.row(1) || b.knobs.row(2) || b.knobs.row(3) || b.knobs.row(4) {
-        match b.row1().await {
+        match b.cold_start().await {
             Ok(p) => pair = Some(p),
             Err(e) => b
                 .report
@@ -177,13 +177,13 @@ async fn run(knobs: Knobs, bcp: BenchCp, work: PathBuf, machine: String) -> Resu
     }
     if let Some(p) = pair.as_mut() {
         if b.knobs.row(2)
-            && let Err(e) = b.row2(p).await
+            && let Err(e) = b.steady_state(p).await
         {
             b.report
                 .not_measured("2 steady state", "all", &format!("{e:#}"));
         }
         if b.knobs.row(3)
-            && let Err(e) = b.row3(p).await
+            && let Err(e) = b.churn(p).await
         {
             b.report.not_measured("3 churn", "all", &format!("{e:#}"));
         }
@@ -204,7 +204,7 @@ async fn run(knobs: Knobs, bcp: BenchCp, work: PathBuf, machine: String) -> Resu
         }
         if b.knobs.native_fast
             && b.knobs.row(1)
-            && let Err(e) = b.row1b(p).await
+            && let Err(e) = b.native_without_rate_limit(p).await
         {
             b.report
                 .not_measured("1b native without rate limit", "all", &format!("{e:#}"));
@@ -215,20 +215,20 @@ async fn run(knobs: Knobs, bcp: BenchCp, work: PathBuf, machine: String) -> Resu
         p.native.stop().await;
     }
     if b.knobs.row(5)
-        && let Err(e) = b.row5().await
+        && let Err(e) = b.probe_rates().await
     {
         b.report.not_measured("5 probes", "all", &format!("{e:#}"));
     }
     if b.knobs.row(6)
-        && let Err(e) = b.row6().await
+        && let Err(e) = b.wasm_checks().await
     {
         b.report.not_measured("6 WASM", "all", &format!("{e:#}"));
     }
     if b.knobs.row(7) {
-        b.row7();
+        b.go_library();
     }
     if b.knobs.row(8)
-        && let Err(e) = b.row8().await
+        && let Err(e) = b.datapath().await
     {
         b.report
             .not_measured("8 pod change to data path", "all", &format!("{e:#}"));
@@ -236,7 +236,7 @@ async fn run(knobs: Knobs, bcp: BenchCp, work: PathBuf, machine: String) -> Resu
     // After row 8: the agent takes the data path from kube-proxy (one at a
     // time in a namespace).
     if b.knobs.row(10)
-        && let Err(e) = b.row10().await
+        && let Err(e) = b.cilium_datapath().await
     {
         b.report.not_measured(
             "10 pod change to Cilium's data path",
@@ -247,20 +247,20 @@ async fn run(knobs: Knobs, bcp: BenchCp, work: PathBuf, machine: String) -> Resu
     // A cluster of its own with a real node, whose kube-proxy owns the
     // namespace's data path: after rows 8 and 10.
     if b.knobs.row(11)
-        && let Err(e) = b.row11().await
+        && let Err(e) = b.rollout().await
     {
         b.report
             .not_measured("11 rollout of real pods", "all", &format!("{e:#}"));
     }
     if b.knobs.row(13)
-        && let Err(e) = b.row13().await
+        && let Err(e) = b.noisy_neighbour().await
     {
         b.report
             .not_measured("13 noisy neighbour", "all", &format!("{e:#}"));
     }
     // Last: its 100k pods would weigh on every later row.
     if b.knobs.row(9)
-        && let Err(e) = b.row9().await
+        && let Err(e) = b.unmanaged_pods().await
     {
         b.report
             .not_measured("9 cost of unmanaged pods", "all", &format!("{e:#}"));

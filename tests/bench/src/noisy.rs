@@ -94,7 +94,7 @@ async fn flip_times(ns: &TestNs, flips: usize) -> Result<Vec<f64>> {
 impl Bench {
     /// Row 13: a quiet namespace's readiness flips, p99, alone and beside
     /// a namespace whose probes hang.
-    pub(crate) async fn row13(&mut self) -> Result<()> {
+    pub(crate) async fn noisy_neighbour(&mut self) -> Result<()> {
         let flips = self.knobs.datapath_flips.max(50);
         eprintln!("bench: row 13: {flips} quiet flips, alone and beside hanging probes");
         let quiet = TestNs::new(self.cp, "bench-quiet").await?;

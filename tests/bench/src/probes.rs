@@ -77,7 +77,7 @@ const KINDS: [Kind; 4] = [
 
 impl Bench {
     /// Row 5: probes per second against real listeners.
-    pub(crate) async fn row5(&mut self) -> Result<()> {
+    pub(crate) async fn probe_rates(&mut self) -> Result<()> {
         let n = self.knobs.probe_pods;
         let per = 10;
         let services = n / per;

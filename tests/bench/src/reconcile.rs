@@ -18,7 +18,7 @@ impl Bench {
     /// at a time, each waited for in the slices; portwise's reconcile
     /// histograms, scraped around each flip, give that flip's reconcile
     /// and its phases ([`reconcile_of`]).
-    pub(crate) async fn row3_reconciles(&mut self, pair: &mut Pair, big: &Group) -> Result<()> {
+    pub(crate) async fn reconcile_costs(&mut self, pair: &mut Pair, big: &Group) -> Result<()> {
         let flips = self.knobs.reconcile_flips;
         if flips == 0 {
             return Ok(());
@@ -114,6 +114,6 @@ impl Bench {
             "Row 3: what one reconcile costs at 10 and 1000 pods",
             detail,
         );
-        self.row3_write_verbs().await
+        self.write_verbs().await
     }
 }

@@ -252,7 +252,7 @@ impl Bench {
     /// hold exactly the N new pods as ready: portwise (a selector-less
     /// Service aligned by annotation, `membership: podReady`) and the
     /// native controller (a selector twin of it), in the same rollouts.
-    pub(crate) async fn row11(&mut self) -> Result<()> {
+    pub(crate) async fn rollout(&mut self) -> Result<()> {
         const NS: &str = "bench-rollout";
         let pods = env_usize("BENCH_ROLLOUT_PODS", 20).max(2);
         let runs = self.knobs.fair_runs;

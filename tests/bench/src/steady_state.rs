@@ -11,7 +11,7 @@ use crate::stats::{ratio, secs};
 use crate::{Bench, Pair};
 
 impl Bench {
-    pub(crate) async fn row2(&mut self, pair: &mut Pair) -> Result<()> {
+    pub(crate) async fn steady_state(&mut self, pair: &mut Pair) -> Result<()> {
         let window = self.knobs.steady;
         eprintln!("bench: row 2: quiet for {}", secs(window));
         tokio::time::sleep(Duration::from_secs(3)).await;

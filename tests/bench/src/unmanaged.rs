@@ -34,7 +34,7 @@ impl Bench {
     /// again after `unmanaged_pods` pods without the key were created in
     /// other namespaces; once with the key as a label (the apiserver
     /// selects), once as an annotation (portwise filters before its cache).
-    pub(crate) async fn row9(&mut self) -> Result<()> {
+    pub(crate) async fn unmanaged_pods(&mut self) -> Result<()> {
         let k = &self.knobs;
         let (n_svc, per, unmanaged) = (k.services, k.pods_per_service, k.unmanaged_pods);
         let conc = k.setup_concurrency;
@@ -50,7 +50,7 @@ impl Bench {
         let keys = ["label", "annotation"];
         let mut alone = Vec::new();
         for key in keys {
-            alone.push(self.row9_run(&ns, &tracker, key, "alone").await?);
+            alone.push(self.unmanaged_run(&ns, &tracker, key, "alone").await?);
         }
 
         eprintln!("bench: row 9 setup: {unmanaged} unmanaged pods in other namespaces");
@@ -97,7 +97,7 @@ impl Bench {
         tokio::time::sleep(Duration::from_secs(5)).await;
         let mut with = Vec::new();
         for key in keys {
-            with.push(self.row9_run(&ns, &tracker, key, "with").await?);
+            with.push(self.unmanaged_run(&ns, &tracker, key, "with").await?);
         }
 
         let r = &mut self.report;
@@ -142,7 +142,7 @@ impl Bench {
     }
 
     /// One cold sync of row 9's managed set by a cluster-wide portwise.
-    pub(crate) async fn row9_run(
+    pub(crate) async fn unmanaged_run(
         &self,
         ns: &TestNs,
         tracker: &Tracker,

@@ -17,7 +17,7 @@ use crate::stats::ratio;
 
 impl Bench {
     /// Row 6: WebAssembly decision overhead and restart with cached modules.
-    pub(crate) async fn row6(&mut self) -> Result<()> {
+    pub(crate) async fn wasm_checks(&mut self) -> Result<()> {
         // (a) the WebAssembly issue's own benchmark, if ./bench built it.
         match std::env::var_os("BENCH_WASM_OVERHEAD_BIN").map(PathBuf::from) {
             Some(bin) if bin.is_file() => {

@@ -47,7 +47,7 @@ impl Bench {
     /// object's resourceVersion (the native controller's PUT), on slices of
     /// 10 and 1000 endpoints that nobody else writes, one write at a time,
     /// each flipping one endpoint's readiness.
-    pub(crate) async fn row3_write_verbs(&mut self) -> Result<()> {
+    pub(crate) async fn write_verbs(&mut self) -> Result<()> {
         let writes = self.knobs.verb_writes;
         if writes == 0 {
             return Ok(());

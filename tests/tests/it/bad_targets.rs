@@ -301,6 +301,82 @@ async fn pods_claiming_loopback_or_link_local_addresses_are_left_out() -> Result
     Ok(())
 }
 
+/// `podAddresses` (docs/reliability.md 3.2): a pod whose status claims an
+/// address outside `cidrs` (here: the apiserver's, a ClusterIP, a Node's;
+/// in the test, another address of the network namespace, where a listener
+/// counts every probe) is neither probed nor published, and a `hostNetwork`
+/// pod (whose address is its Node's) is judged only once `hostNetwork`
+/// opts in. Before `podAddresses`, both were probed and published.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pod_addresses_keep_out_strays_and_host_network_pods_until_opted_in() -> Result<()> {
+    let cp = ControlPlane::shared().await?;
+    let ns = TestNs::new(cp, "pod-cidrs").await?;
+    let port = free_port()?;
+    ns.create_service(service("web").annotation(GROUP_KEY, "g").port_to(
+        "http",
+        80,
+        serde_json::json!(port),
+    ))
+    .await?;
+    let (good, stray, host) = (next_ips(), next_ips(), next_ips());
+    let listen = |ip| HttpListener::start(ip, port);
+    let (good_http, stray_http, host_http) = (
+        listen(good.v4).await?,
+        listen(stray.v4).await?,
+        listen(host.v4).await?,
+    );
+    // The pod network is the good pod's address alone: the other two sit
+    // outside it, as a Node's or a ClusterIP would.
+    let cidrs = format!("podAddresses: {{cidrs: [{}/32]}}\n", good.v4);
+    let membership = "{httpGet: {path: /healthz, timeout: 1s}}";
+    let pw = Scenario::new(&ns)
+        .pod(pod("good").annotation(GROUP_KEY, "g").ips(good.v4()))
+        .pod(pod("stray").annotation(GROUP_KEY, "g").ips(stray.v4()))
+        .pod(
+            pod("host")
+                .annotation(GROUP_KEY, "g")
+                .host_network()
+                .ips(host.v4()),
+        )
+        .config(&config_with(membership, &cidrs))
+        .start()
+        .await?;
+    expect_endpoints(&ns, "web", by_port([(("http", V4), &["good"][..])])).await?;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    expect_endpoints(&ns, "web", by_port([(("http", V4), &["good"][..])])).await?;
+    ensure!(good_http.request_count() > 1, "the good pod was not probed");
+    for (name, seen) in [("stray", &stray_http), ("host", &host_http)] {
+        ensure!(
+            seen.request_count() == 0,
+            "portwise probed pod {name:?} outside podAddresses ({} requests)",
+            seen.request_count()
+        );
+    }
+    drop(pw);
+
+    // Opted in: the hostNetwork pod is judged at its Node's address, which
+    // no pod CIDR holds; the stray stays out.
+    let opted = format!(
+        "podAddresses: {{cidrs: [{}/32], hostNetwork: true}}\n",
+        good.v4
+    );
+    let _pw = Portwise::builder(cp)
+        .namespace(ns.name())
+        .config(&config_with(membership, &opted))
+        .start()
+        .await?;
+    expect_endpoints(&ns, "web", by_port([(("http", V4), &["good", "host"][..])])).await?;
+    ensure!(
+        host_http.request_count() > 0,
+        "the opted-in hostNetwork pod was not probed"
+    );
+    ensure!(
+        stray_http.request_count() == 0,
+        "portwise probed pod \"stray\" outside podAddresses.cidrs"
+    );
+    Ok(())
+}
+
 /// A slice the apiserver refuses (docs/reliability.md 3.3). A
 /// ValidatingAdmissionPolicy, scoped to the test namespace, refuses any
 /// IPv4 slice of port `admin` that lists pod "b". b backs both ports, so

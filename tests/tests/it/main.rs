@@ -4,6 +4,7 @@
 //! chart tests.
 
 mod abstain;
+mod admission;
 mod alignment;
 mod bad_targets;
 mod caches;

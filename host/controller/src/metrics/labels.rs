@@ -146,6 +146,11 @@ pub fn decision_label(decision: Decision) -> &'static str {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct NamespaceLabels {
+    pub(super) namespace: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(super) struct ServiceLabels {
     pub(super) namespace: String,
     pub(super) service: String,

@@ -64,5 +64,5 @@ pub use native::{Native, SliceChange, SyncResult};
 pub use process::Process;
 pub use reconciles::Reconciles;
 pub use registry::{CONTENT_TYPE, Metrics};
-pub use service::ServiceLevels;
+pub use service::{DEFAULT_SERVICES_PER_NAMESPACE, MAX_PORT_SERIES, ServiceLevels};
 pub use writes::Writes;

@@ -6,7 +6,10 @@
 
 use std::{
     collections::BTreeMap,
-    sync::{Arc, Mutex, MutexGuard, PoisonError},
+    sync::{
+        Arc, Mutex, MutexGuard, PoisonError,
+        atomic::{AtomicUsize, Ordering},
+    },
     time::Duration,
 };
 
@@ -20,8 +23,8 @@ use prometheus_client::{
 use portwise_core::align::NotJudged;
 
 use super::labels::{
-    NotJudgedLabels, PublishedLabels, ServiceLabels, ShadowLabels, ShadowPortLabels, gauge_value,
-    label,
+    NamespaceLabels, NotJudgedLabels, PublishedLabels, ServiceLabels, ShadowLabels,
+    ShadowPortLabels, gauge_value, label,
 };
 
 /// One Service's shadow figures at its last reconcile.
@@ -62,13 +65,42 @@ impl Levels {
 /// Levels by (namespace, service), label values escaped.
 pub(super) type ByService = BTreeMap<(String, String), Levels>;
 
+/// The default of [`ServiceLevels::limit`]: the Services of one namespace
+/// whose series are exposed.
+pub const DEFAULT_SERVICES_PER_NAMESPACE: usize = 500;
+
+/// The (port, family) pairs of one Service whose `endpoints_published`
+/// series are exposed (and ports whose `shadow_differences` are): far more
+/// than any real Service has.
+pub const MAX_PORT_SERIES: usize = 64;
+
 /// The per-Service series: `endpoints_published`, `slices_managed`,
 /// `pods_not_judged`, `abstain_longest_seconds`,
 /// `service_synced_timestamp_seconds`, `shadow_differences`,
-/// `shadow_verdicts`. Clones share the levels.
-#[derive(Clone, Debug, Default)]
+/// `shadow_verdicts`, and `service_series_omitted`. Clones share the
+/// levels.
+///
+/// Their `namespace`, `service` and `port` labels are chosen by whoever
+/// may create Services: one tenant's thousands of Services (or ports)
+/// would make every scrape, and the Prometheus behind it, pay. So each
+/// namespace exposes the series of at most `limit` Services (the first in
+/// name order) and each Service of at most [`MAX_PORT_SERIES`] ports;
+/// `service_series_omitted` counts, per namespace, the Services left out.
+/// The native totals still count every Service: they are summed from the
+/// levels, not from the series.
+#[derive(Clone, Debug)]
 pub struct ServiceLevels {
     levels: Arc<Mutex<ByService>>,
+    limit: Arc<AtomicUsize>,
+}
+
+impl Default for ServiceLevels {
+    fn default() -> Self {
+        ServiceLevels {
+            levels: Arc::default(),
+            limit: Arc::new(AtomicUsize::new(DEFAULT_SERVICES_PER_NAMESPACE)),
+        }
+    }
 }
 
 impl ServiceLevels {
@@ -76,6 +108,12 @@ impl ServiceLevels {
         let levels = ServiceLevels::default();
         registry.register_collector(Box::new(levels.clone()));
         levels
+    }
+
+    /// Sets how many Services of one namespace expose their series (at
+    /// least one).
+    pub fn limit(&self, per_namespace: usize) {
+        self.limit.store(per_namespace.max(1), Ordering::Relaxed);
     }
 
     /// The levels, for the native totals read at the same scrape.
@@ -183,8 +221,9 @@ fn service_labels(key: &(String, String)) -> ServiceLabels {
 
 impl Collector for ServiceLevels {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        // A copy, so the lock is not held while the scrape is written.
-        let all = self.read().clone();
+        // A copy of what is exposed, so the lock is not held while the
+        // scrape is written.
+        let (all, omitted) = exposed(&self.read(), self.limit.load(Ordering::Relaxed));
         let gauge = MetricType::Gauge;
 
         let mut family = encoder.encode_descriptor(
@@ -220,7 +259,7 @@ impl Collector for ServiceLevels {
 
         let mut family = encoder.encode_descriptor(
             "pods_not_judged",
-            "Pods of a Service's group that no port can include, by reason (terminal|node-gone|no-address).",
+            "Pods of a Service's group that no port can include, by reason (terminal|node-gone|host-network|no-address|outside-cidrs).",
             None,
             gauge,
         )?;
@@ -297,6 +336,50 @@ impl Collector for ServiceLevels {
             };
             ConstGauge::new(gauge_value(s.verdicts)).encode(family.encode_family(&labels)?)?;
         }
+
+        let mut family = encoder.encode_descriptor(
+            "service_series_omitted",
+            "Managed Services of a namespace whose per-Service series are not exposed: past --max-service-series-per-namespace.",
+            None,
+            gauge,
+        )?;
+        for (namespace, n) in &omitted {
+            let labels = NamespaceLabels {
+                namespace: namespace.clone(),
+            };
+            ConstGauge::new(gauge_value(*n)).encode(family.encode_family(&labels)?)?;
+        }
         Ok(())
     }
+}
+
+/// The levels whose series are exposed: per namespace the first
+/// `per_namespace` Services, each with at most [`MAX_PORT_SERIES`] ports;
+/// and per namespace the Services left out.
+fn exposed(all: &ByService, per_namespace: usize) -> (ByService, BTreeMap<String, usize>) {
+    let mut shown = ByService::new();
+    let mut omitted: BTreeMap<String, usize> = BTreeMap::new();
+    let mut seen: BTreeMap<&str, usize> = BTreeMap::new();
+    for (key, levels) in all {
+        let n = seen.entry(key.0.as_str()).or_default();
+        *n += 1;
+        if *n > per_namespace {
+            *omitted.entry(key.0.clone()).or_default() += 1;
+            continue;
+        }
+        let mut levels = levels.clone();
+        if levels.published.len() > MAX_PORT_SERIES {
+            levels.published = levels.published.into_iter().take(MAX_PORT_SERIES).collect();
+        }
+        if let Some(s) = &mut levels.shadow
+            && s.per_port.len() > MAX_PORT_SERIES
+        {
+            s.per_port = std::mem::take(&mut s.per_port)
+                .into_iter()
+                .take(MAX_PORT_SERIES)
+                .collect();
+        }
+        shown.insert(key.clone(), levels);
+    }
+    (shown, omitted)
 }

@@ -29,6 +29,7 @@ fn every_family_is_declared_with_its_final_name() {
     for (name, kind) in [
         ("portwise_endpoints_published", "gauge"),
         ("portwise_slices_managed", "gauge"),
+        ("portwise_service_series_omitted", "gauge"),
         ("portwise_checks", "counter"),
         ("portwise_check_duration_seconds", "histogram"),
         ("portwise_native_cleanup_deletions", "counter"),
@@ -433,6 +434,79 @@ fn label_values_are_escaped() {
 /// The native controller's figures: totals over the Services served,
 /// replaced per Service and dropped with it; per-sync histograms; writes
 /// and syncs by outcome.
+/// One tenant's many Services (or ports) do not grow the scrape without
+/// bound: past the per-namespace limit a Service's series are left out and
+/// counted, other namespaces keep theirs, and the native totals still count
+/// every Service.
+#[test]
+fn per_service_series_are_bounded_per_namespace_and_the_rest_counted() {
+    let m = Metrics::new();
+    m.services.limit(2);
+    let many_ports: Vec<(String, String, usize)> = (0..MAX_PORT_SERIES + 10)
+        .map(|i| (format!("p{i:03}"), "IPv4".to_string(), 1))
+        .collect();
+    let many_ports: BTreeMap<(String, String), usize> = many_ports
+        .into_iter()
+        .map(|(p, f, n)| ((p, f), n))
+        .collect();
+    for svc in ["a", "b", "c", "d"] {
+        m.services
+            .set("noisy", svc, &figures(&[("http", "IPv4", 1)]), 1, 1);
+    }
+    m.services.set("quiet", "web", &many_ports, 1, 1);
+    let text = m.encode();
+    let series = |ns: &str, svc: &str| {
+        sample(
+            &text,
+            &format!("portwise_slices_managed{{namespace=\"{ns}\",service=\"{svc}\"}}"),
+        )
+    };
+    assert_eq!(series("noisy", "a"), Some(1.0));
+    assert_eq!(series("noisy", "b"), Some(1.0));
+    assert_eq!(series("noisy", "c"), None, "past the limit: left out");
+    assert_eq!(series("noisy", "d"), None);
+    assert_eq!(
+        series("quiet", "web"),
+        Some(1.0),
+        "another namespace keeps its own"
+    );
+    assert_eq!(
+        sample(
+            &text,
+            "portwise_service_series_omitted{namespace=\"noisy\"}"
+        ),
+        Some(2.0)
+    );
+    assert_eq!(
+        sample(
+            &text,
+            "portwise_service_series_omitted{namespace=\"quiet\"}"
+        ),
+        None
+    );
+    let ports = text
+        .lines()
+        .filter(|l| l.starts_with("portwise_endpoints_published{namespace=\"quiet\""))
+        .count();
+    assert_eq!(ports, MAX_PORT_SERIES);
+    // Every Service still counts in the native totals.
+    assert_eq!(
+        sample(&text, "portwise_endpoints_desired"),
+        Some((4 + MAX_PORT_SERIES + 10) as f64)
+    );
+    // A Service forgotten makes room for the next.
+    m.forget_service("noisy", "a");
+    let text = m.encode();
+    assert!(text.contains("portwise_slices_managed{namespace=\"noisy\",service=\"c\"}"));
+    assert_eq!(
+        sample(
+            &text,
+            "portwise_service_series_omitted{namespace=\"noisy\"}"
+        ),
+        Some(1.0)
+    );
+}
+
 #[test]
 fn native_figures_total_over_services_and_count_by_outcome() {
     let m = Metrics::new();
@@ -559,6 +633,9 @@ fn the_docs_metrics_tables_are_the_registry_s() {
 
     // Every family with a series, so its label names show.
     let m = Metrics::new();
+    m.services.limit(1);
+    m.services
+        .set("ns", "zz-omitted", &figures(&[("http", "IPv4", 1)]), 1, 1);
     m.services
         .set("ns", "svc", &figures(&[("http", "IPv4", 1)]), 1, 1);
     m.services.set_not_judged("ns", "svc", &BTreeMap::new());

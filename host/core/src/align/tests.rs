@@ -411,7 +411,7 @@ fn subjects_cover_ports_families_and_candidates() {
         .into_iter()
         .map(Arc::new)
         .collect();
-    let got: Vec<(String, u16, Family, String)> = subjects(&svc, &pods)
+    let got: Vec<(String, u16, Family, String)> = subjects(&svc, &pods, &PodAddresses::default())
         .into_iter()
         .map(|s| (s.port.name, s.port.target, s.family, s.address.to_string()))
         .collect();
@@ -425,7 +425,109 @@ fn subjects_cover_ports_families_and_candidates() {
             ("admin".into(), 9001, Family::V6, "fd00::1".into()),
         ]
     );
-    let s = &subjects(&svc, &pods)[0];
+    let s = &subjects(&svc, &pods, &PodAddresses::default())[0];
     assert_eq!(s.port.protocol, "TCP");
     assert_eq!(s.port.port, 80);
+}
+
+fn dual_stack_web() -> Arc<Service> {
+    Arc::new(Service {
+        metadata: ObjectMeta {
+            name: Some("s".into()),
+            namespace: Some("ns".into()),
+            ..Default::default()
+        },
+        spec: Some(ServiceSpec {
+            ip_families: Some(vec!["IPv4".into(), "IPv6".into()]),
+            ports: Some(vec![sport("http", 80, named("web"), None)]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    })
+}
+
+fn cidrs(list: &[&str]) -> PodAddresses {
+    PodAddresses {
+        cidrs: list.iter().map(|c| c.parse().unwrap()).collect(),
+        host_network: false,
+    }
+}
+
+fn judged(svc: &Arc<Service>, pod: &Pod, addresses: &PodAddresses) -> Vec<String> {
+    subjects(svc, &[Arc::new(pod.clone())], addresses)
+        .into_iter()
+        .map(|s| s.address.to_string())
+        .collect()
+}
+
+#[test]
+fn addresses_outside_the_pod_cidrs_are_neither_probed_nor_published() {
+    let svc = dual_stack_web();
+    let web = || vec![container(vec![cport("web", 8080, None)])];
+    let known = |_: &str| true;
+    let pods = cidrs(&["10.244.0.0/16", "fd00:10:244::/64"]);
+
+    let inside = pod_with(web(), vec![], &["10.244.0.7", "fd00:10:244::7"]);
+    assert_eq!(
+        judged(&svc, &inside, &pods),
+        ["10.244.0.7", "fd00:10:244::7"]
+    );
+    assert_eq!(not_judged(&svc, &inside, &known, &pods), None);
+
+    // Status claims the apiserver's address and a ClusterIP.
+    let outside = pod_with(web(), vec![], &["10.96.0.1", "fd00:10:96::1"]);
+    assert!(judged(&svc, &outside, &pods).is_empty());
+    assert_eq!(
+        not_judged(&svc, &outside, &known, &pods),
+        Some(NotJudged::OutsideCidrs)
+    );
+    assert_eq!(
+        judged(&svc, &outside, &PodAddresses::default()).len(),
+        2,
+        "no cidrs: any address"
+    );
+
+    // One family inside: judged in that family only.
+    let half = pod_with(web(), vec![], &["10.244.0.8", "fd00:10:96::8"]);
+    assert_eq!(judged(&svc, &half, &pods), ["10.244.0.8"]);
+    assert_eq!(not_judged(&svc, &half, &known, &pods), None);
+
+    // A pod with no address yet is still "no address", not "outside".
+    let starting = pod_with(web(), vec![], &[]);
+    assert_eq!(
+        not_judged(&svc, &starting, &known, &pods),
+        Some(NotJudged::NoAddress)
+    );
+}
+
+#[test]
+fn host_network_pods_are_judged_only_when_the_configuration_says_so() {
+    let svc = dual_stack_web();
+    let known = |_: &str| true;
+    let mut pod = pod_with(
+        vec![container(vec![cport("web", 8080, None)])],
+        vec![],
+        &["192.168.1.10"],
+    );
+    pod.spec.as_mut().unwrap().host_network = Some(true);
+
+    for off in [PodAddresses::default(), cidrs(&["10.244.0.0/16"])] {
+        assert!(judged(&svc, &pod, &off).is_empty());
+        assert_eq!(
+            not_judged(&svc, &pod, &known, &off),
+            Some(NotJudged::HostNetwork)
+        );
+    }
+    // Opted in, the Node's address is judged: no pod CIDR holds it, and
+    // `hostNetwork` alone decides for such pods.
+    let mut on = cidrs(&["10.244.0.0/16"]);
+    on.host_network = true;
+    assert_eq!(judged(&svc, &pod, &on), ["192.168.1.10"]);
+    assert_eq!(not_judged(&svc, &pod, &known, &on), None);
+    // A terminal pod stays terminal, whatever its network.
+    pod.status.as_mut().unwrap().phase = Some("Succeeded".into());
+    assert_eq!(
+        not_judged(&svc, &pod, &known, &on),
+        Some(NotJudged::Terminal)
+    );
 }

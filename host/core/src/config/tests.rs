@@ -739,3 +739,36 @@ fn programmatic_configs_are_validated_too() {
     .unwrap_err();
     assert_eq!(e.field_path(), Some("check.not.tcpDial.timeout"));
 }
+
+#[test]
+fn pod_addresses_parse_and_bad_cidrs_name_their_index() {
+    let c = Config::from_yaml(
+        "serviceKey: {label: g}\npodAddresses: {cidrs: [10.244.0.0/16, 'fd00:10:244::/64'], hostNetwork: true}",
+    )
+    .unwrap();
+    assert_eq!(c.pod_addresses.cidrs.len(), 2);
+    assert!(c.pod_addresses.host_network);
+    assert!(c.pod_addresses.admits("10.244.3.4".parse().unwrap()));
+    assert!(c.pod_addresses.admits("fd00:10:244::9".parse().unwrap()));
+    assert!(!c.pod_addresses.admits("10.96.0.1".parse().unwrap()));
+
+    let d = Config::from_yaml("serviceKey: {label: g}").unwrap();
+    assert_eq!(d.pod_addresses, PodAddresses::default());
+    assert!(!d.pod_addresses.host_network, "hostNetwork pods: opt in");
+
+    assert_err(
+        "serviceKey: {label: g}\npodAddresses: {cidrs: [10.244.0.0/16, 10.244.0.1/16]}",
+        "podAddresses.cidrs[1]",
+        "did you mean 10.244.0.0/16",
+    );
+    assert_err(
+        "serviceKey: {label: g}\npodAddresses: {cidrs: [10.244.0.0]}",
+        "podAddresses.cidrs[0]",
+        "is not a CIDR",
+    );
+    assert_err(
+        "serviceKey: {label: g}\npodAddresses: {cidr: [10.244.0.0/16]}",
+        "podAddresses.cidr",
+        "unknown field `cidr`",
+    );
+}

@@ -118,7 +118,7 @@ pub fn judge(
     pods: &[Arc<Pod>],
     decide: impl Fn(&Pod, &str, Family) -> Decision,
 ) -> Vec<Judged> {
-    align::subjects(&Arc::new(svc.clone()), pods)
+    align::subjects(&Arc::new(svc.clone()), pods, &Default::default())
         .into_iter()
         .map(|s| Judged {
             decision: decide(&s.pod, &s.port.name, s.family),

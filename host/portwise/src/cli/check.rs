@@ -136,10 +136,14 @@ pub async fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
     };
 
     let mut oci = portwise_supply::OciConfig::default();
+    // A configuration's `podAddresses` judges here as in the cluster;
+    // without one, any address is judged (as the default file does).
+    let mut pod_addresses = portwise_core::config::PodAddresses::default();
     let (expr, modules_dir): (CheckerExpr, Option<PathBuf>) = if let Some(path) = &args.config {
         let cfg = Config::load(path)
             .with_context(|| format!("invalid configuration {}", path.display()))?;
         oci = oci_config(&cfg);
+        pod_addresses = cfg.pod_addresses.clone();
         (cfg.membership.clone(), cfg.modules_dir.clone())
     } else if let Some(e) = &args.expr {
         let expr: CheckerExpr = serde_saphyr::from_str(e).context("invalid --expr")?;
@@ -235,7 +239,7 @@ pub async fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
 
     let svc = Arc::new(svc);
     let pod = Arc::new(pod);
-    let subjects = align::subjects(&svc, std::slice::from_ref(&pod));
+    let subjects = align::subjects(&svc, std::slice::from_ref(&pod), &pod_addresses);
     if subjects.is_empty() {
         // The controller's candidate rules apply unchanged, so that a verdict
         // here is the one a cluster would get; say which rule bit when it is
@@ -269,7 +273,8 @@ pub async fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
             );
         } else {
             println!(
-                "pod is not a candidate for any port of the Service (terminal phase, no IP of the Service's families, or no matching target port)"
+                "pod is not a candidate for any port of the Service (terminal phase, no IP of the Service's families, \
+                 a hostNetwork pod or addresses outside the configuration's podAddresses, or no matching target port)"
             );
         }
         return Ok(ExitCode::from(3));

@@ -83,7 +83,7 @@ pub(super) async fn check_live(
     let (pods, not_judged): (Vec<_>, Vec<_>) = pods
         .into_iter()
         .map(|p| {
-            let why = align::not_judged(&svc, &p, &node_known);
+            let why = align::not_judged(&svc, &p, &node_known, &cfg.pod_addresses);
             (p, why)
         })
         .partition(|(_, why)| why.is_none());
@@ -162,7 +162,7 @@ pub(super) async fn check_live(
     }
 
     let svc = Arc::new(svc);
-    let subjects = align::subjects(&svc, &pods);
+    let subjects = align::subjects(&svc, &pods, &cfg.pod_addresses);
     println!(
         "{:<16} {:<6} {:<24} {:<40} {:<8} {:<8} {:<5} REASONS (live | shadow)",
         "PORT", "FAMILY", "POD", "ADDRESS", "LIVE", "SHADOW", "DIFF"

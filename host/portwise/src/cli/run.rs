@@ -74,6 +74,14 @@ pub struct RunArgs {
     /// pod is received). 0: always cluster-wide.
     #[arg(long, default_value_t = 256)]
     pub pod_watch_namespaces: usize,
+    /// The managed Services of one namespace whose per-Service metric
+    /// series are exposed (the first in name order); the rest are counted
+    /// in `portwise_service_series_omitted`. Their labels are chosen by
+    /// whoever may create Services, so one tenant must not be able to
+    /// grow every scrape without bound.
+    #[arg(long, default_value_t = portwise_controller::metrics::DEFAULT_SERVICES_PER_NAMESPACE,
+          value_parser = clap::value_parser!(u64).range(1..).map(|n| n as usize))]
+    pub max_service_series_per_namespace: usize,
 }
 
 /// The shortest Lease: the renew deadline (2/3 of it) and retry period
@@ -112,6 +120,15 @@ fn runtime_limits(config: &Config, args: &RunArgs) -> Limits {
 pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let config = Config::load(&args.config)
         .with_context(|| format!("invalid configuration {}", args.config.display()))?;
+    if config.pod_addresses.cidrs.is_empty() {
+        // Allowed, as the native controller publishes any pod address; but
+        // whoever can write a pod's status then chooses where portwise
+        // probes (docs/operations.md, "Running portwise for many teams").
+        tracing::warn!(
+            "podAddresses.cidrs is not set: pods are probed and published at any address their \
+             status claims; set it to the cluster's pod networks"
+        );
+    }
     // Leader election's timings decide the API connections' TCP timeout
     // (ops::client explains why).
     let timings = args.leader_elect.then(|| {
@@ -133,6 +150,9 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         .context("no Kubernetes connection (set KUBECONFIG or run in a cluster)")?;
 
     let metrics = portwise_controller::metrics::Metrics::new();
+    metrics
+        .services
+        .limit(args.max_service_series_per_namespace);
     let readiness = ops::Readiness::new();
     let server = ops::http::OpsServer::bind(args.metrics_addr, metrics.clone(), readiness.clone())
         .await

@@ -57,10 +57,24 @@ fn helm_run(args: &[&str]) -> Result<HelmOutput> {
     })
 }
 
+/// The API a cluster must serve for the chart's admission policy: every
+/// minor the chart supports (1.35 and later) does, and `helm install`
+/// finds it there; `helm template` is told so.
+const ADMISSION_API: &str = "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy";
+
 /// `helm template RELEASE deploy/helm -n portwise-system` with extra
-/// arguments (`--set k=v`, ...); fails unless helm exits 0.
+/// arguments (`--set k=v`, ...), as on a cluster serving [`ADMISSION_API`];
+/// fails unless helm exits 0.
 fn template_as(release: &str, extra: &[&str]) -> Result<String> {
-    let mut args = vec!["template", release, "deploy/helm", "--namespace", NAMESPACE];
+    let mut args = vec![
+        "template",
+        release,
+        "deploy/helm",
+        "--namespace",
+        NAMESPACE,
+        "--api-versions",
+        ADMISSION_API,
+    ];
     args.extend_from_slice(extra);
     let out = helm_run(&args)?;
     ensure!(out.ok, "helm {args:?} failed:\n{}", out.stderr);
@@ -379,10 +393,49 @@ async fn helm_chart_lints_and_renders() -> Result<()> {
                 "RoleBinding",
                 "Service",
                 "ServiceAccount",
+                "ValidatingAdmissionPolicy",
+                "ValidatingAdmissionPolicyBinding",
             ]
             .map(String::from)
             .to_vec(),
         )?;
+        // The admission policy: named after the release, for its
+        // ServiceAccount and `managedBy`; off where the cluster does not
+        // serve the API, or when turned off.
+        let objs = rendered(&["--set", "config.managedBy=pw-team"])?;
+        let policy = object(
+            &objs,
+            "ValidatingAdmissionPolicy//portwise-writes-only-its-own",
+        )?;
+        expect_eq(
+            &policy["spec"]["matchConditions"][0]["expression"],
+            &json!("request.userInfo.username == 'system:serviceaccount:portwise-system:portwise'"),
+        )?;
+        expect_eq(
+            &policy["spec"]["variables"][0],
+            &json!({"name": "managedBy", "expression": "'pw-team'"}),
+        )?;
+        expect_eq(
+            &object(
+                &objs,
+                "ValidatingAdmissionPolicyBinding//portwise-writes-only-its-own",
+            )?["spec"]["policyName"],
+            &json!("portwise-writes-only-its-own"),
+        )?;
+        let off = rendered(&["--set", "admissionPolicy.enabled=false"])?;
+        let older = helm_run(&["template", RELEASE, "deploy/helm", "--namespace", NAMESPACE])?;
+        ensure!(older.ok, "{}", older.stderr);
+        for (why, objs) in [
+            ("turned off", off),
+            ("not served", by_key(parse_docs(&older.stdout)?)?),
+        ] {
+            ensure!(
+                !objs
+                    .keys()
+                    .any(|k| k.starts_with("ValidatingAdmissionPolicy")),
+                "an admission policy is rendered where the API is {why}"
+            );
+        }
         // Values that cannot work are refused at render time.
         template_refused(
             &["--set", "leaderElection.enabled=false"],

@@ -630,7 +630,7 @@ fn portless_headless_service_publishes_slices_without_ports() {
     let mut svc = service("peers", vec![], &["IPv4", "IPv6"]);
     svc.spec.as_mut().unwrap().cluster_ip = Some("None".into());
     let pods = many_pods(3, true);
-    let subjects = crate::align::subjects(&Arc::new(svc.clone()), &pods);
+    let subjects = crate::align::subjects(&Arc::new(svc.clone()), &pods, &Default::default());
     assert_eq!(
         subjects.len(),
         6,
@@ -670,7 +670,7 @@ fn portless_headless_service_publishes_slices_without_ports() {
     // A ClusterIP Service cannot lack ports; one that does is not port-less.
     let mut clustered = service("web", vec![], &["IPv4"]);
     clustered.spec.as_mut().unwrap().cluster_ip = Some("10.96.0.9".into());
-    assert!(crate::align::subjects(&Arc::new(clustered), &pods).is_empty());
+    assert!(crate::align::subjects(&Arc::new(clustered), &pods, &Default::default()).is_empty());
 }
 
 /// The native controller's per-sync figures, in portwise's layout: added
