@@ -236,7 +236,10 @@ mod tests {
         let e = w.fits(Some(512 * MIB)).unwrap_err().to_string();
         assert!(e.contains("could hold 1428 MiB at once"), "{e}");
         assert!(e.contains("memory limit of 512 MiB less 128 MiB"), "{e}");
-        assert!(e.contains("16 × 68 MiB (live checks in flight, on hog.wasm)"), "{e}");
+        assert!(
+            e.contains("16 × 68 MiB (live checks in flight, on hog.wasm)"),
+            "{e}"
+        );
         assert!(e.contains("4 × 68 MiB (idle instances of hog.wasm)"), "{e}");
         assert!(e.contains("Lower limits.memoryMiB"), "{e}");
         // No limit, or a large one: fine.
@@ -261,7 +264,10 @@ mod tests {
         assert_eq!(w.terms[0].what, "live checks in flight, on big.wasm");
         assert_eq!(w.terms[1].what, "shadow checks in flight, on shadow.wasm");
         assert!(w.fits(Some(expected + CONTROLLER_RESERVE_BYTES)).is_ok());
-        assert!(w.fits(Some(expected + CONTROLLER_RESERVE_BYTES - 1)).is_err());
+        assert!(
+            w.fits(Some(expected + CONTROLLER_RESERVE_BYTES - 1))
+                .is_err()
+        );
     }
 
     #[test]

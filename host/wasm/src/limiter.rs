@@ -85,7 +85,9 @@ impl ResourceLimiter for MemoryLimiter {
 
     fn memory_grow_failed(&mut self, error: wasmtime::Error) -> wasmtime::Result<()> {
         // Growth is one at a time per store: the failed one is the last grant.
-        self.used = self.used.saturating_sub(std::mem::take(&mut self.last_grant));
+        self.used = self
+            .used
+            .saturating_sub(std::mem::take(&mut self.last_grant));
         self.limits.memory_grow_failed(error)
     }
 
@@ -132,7 +134,10 @@ mod tests {
         // Growing one of the first two counts only the difference.
         assert!(l.memory_growing(24 << 20, 40 << 20, None).unwrap());
         assert_eq!(l.used(), 64 << 20);
-        assert!(!l.memory_growing(40 << 20, (40 << 20) + 65536, None).unwrap());
+        assert!(
+            !l.memory_growing(40 << 20, (40 << 20) + 65536, None)
+                .unwrap()
+        );
     }
 
     #[test]

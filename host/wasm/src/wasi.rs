@@ -52,7 +52,10 @@ mod tests {
         let (out, err) = (Capture::new(64), Capture::new(64));
         let mut wasi = context(&out, &err, 64 << 20);
         let r = wasi.random();
-        assert_eq!(r.get_random_bytes(MAX_RANDOM_BYTES as u64).unwrap().len(), MAX_RANDOM_BYTES);
+        assert_eq!(
+            r.get_random_bytes(MAX_RANDOM_BYTES as u64).unwrap().len(),
+            MAX_RANDOM_BYTES
+        );
         let e = r.get_random_bytes(MAX_RANDOM_BYTES as u64 + 1).unwrap_err();
         assert!(is_random_refusal(&e), "{e:#}");
         assert!(r.get_insecure_random_bytes(32 << 20).is_err());

@@ -91,6 +91,10 @@ mod tests {
             .unwrap_err();
         let f = classify(&e, &state, &call);
         assert_eq!(f.kind, FailureKind::Memory, "{f}");
-        assert!(f.message.contains("random bytes past the limit of 1024 KiB"), "{f}");
+        assert!(
+            f.message
+                .contains("random bytes past the limit of 1024 KiB"),
+            "{f}"
+        );
     }
 }
