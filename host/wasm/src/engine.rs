@@ -34,10 +34,11 @@ pub(crate) const EPOCH_TICK: Duration = Duration::from_millis(2);
 pub(crate) const MAX_CORE_INSTANCES_PER_COMPONENT: u32 = 64;
 /// Tables one component may hold (about one per core instance at most).
 pub(crate) const MAX_TABLES_PER_COMPONENT: u32 = 64;
-/// Linear memories one component may hold. The memory limit counts all of
-/// them together ([`crate::limiter`]); this caps the address space each
-/// slot reserves (a memory slot is `max_memory_size` plus guard pages).
-pub(crate) const MAX_MEMORIES_PER_COMPONENT: u32 = 8;
+/// Linear memories one component may hold (every toolchain's output has
+/// one). The memory limit counts all of them together ([`crate::limiter`]);
+/// this caps the address space the pool reserves (a memory slot is about
+/// 4 GiB of it: 100 instance slots reserve 1.7 TB, as before the cap).
+pub(crate) const MAX_MEMORIES_PER_COMPONENT: u32 = 4;
 
 pub(crate) fn build(limits: &Limits) -> wasmtime::Result<Engine> {
     let mut config = Config::new();
