@@ -102,12 +102,15 @@ pub struct WorstCase {
     pub terms: Vec<Term>,
 }
 
+/// Which modules a term is about.
+type Pick = fn(&ModuleUse) -> bool;
+
 impl WorstCase {
     /// `uses` run with `checks` checks in flight per pool (live, shadow)
     /// and the runtime's `limits`.
     pub fn of(uses: &ModuleUses, checks: usize, limits: &Limits) -> WorstCase {
         let each = |u: &ModuleUse| u.memory_bytes.saturating_add(INSTANCE_OVERHEAD_BYTES);
-        let largest = |pick: fn(&ModuleUse) -> bool| {
+        let largest = |pick: Pick| {
             uses.0
                 .iter()
                 .filter(|&(_, u)| pick(u))
@@ -116,8 +119,7 @@ impl WorstCase {
         };
         let checks = checks as u64;
         let mut terms = Vec::new();
-        let pools: [(&str, fn(&ModuleUse) -> bool); 2] =
-            [("live", |u| u.live), ("shadow", |u| u.shadow)];
+        let pools: [(&str, Pick); 2] = [("live", |u| u.live), ("shadow", |u| u.shadow)];
         for (pool, pick) in pools {
             if let Some((module, bytes_each)) = largest(pick) {
                 terms.push(Term {

@@ -119,7 +119,7 @@ mod tests {
             limit_from(
                 "0::/\n",
                 root,
-                &files(&[("/sys/fs/cgroup/memory.max", "max")])
+                files(&[("/sys/fs/cgroup/memory.max", "max")])
             ),
             None
         );
