@@ -457,7 +457,7 @@ pub struct WasmLimits {
     /// Wall clock of a whole call, probes included.
     #[serde(default, with = "duration_opt")]
     pub call_timeout: Option<Duration>,
-    /// Memory of one instance (per linear memory), in MiB.
+    /// Memory of one instance (all its linear memories together), in MiB.
     #[serde(default, rename = "memoryMiB")]
     pub memory_mib: Option<u64>,
     /// Probes one call may make; more are denied.

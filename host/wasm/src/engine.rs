@@ -28,6 +28,18 @@ use crate::Limits;
 /// How often the epoch advances. Deadlines are rounded up to this.
 pub(crate) const EPOCH_TICK: Duration = Duration::from_millis(2);
 
+/// Core instances one component may hold. Components made by language
+/// toolchains (Python, JavaScript) hold a dozen or more (the interpreter,
+/// libc, adapters and shims each are one); the Rust guests hold a few.
+pub(crate) const MAX_CORE_INSTANCES_PER_COMPONENT: u32 = 64;
+/// Tables one component may hold (about one per core instance at most).
+pub(crate) const MAX_TABLES_PER_COMPONENT: u32 = 64;
+/// Linear memories one component may hold (every toolchain's output has
+/// one). The memory limit counts all of them together ([`crate::limiter`]);
+/// this caps the address space the pool reserves (a memory slot is about
+/// 4 GiB of it: 100 instance slots reserve 1.7 TB, as before the cap).
+pub(crate) const MAX_MEMORIES_PER_COMPONENT: u32 = 4;
+
 pub(crate) fn build(limits: &Limits) -> wasmtime::Result<Engine> {
     let mut config = Config::new();
     config.wasm_component_model(true);
@@ -35,12 +47,16 @@ pub(crate) fn build(limits: &Limits) -> wasmtime::Result<Engine> {
 
     let instances = limits.max_instances.max(1);
     let mut pool = PoolingAllocationConfig::new();
+    // Every component instance slot gets its own share of each pool, so
+    // whatever one component holds, another slot still finds room: a
+    // component past a share fails to load, naming the cap.
     pool.total_component_instances(instances)
-        // Components made by language toolchains (Python, JavaScript) hold
-        // a dozen or more core instances, tables and memories each.
-        .total_core_instances(instances.saturating_mul(20))
-        .total_tables(instances.saturating_mul(20))
-        .total_memories(instances.saturating_mul(4))
+        .max_core_instances_per_component(MAX_CORE_INSTANCES_PER_COMPONENT)
+        .max_tables_per_component(MAX_TABLES_PER_COMPONENT)
+        .max_memories_per_component(MAX_MEMORIES_PER_COMPONENT)
+        .total_core_instances(instances.saturating_mul(MAX_CORE_INSTANCES_PER_COMPONENT))
+        .total_tables(instances.saturating_mul(MAX_TABLES_PER_COMPONENT))
+        .total_memories(instances.saturating_mul(MAX_MEMORIES_PER_COMPONENT))
         .total_stacks(instances)
         .max_memory_size(limits.memory_ceiling());
     config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));

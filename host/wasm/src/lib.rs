@@ -27,8 +27,11 @@
 //! - a module that fails to compile, link or validate a configuration in use
 //!   never replaces a working one; the failure is logged, counted and sent
 //!   to [`WasmRuntime::subscribe`]rs (the controller turns it into an Event);
-//! - each instance has a memory limit, each call a compute deadline (epoch
-//!   interruption) and a wall-clock timeout;
+//! - each instance has a memory limit (all its linear memories together),
+//!   each component a cap on its core instances, tables and memories, each
+//!   call a compute deadline (epoch interruption) and a wall-clock timeout;
+//!   [`budget`] is what all instances together may hold, which `portwise
+//!   run` checks against the container's memory limit;
 //! - probes reach only the address under judgement, with capped timeouts;
 //!   WASI gives no files, environment, sockets or name lookups, and guest
 //!   stdout/stderr go, bounded, to the log;
@@ -61,6 +64,7 @@
 //! and cargo-deny checks both (`tests/deny`, `host/wasm/deny.toml`).
 
 mod authorize;
+pub mod budget;
 mod capture;
 mod compile;
 mod engine;
@@ -106,8 +110,8 @@ pub struct Limits {
     pub deadline: Duration,
     /// Wall-clock bound of a whole call, probes included.
     pub call_timeout: Duration,
-    /// Bytes per linear memory of an instance, unless its `wasm`
-    /// expression's `limits.memoryMiB` says otherwise.
+    /// Bytes of linear memory of an instance (all its memories together),
+    /// unless its `wasm` expression's `limits.memoryMiB` says otherwise.
     pub memory_bytes: usize,
     /// The most memory any expression may give an instance: the pooling
     /// allocator reserves slots this large, so it is fixed when the runtime
@@ -214,7 +218,8 @@ pub struct CallLimits {
     pub deadline: Duration,
     /// Wall clock of a whole call, probes included.
     pub call_timeout: Duration,
-    /// Bytes per linear memory of the instances serving these calls.
+    /// Bytes of linear memory (all memories together) of the instances
+    /// serving these calls.
     pub memory_bytes: usize,
     /// Probes one call may make.
     pub max_probes_per_call: u32,

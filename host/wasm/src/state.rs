@@ -126,7 +126,7 @@ impl HostState {
         let stdout = Capture::new(limits.max_output_bytes);
         let stderr = Capture::new(limits.max_output_bytes);
         HostState {
-            wasi: crate::wasi::context(&stdout, &stderr),
+            wasi: crate::wasi::context(&stdout, &stderr, memory_bytes),
             table: ResourceTable::new(),
             limiter: MemoryLimiter::new(memory_bytes),
             call: CallState::default(),

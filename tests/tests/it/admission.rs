@@ -1,5 +1,5 @@
 //! deploy/'s ValidatingAdmissionPolicy (issue 45 item 7; docs/reliability.md
-//! 7.13): portwise's token may write only the slices and Endpoints it owns.
+//! 7.18): portwise's token may write only the slices and Endpoints it owns.
 //!
 //! RBAC alone lets the `portwise` ServiceAccount create, update and delete
 //! every EndpointSlice in the cluster, `default/kubernetes`'s included: a

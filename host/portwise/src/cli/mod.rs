@@ -6,7 +6,8 @@
 //!   connect (KUBECONFIG or in-cluster), serve metrics and health, elect a
 //!   leader if asked, and run the controller until SIGTERM/SIGINT; then
 //!   release the Lease and exit 0. `report.rs` turns the WebAssembly
-//!   runtime's module loads and guest failures into metrics and Events.
+//!   runtime's module loads and guest failures into metrics and Events;
+//!   `budget.rs` refuses guests that could outgrow the container's memory.
 //! * [`check`](check()) (`check.rs`): evaluate a checker against one pod and
 //!   Service, from files or from the cluster, and print each verdict. Like
 //!   `kwctl run`: guest authors try a `.wasm` without deploying it.
@@ -16,6 +17,7 @@
 //! Here: what both commands share.
 
 mod bench;
+mod budget;
 mod check;
 mod live;
 mod report;

@@ -129,6 +129,18 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
              status claims; set it to the cluster's pod networks"
         );
     }
+    // Before anything connects: a configuration whose guests could outgrow
+    // the container would be OOM-killed here and again on the standby.
+    let memory_limit = super::budget::container_memory_limit();
+    let worst = super::budget::check(&config, &runtime_limits(&config, &args), memory_limit)
+        .with_context(|| format!("invalid configuration {}", args.config.display()))?;
+    if worst.bytes > 0 {
+        info!(
+            guest_memory_worst_case_mib = worst.bytes >> 20,
+            container_memory_limit_mib = memory_limit.map(|b| b >> 20),
+            "WebAssembly guests fit the memory limit"
+        );
+    }
     // Leader election's timings decide the API connections' TCP timeout
     // (ops::client explains why).
     let timings = args.leader_elect.then(|| {

@@ -12,6 +12,7 @@ mod code_cache;
 mod gzip;
 mod hostile;
 mod limits;
+mod memories;
 mod modules_dir;
 mod runtimes;
 mod verdicts;
