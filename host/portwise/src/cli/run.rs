@@ -80,8 +80,17 @@ pub struct RunArgs {
     /// whoever may create Services, so one tenant must not be able to
     /// grow every scrape without bound.
     #[arg(long, default_value_t = portwise_controller::metrics::DEFAULT_SERVICES_PER_NAMESPACE,
-          value_parser = clap::value_parser!(u64).range(1..).map(|n| n as usize))]
+          value_parser = at_least_one)]
     pub max_service_series_per_namespace: usize,
+}
+
+/// A count of at least one.
+fn at_least_one(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 /// The shortest Lease: the renew deadline (2/3 of it) and retry period
