@@ -165,7 +165,11 @@ pub(crate) mod tests {
             (&link, 10, "a symlink, not followed"),
             (&fifo, 10, "a FIFO, not a regular file"),
             (&file, 9, "10 bytes, over the limit of 9"),
-            (&dir.path().to_path_buf(), 10, "a directory, not a regular file"),
+            (
+                &dir.path().to_path_buf(),
+                10,
+                "a directory, not a regular file",
+            ),
         ] {
             let Err(FileError::Refused(e)) = read_within_5s(path, limit) else {
                 panic!("{} was read", path.display());

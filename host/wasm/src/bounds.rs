@@ -65,8 +65,7 @@ pub fn measure(
     // The position of the body in its module's code section.
     let mut body = 0u32;
     for payload in Parser::new(0).parse_all(component) {
-        let payload =
-            payload.map_err(|e| format!("{name}: not a valid component: {e}"))?;
+        let payload = payload.map_err(|e| format!("{name}: not a valid component: {e}"))?;
         match payload {
             Payload::ModuleSection { .. } => figures.modules += 1,
             Payload::CodeSectionStart { count, .. } => {
@@ -199,7 +198,10 @@ mod tests {
             ..Limits::default()
         };
         let e = check("z.wasm", &many, &limits).unwrap_err();
-        assert!(e.starts_with("z.wasm: the component is ") && e.contains("above the"), "{e}");
+        assert!(
+            e.starts_with("z.wasm: the component is ") && e.contains("above the"),
+            "{e}"
+        );
         let e = check("t.wasm", &many[..many.len() - 3], &Limits::default()).unwrap_err();
         assert!(e.starts_with("t.wasm: not a valid component: "), "{e}");
     }

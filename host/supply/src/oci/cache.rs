@@ -46,7 +46,10 @@ pub(super) struct PullCache {
 impl PullCache {
     /// The signatures kept for manifest `digest` (not verified here).
     pub(super) fn signatures(&self, digest: &str) -> Option<Vec<Evidence>> {
-        let text = read(&self.dir("signatures")?.join(digest), MAX_SIGNATURES_FILE_BYTES)?;
+        let text = read(
+            &self.dir("signatures")?.join(digest),
+            MAX_SIGNATURES_FILE_BYTES,
+        )?;
         serde_json::from_slice(&text).ok()
     }
 

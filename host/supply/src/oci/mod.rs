@@ -440,7 +440,8 @@ mod tests {
         let signatures = dir.path().join("signatures");
         fs::create_dir_all(&signatures).unwrap();
         let big = fs::File::create(signatures.join(&digest)).unwrap();
-        big.set_len(super::cache::MAX_SIGNATURES_FILE_BYTES + 1).unwrap();
+        big.set_len(super::cache::MAX_SIGNATURES_FILE_BYTES + 1)
+            .unwrap();
         assert_eq!(puller.cache.signatures(&digest), None);
     }
 }

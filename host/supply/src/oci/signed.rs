@@ -606,7 +606,9 @@ mod tests {
             _referrer: Option<&str>,
             layer: &OciDescriptor,
         ) -> Result<Vec<u8>, Failure> {
-            Ok(self.get(&layer.digest, declared(layer.size))?.unwrap_or_default())
+            Ok(self
+                .get(&layer.digest, declared(layer.size))?
+                .unwrap_or_default())
         }
     }
 
@@ -662,7 +664,12 @@ mod tests {
             found.passed_over
         );
         // Smallest first: the real one before any junk.
-        assert_eq!(fake.fetched.borrow().len(), 4, "{:?}", fake.fetched.borrow());
+        assert_eq!(
+            fake.fetched.borrow().len(),
+            4,
+            "{:?}",
+            fake.fetched.borrow()
+        );
     }
 
     /// A small referrer manifest listing eight 1 MiB bundles, before the
@@ -701,7 +708,11 @@ mod tests {
         };
         fake.sig = Some(manifest(&[big, payload]));
         let found = run(&fake);
-        assert!(found.evidence.iter().any(is_real), "{:?}", found.passed_over);
+        assert!(
+            found.evidence.iter().any(is_real),
+            "{:?}",
+            found.passed_over
+        );
         assert_eq!(found.evidence.len(), 1, "the 1 MiB layer was fetched first");
         assert!(
             !fake.fetched.borrow().iter().any(|f| f == "referrers"),

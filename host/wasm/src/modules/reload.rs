@@ -379,8 +379,7 @@ mod tests {
     const GUEST: &[u8] = include_bytes!("../../tests/fixtures/admin-check-0.2.0.wasm");
 
     fn spec(module: &str, sha256: Option<&str>) -> WasmSpec {
-        serde_json::from_value(json!({"module": module, "config": {}, "sha256": sha256}))
-            .unwrap()
+        serde_json::from_value(json!({"module": module, "config": {}, "sha256": sha256})).unwrap()
     }
 
     fn gzip(bytes: &[u8]) -> Vec<u8> {
@@ -440,7 +439,10 @@ mod tests {
         else {
             panic!("garbage.wasm was loaded");
         };
-        assert!(why.contains("no expression of the configuration names it"), "{why}");
+        assert!(
+            why.contains("no expression of the configuration names it"),
+            "{why}"
+        );
         // Nor on a rescan.
         fs::write(dir.path().join("garbage.wasm"), b"still not wasm").unwrap();
         rt.rescan().await;
@@ -461,7 +463,13 @@ mod tests {
             spec("check.wasm", Some(&pin.to_ascii_uppercase())),
             spec("bomb.wasm.gz", Some(&pin)),
         ];
-        let rt = runtime(dir.path(), cache.path(), Some(expressions), Limits::default()).await;
+        let rt = runtime(
+            dir.path(),
+            cache.path(),
+            Some(expressions),
+            Limits::default(),
+        )
+        .await;
         let errors = rt.load_errors().await;
         assert_eq!(errors.len(), 2, "{errors:?}");
         for (module, error) in &errors {
@@ -470,13 +478,19 @@ mod tests {
                 "{module}: {error}"
             );
         }
-        assert_eq!(rt.code_cache_stats().unwrap().misses, 0, "something was compiled");
+        assert_eq!(
+            rt.code_cache_stats().unwrap().misses,
+            0,
+            "something was compiled"
+        );
 
         // The pinned content serves; garbage in its place is refused by
         // the pin again, and the pinned version keeps serving.
         fs::write(dir.path().join("check.wasm"), GUEST).unwrap();
         rt.rescan().await;
-        rt.checker("check.wasm", &json!({}), Some(&pin)).await.unwrap();
+        rt.checker("check.wasm", &json!({}), Some(&pin))
+            .await
+            .unwrap();
         fs::write(dir.path().join("check.wasm"), b"not wasm, and longer").unwrap();
         rt.rescan().await;
         let errors = rt.load_errors().await;

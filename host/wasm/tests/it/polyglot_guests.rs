@@ -676,7 +676,11 @@ fn every_guest_is_well_within_the_compile_bounds() {
     let limits = portwise_wasm::Limits::default();
     for path in guests {
         let bytes = std::fs::read(&path).unwrap();
-        let name = path.strip_prefix(guests_dir()).unwrap().display().to_string();
+        let name = path
+            .strip_prefix(guests_dir())
+            .unwrap()
+            .display()
+            .to_string();
         let f = portwise_wasm::measure_component(&name, &bytes, None).unwrap();
         println!(
             "{name}: {} bytes, {} core modules, {} functions, largest body {} bytes",

@@ -120,10 +120,7 @@ async fn a_gzipped_module_hot_swaps_and_a_gzip_bomb_leaves_the_old_one_serving()
     }
     // Unpinned, so the bad versions below reach gunzip: a pin would refuse
     // them first, on their bytes as stored (modules_dir.rs).
-    let checker = rt
-        .checker("check.wasm.gz", &json!({}), None)
-        .await
-        .unwrap();
+    let checker = rt.checker("check.wasm.gz", &json!({}), None).await.unwrap();
     let s = subject(
         LOCAL,
         closed_port(),
