@@ -612,6 +612,9 @@ impl WasmRuntime {
             };
             let why = match (self.rt.last_error(&module).await, &self.rt.dir) {
                 (Some(e), _) => e,
+                (None, _) if module.starts_with(OCI_SCHEME) => {
+                    "not pulled (oci:// modules are pulled when portwise starts)".to_string()
+                }
                 (None, Some(dir))
                     if self
                         .rt
@@ -623,9 +626,6 @@ impl WasmRuntime {
                         "no expression of the configuration names it, so it was not loaded from {}",
                         dir.display()
                     )
-                }
-                (None, _) if module.starts_with(OCI_SCHEME) => {
-                    "not pulled (oci:// modules are pulled when portwise starts)".to_string()
                 }
                 (None, Some(dir)) => format!("no such file in {}{hint}", dir.display()),
                 (None, None) => "no modulesDir is configured".to_string(),

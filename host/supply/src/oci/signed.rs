@@ -1,7 +1,8 @@
 //! Fetching a module's cosign signatures from its registry (checking
-//! them is [`crate::signatures`]'s job): the sigstore bundles among the
-//! manifest's referrers, and the `sha256-<hex>.sig` tag. Each manifest and
-//! layer is small and must match its digest.
+//! them is [`crate::signatures`]'s job): the `sha256-<hex>.sig` tag, then
+//! the sigstore bundles among the manifest's referrers, smallest first
+//! ([`search`]). Each manifest and layer is small and must match its
+//! digest.
 
 use std::{cmp::Reverse, collections::BinaryHeap};
 
@@ -62,7 +63,7 @@ impl Found {
 
 /// The bytes a search may still fetch; `spent` once a fetch did not fit,
 /// which ends the search.
-pub(super) struct Budget {
+struct Budget {
     left: u64,
     spent: bool,
 }
@@ -152,9 +153,8 @@ fn declared(size: i64) -> u64 {
 /// manifests and the bundles they list (one queue: a small bundle goes
 /// before a big manifest): a signature is a few KB, so junk of up to 1 MiB
 /// a piece spends the budget only after every smaller candidate was tried,
-/// wherever the registry lists it. The `.sig` tag
-/// comes first because referrers can be added without limit; the tag holds
-/// one manifest.
+/// wherever the registry lists it. The `.sig` tag comes first because
+/// referrers can be added without limit; the tag holds one manifest.
 pub(super) async fn search(
     source: &impl Source,
     enough: impl Fn(&Evidence) -> bool,
