@@ -49,17 +49,21 @@
 //!
 //! Whoever may update the ConfigMap chooses the files; the kubelet writes
 //! them (an atomic `..data` swap). Nothing here says who wrote a file: its
-//! bytes are the module. Every read names them by their sha256 (of the file
-//! as stored: for a `.wasm.gz`, of the compressed bytes). A `sha256` pin in
-//! the configuration is compared by the runtime with that digest when a
-//! checker is built (a mismatch refuses the checker), on every reload (new
-//! content that does not match a pin in use is refused and the serving
-//! version stays) and on every call. Without a pin, whoever can write the
-//! ConfigMap decides what runs. A `.wasm.gz` is gunzipped to at most the
-//! runtime's `Limits::max_gunzipped_bytes` (64 MiB; a gzip bomb costs the
-//! time to inflate that much, not the memory), and a file that is gzip, a
-//! core module or not WebAssembly at all is refused before the compiler
-//! sees it.
+//! bytes are the module. Only the files the configuration's expressions
+//! name are read ([`ModulesDir::only`]); any other file there is never
+//! read, gunzipped nor compiled. Every read names them by their sha256 (of
+//! the file as stored: for a `.wasm.gz`, of the compressed bytes). A
+//! `sha256` pin in the configuration is compared by the runtime with that
+//! digest before anything else: before the file is gunzipped or compiled,
+//! at the first load and on every reload (content that does not match is
+//! refused and the serving version stays), when a checker is built and on
+//! every call. Without a pin, whoever can write the ConfigMap decides what
+//! runs. A `.wasm.gz` is gunzipped to at most the runtime's
+//! `Limits::max_gunzipped_bytes` (64 MiB; a gzip bomb costs the time to
+//! inflate that much, not the memory), a file that is gzip, a core module
+//! or not WebAssembly at all is refused before the compiler sees it, and so
+//! is a component past the runtime's compile bounds (its size, function
+//! count and largest function body).
 //!
 //! ## The registry: `oci://` modules
 //!
@@ -90,6 +94,10 @@
 //! that mounts it can create, replace or delete files there, whatever its
 //! uid; so can portwise's own uid and root on the node. Deleting anything
 //! there is always safe: it costs a compile or a pull.
+//!
+//! Every file there is read through [`regular_file`]: not through a
+//! symlink, not a FIFO or device (which would block the read), and not
+//! past a limit, each refusal naming the path.
 //!
 //! The pull cache (`oci/`, [`oci`]) is keyed by digest and every read
 //! re-hashes what it read: a manifest must hash to its file name, the layer
@@ -148,6 +156,7 @@ pub mod content;
 pub mod decode;
 pub mod handoff;
 pub mod modules_dir;
+pub mod regular_file;
 pub mod sealed;
 
 #[cfg(feature = "fetch")]

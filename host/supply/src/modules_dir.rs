@@ -52,6 +52,10 @@ impl ModuleFile {
 pub struct ModulesDir {
     dir: PathBuf,
     stamps: HashMap<String, Stamp>,
+    /// The only module files read, when set ([`ModulesDir::only`]).
+    only: Option<HashSet<String>>,
+    /// Module files skipped for not being in `only`, each logged once.
+    ignored: HashSet<String>,
 }
 
 impl ModulesDir {
@@ -59,7 +63,17 @@ impl ModulesDir {
         ModulesDir {
             dir,
             stamps: HashMap::new(),
+            only: None,
+            ignored: HashSet::new(),
         }
+    }
+
+    /// Reads only the module files named in `names` (those the
+    /// configuration uses): any other file is neither read nor yielded,
+    /// whatever it holds, so it costs no memory nor compile.
+    pub fn only(mut self, names: HashSet<String>) -> ModulesDir {
+        self.only = Some(names);
+        self
     }
 
     pub fn path(&self) -> &Path {
@@ -107,6 +121,14 @@ impl Iterator for Scan<'_> {
             // Skip the kubelet's `..data` and `..2026_...` entries and any
             // hidden temporary file.
             if name.starts_with('.') || !is_module_file(&name) {
+                continue;
+            }
+            if let Some(only) = &self.dir.only
+                && !only.contains(&name)
+            {
+                if self.dir.ignored.insert(name.clone()) {
+                    tracing::debug!(module = %name, "not named by the configuration: not loaded");
+                }
                 continue;
             }
             let path = self.dir.dir.join(&name);
@@ -198,5 +220,21 @@ mod tests {
         assert_eq!(present, ["a.wasm"]);
         let file = ModuleFile::read(&dir.path().join("a.wasm")).unwrap();
         assert_eq!(file.content.sha256, crate::content::sha256_hex(b"three"));
+    }
+
+    /// Issue 45: files the configuration does not name are not read.
+    #[test]
+    fn a_scan_limited_to_some_names_reads_no_other_file() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(dir.path().join("used.wasm"), b"one").unwrap();
+        fs::write(dir.path().join("other.wasm.gz"), b"two").unwrap();
+        let mut modules =
+            ModulesDir::new(dir.path().to_path_buf()).only(["used.wasm".to_string()].into());
+        let mut scan = modules.scan().unwrap();
+        let changed: Vec<String> = scan.by_ref().map(|m| m.name).collect();
+        assert_eq!(changed, ["used.wasm"]);
+        assert_eq!(scan.finish(), ["used.wasm".to_string()].into());
+        assert!(modules.ignored.contains("other.wasm.gz"));
+        assert!(!modules.stamps.contains_key("other.wasm.gz"));
     }
 }

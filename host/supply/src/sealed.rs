@@ -32,7 +32,7 @@
 
 use std::{
     fs,
-    io::{self, Read, Write},
+    io::{self, Write},
     os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt},
     path::{Path, PathBuf},
     sync::{
@@ -42,6 +42,8 @@ use std::{
 };
 
 use ring::hmac;
+
+use crate::regular_file::{FileError, open_regular, read_limited, read_regular_file_into};
 
 /// What the compiled-code cache of a runtime did since it started.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -230,37 +232,16 @@ impl SealedStore {
         sha256: &str,
         path: &Path,
     ) -> Result<Option<Vec<u8>>, String> {
-        let mut file = match fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(path)
-        {
-            Ok(file) => file,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(format!("cannot open it: {e}")),
-        };
-        let meta = file
-            .metadata()
-            .map_err(|e| format!("cannot stat it: {e}"))?;
-        if !meta.is_file() {
-            return Err("not a regular file".into());
-        }
-        if meta.len() > MAX_ENTRY_BYTES {
-            return Err(format!("{} bytes is too large", meta.len()));
-        }
         // The entry is read after the rest of the tagged message, so the
         // whole message is one slice for `hmac::verify`.
         let mut bytes = sealed_prefix(sha256, &self.fingerprint);
         let prefix_len = bytes.len();
-        bytes.reserve_exact(meta.len() as usize);
-        (&mut file)
-            .take(MAX_ENTRY_BYTES + 1)
-            .read_to_end(&mut bytes)
-            .map_err(|e| format!("cannot read it: {e}"))?;
-        let entry_len = bytes.len() - prefix_len;
-        if entry_len as u64 > MAX_ENTRY_BYTES {
-            return Err("grew too large while being read".into());
+        match read_regular_file_into(path, MAX_ENTRY_BYTES, &mut bytes) {
+            Ok(()) => {}
+            Err(FileError::Missing) => return Ok(None),
+            Err(FileError::Refused(why)) => return Err(why),
         }
+        let entry_len = bytes.len() - prefix_len;
         if entry_len < SEAL_TRAILER_LEN || !bytes.ends_with(SEAL_MAGIC) {
             return Err(format!(
                 "no seal ({entry_len} bytes; truncated, or not written by this version)"
@@ -369,22 +350,11 @@ fn read_key(path: &Path) -> Result<Option<Key>, String> {
 
 /// [`read_key`] for a process whose effective uid is `euid`.
 fn read_key_as(path: &Path, euid: u32) -> Result<Option<Key>, String> {
-    let mut file = match fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(path)
-    {
-        Ok(file) => file,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => return Err("a symlink".into()),
-        Err(e) => return Err(format!("cannot open it: {e}")),
+    let (mut file, meta) = match open_regular(path) {
+        Ok(opened) => opened,
+        Err(FileError::Missing) => return Ok(None),
+        Err(FileError::Refused(why)) => return Err(why),
     };
-    let meta = file
-        .metadata()
-        .map_err(|e| format!("cannot stat it: {e}"))?;
-    if !meta.is_file() {
-        return Err("not a regular file".into());
-    }
     if meta.uid() != euid {
         return Err(format!("owned by uid {}, not {euid}", meta.uid()));
     }
@@ -392,15 +362,14 @@ fn read_key_as(path: &Path, euid: u32) -> Result<Option<Key>, String> {
     if mode & 0o077 != 0 {
         return Err(format!("mode {mode:03o}, not 600"));
     }
-    let mut key = [0u8; 32];
-    let mut rest = Vec::new();
-    file.read_exact(&mut key)
-        .and_then(|()| (&mut file).take(1).read_to_end(&mut rest))
-        .map_err(|e| format!("not 32 bytes: {e}"))?;
-    if !rest.is_empty() {
-        return Err("longer than 32 bytes".into());
-    }
-    Ok(Some(Key(key)))
+    let mut bytes = Vec::with_capacity(32);
+    read_limited(path, &mut file, 32, &mut bytes)
+        .map_err(|e| e.to_string())
+        .and_then(|()| {
+            <[u8; 32]>::try_from(bytes.as_slice())
+                .map_err(|_| format!("{} bytes, not 32", bytes.len()))
+        })
+        .map(|key| Some(Key(key)))
 }
 
 /// What the tag covers before the artifact: SEAL_DOMAIN ‖ module sha256 ‖ 0
@@ -608,5 +577,52 @@ mod tests {
         assert_eq!(off.read(SHA), Lookup::Off);
         off.write(SHA, b"x");
         assert_eq!(off.stats(), CodeCacheStats::default());
+    }
+
+    /// Issue 45: a FIFO in place of an entry or of the key blocked the
+    /// open (no `O_NONBLOCK`); an oversized entry was refused without
+    /// naming it.
+    #[test]
+    fn a_fifo_or_an_oversized_file_in_the_store_is_refused_without_blocking() {
+        use crate::regular_file::tests::{mkfifo, within_5s};
+        let dir = scratch();
+        let path = dir.path().to_path_buf();
+        store(&path).write(SHA, b"artifact bytes");
+        let entry = store(&path).path(SHA);
+
+        fs::remove_file(&entry).unwrap();
+        mkfifo(&entry);
+        let p = path.clone();
+        let lookup = within_5s(move || store(&p).read(SHA));
+        assert!(
+            matches!(&lookup, Lookup::Rejected(why)
+                if why.contains(&entry.display().to_string()) && why.contains("a FIFO")),
+            "{lookup:?}"
+        );
+        assert!(!entry.exists(), "the FIFO was not removed");
+
+        // Sparse: past the limit without taking the space.
+        let big = fs::File::create(&entry).unwrap();
+        big.set_len(MAX_ENTRY_BYTES + 1).unwrap();
+        let p = path.clone();
+        let lookup = within_5s(move || store(&p).read(SHA));
+        assert!(
+            matches!(&lookup, Lookup::Rejected(why)
+                if why.contains(&entry.display().to_string()) && why.contains("over the limit")),
+            "{lookup:?}"
+        );
+
+        // The key: replaced, not waited on.
+        let key = path.join(KEY_FILE);
+        fs::remove_file(&key).unwrap();
+        mkfifo(&key);
+        let p = path.clone();
+        within_5s(move || store(&p).write(SHA, b"artifact bytes"));
+        assert!(fs::symlink_metadata(&key).unwrap().is_file());
+        assert_eq!(key_of(&path).len(), 32);
+        assert_eq!(
+            store(&path).read(SHA),
+            Lookup::Verified(b"artifact bytes".to_vec())
+        );
     }
 }

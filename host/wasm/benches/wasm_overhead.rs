@@ -218,6 +218,7 @@ async fn runtime(dir: &std::path::Path, idle_instances: usize) -> WasmRuntime {
         oci: Default::default(),
         probes: Default::default(),
         modules_dir: Some(dir.to_path_buf()),
+        expressions: None,
         cache_dir: Some(cache_dir()),
         watch: false,
         limits: Limits {

@@ -4,8 +4,9 @@
 //! A guest is a component built against `wit/membership.wit`, mounted as a
 //! `.wasm` file in `modulesDir`, or gzip-compressed as `.wasm.gz` (gunzipped
 //! in memory, at most [`Limits::max_gunzipped_bytes`]), or pulled from a
-//! registry (`oci://`). [`WasmRuntime`] loads every module of the directory,
-//! keeps watching it (including the kubelet's atomic `..data` swap of a
+//! registry (`oci://`). [`WasmRuntime`] loads the modules of the directory
+//! that the configuration names ([`WasmConfig::expressions`]), keeps
+//! watching it (including the kubelet's atomic `..data` swap of a
 //! mounted ConfigMap) and hands out [`WasmChecker`]s that always call the
 //! current version of their module.
 //!
@@ -17,8 +18,9 @@
 //! [`portwise_supply::Supply`] it is built with ([`WasmConfig::supply`]);
 //! compiled code is kept in the supply's sealed store. This crate compiles
 //! what it is handed (or deserialises what the sealed store verified),
-//! links it, checks pins and the configurations in use, and swaps the new
-//! version in (`modules/reload.rs`: the reload is about what is serving and
+//! after checking pins on the bytes as stored and bounding what the
+//! compiler gets (`bounds.rs`), links it, checks the configurations in use,
+//! and swaps the new version in (`modules/reload.rs`: the reload is about what is serving and
 //! which configurations use it, so it stays with the runtime). Who can
 //! write modules, the cache and the registry, and what is verified when:
 //! the threat model in `portwise_supply`'s crate docs.
@@ -64,6 +66,7 @@
 //! and cargo-deny checks both (`tests/deny`, `host/wasm/deny.toml`).
 
 mod authorize;
+mod bounds;
 pub mod budget;
 mod capture;
 mod compile;
@@ -82,6 +85,7 @@ mod wasi;
 mod wit;
 
 use std::{
+    collections::HashMap,
     path::{Path, PathBuf},
     sync::Arc,
     thread,
@@ -90,6 +94,7 @@ use std::{
 
 use tokio::sync::broadcast;
 
+pub use bounds::{CompileFigures, measure as measure_component};
 pub use compile::CompileSource;
 pub use failures::{FailureCount, FailureKind};
 pub use replay::{ProbeMode, Recorder, Recording, RecordingError, ReplayMiss, Replayer};
@@ -139,6 +144,15 @@ pub struct Limits {
     /// this much, not the memory). The default, 64 MiB, is 3.5 times the
     /// largest example guest (Python, 18.5 MB).
     pub max_gunzipped_bytes: usize,
+    /// Bounds on what is handed to the compiler, checked before it is
+    /// (`bounds.rs`): the component's size (a `.wasm.gz` once gunzipped),
+    /// the function bodies of all its core modules, and the largest one.
+    /// Cranelift's memory grows with a function's size. The defaults are
+    /// 3.5, 7.5 and 4.9 times the largest example guest's figures (the
+    /// Python one: 18.5 MB, 13,412 functions, a 417 KiB body).
+    pub max_component_bytes: usize,
+    pub max_functions: u64,
+    pub max_function_bytes: usize,
 }
 
 impl Default for Limits {
@@ -155,6 +169,9 @@ impl Default for Limits {
             max_reason_bytes: 1024,
             max_output_bytes: 4096,
             max_gunzipped_bytes: 64 << 20,
+            max_component_bytes: 64 << 20,
+            max_functions: 100_000,
+            max_function_bytes: 2 << 20,
         }
     }
 }
@@ -231,9 +248,17 @@ pub struct WasmConfig {
     /// What the runtime cannot do on its own: gunzip a `.wasm.gz`, watch
     /// `modules_dir`, pull `oci://` modules (`portwise_supply::Supplier`).
     pub supply: Arc<dyn Supply>,
-    /// Load every `*.wasm` and `*.wasm.gz` here (and reload on change, see
-    /// `watch`).
+    /// Load the `*.wasm` and `*.wasm.gz` files here that `expressions`
+    /// name (and reload them on change, see `watch`).
     pub modules_dir: Option<PathBuf>,
+    /// The configuration's `wasm` expressions, live and shadow
+    /// (`Config::all_wasm_specs`): only the modules they name are read and
+    /// compiled from `modules_dir` (any other file there is ignored), and
+    /// their `sha256` pins are compared with a file's raw bytes before it
+    /// is gunzipped or compiled, at the first load as on every reload.
+    /// `None` loads every module file (tools and tests that name modules
+    /// later).
+    pub expressions: Option<Vec<WasmSpec>>,
     /// Compiled-code cache; `None` compiles on every start.
     pub cache_dir: Option<PathBuf>,
     /// Watch `modules_dir` for changes.
@@ -253,6 +278,7 @@ impl std::fmt::Debug for WasmConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("WasmConfig")
             .field("modules_dir", &self.modules_dir)
+            .field("expressions", &self.expressions.as_ref().map(Vec::len))
             .field("cache_dir", &self.cache_dir)
             .field("watch", &self.watch)
             .field("limits", &self.limits)
@@ -364,9 +390,15 @@ fn module_key(name: &str) -> Result<String, WasmError> {
     })
 }
 
+/// A `sha256` pin as compared: any case in the configuration.
+fn normalise_pin(pin: &str) -> String {
+    pin.trim().to_ascii_lowercase()
+}
+
 impl WasmRuntime {
-    /// Builds the engine, loads every module of `modules_dir` (compiling or
-    /// reading the cache) and starts watching the directory. Async because
+    /// Builds the engine, loads the modules of `modules_dir` that
+    /// `expressions` name (all of them without; compiling or reading the
+    /// cache) and starts watching the directory. Async because
     /// the first scan compiles on the caller's runtime (on its blocking
     /// pool), as every later one does on the watcher's.
     ///
@@ -382,6 +414,20 @@ impl WasmRuntime {
             .map(|dir| compile::CodeCache::new(dir, engine::fingerprint(&engine)));
         let ticker =
             engine::Ticker::start(engine.clone()).map_err(|e| WasmError::Engine(e.to_string()))?;
+        let referenced = config.expressions.as_ref().map(|specs| {
+            let mut referenced: HashMap<String, Vec<String>> = HashMap::new();
+            for spec in specs {
+                // A bad name is refused when its checker is built.
+                let Ok(key) = module_key(&spec.module) else {
+                    continue;
+                };
+                let pins = referenced.entry(key).or_default();
+                if let Some(pin) = &spec.sha256 {
+                    pins.push(normalise_pin(pin));
+                }
+            }
+            referenced
+        });
         let rt = Arc::new(
             Runtime::new(
                 engine,
@@ -389,6 +435,7 @@ impl WasmRuntime {
                 cache,
                 config.limits,
                 config.modules_dir.clone(),
+                referenced,
                 config.probes,
             )
             .map_err(|e| WasmError::Engine(format!("{e:#}")))?,
@@ -573,12 +620,24 @@ impl WasmRuntime {
                 (None, _) if module.starts_with(OCI_SCHEME) => {
                     "not pulled (oci:// modules are pulled when portwise starts)".to_string()
                 }
+                (None, Some(dir))
+                    if self
+                        .rt
+                        .referenced
+                        .as_ref()
+                        .is_some_and(|r| !r.contains_key(&module)) =>
+                {
+                    format!(
+                        "no expression of the configuration names it, so it was not loaded from {}",
+                        dir.display()
+                    )
+                }
                 (None, Some(dir)) => format!("no such file in {}{hint}", dir.display()),
                 (None, None) => "no modulesDir is configured".to_string(),
             };
             return Err(WasmError::NotLoaded { module, why });
         };
-        let pin = sha256.map(|s| s.trim().to_ascii_lowercase());
+        let pin = sha256.map(normalise_pin);
         if let Some(pin) = &pin
             && *pin != version.sha256
         {

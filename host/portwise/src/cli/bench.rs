@@ -95,6 +95,7 @@ pub(super) async fn bench_modules(
             supply: std::sync::Arc::new(portwise_supply::Supplier),
             oci: Default::default(),
             modules_dir: None,
+            expressions: None,
             cache_dir,
             watch: false,
             limits: Limits::default(),

@@ -209,6 +209,7 @@ pub async fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
                 supply: Arc::new(portwise_supply::Supplier),
                 oci,
                 modules_dir: dir,
+                expressions: Some(expr.wasm_specs().into_iter().cloned().collect()),
                 cache_dir: Some(cache_dir.clone()),
                 watch: false,
                 limits: Limits {

@@ -99,6 +99,7 @@ pub(super) async fn check_live(
                 oci: oci_config(&cfg),
                 probes: Default::default(),
                 modules_dir: dir.clone(),
+                expressions: Some(all_exprs.iter().map(|s| (*s).clone()).collect()),
                 cache_dir: Some(cache_dir),
                 watch: false,
                 limits: Limits {

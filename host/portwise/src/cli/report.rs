@@ -180,6 +180,7 @@ mod tests {
                 oci: Default::default(),
                 probes: Default::default(),
                 modules_dir: None,
+                expressions: None,
                 cache_dir: None,
                 watch: false,
                 limits: Limits::default(),

@@ -192,6 +192,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
                 oci: oci_config(&config),
                 probes: Default::default(),
                 modules_dir: config.modules_dir.clone(),
+                expressions: Some(wasm_specs.iter().map(|s| (*s).clone()).collect()),
                 cache_dir: Some(args.cache_dir.clone().unwrap_or_else(default_cache_dir)),
                 watch: true,
                 limits: runtime_limits(&config, &args),

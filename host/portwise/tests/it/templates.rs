@@ -59,8 +59,8 @@ const TCP: [(&str, &str, &str); 3] = [
 
 struct Template {
     lang: &'static str,
-    /// A directory holding only this template: `check --wasm` loads every
-    /// module in the file's directory.
+    /// A directory holding only this template (`check --wasm` reads the
+    /// module it names from the file's directory, no other).
     dir: tempfile::TempDir,
     module: PathBuf,
     testdata: PathBuf,

@@ -20,9 +20,10 @@ use std::{
 
 use portwise_core::config::OciRef;
 
-use super::manifest::wasm_layer;
+use super::{bounded::MAX_MANIFEST_BYTES, manifest::wasm_layer, signed::SIGNATURE_BUDGET_BYTES};
 use crate::{
     content::{Content, sha256_hex},
+    regular_file::{FileError, read_regular_file},
     sealed::{Lookup, SealedStore},
     signatures::Evidence,
 };
@@ -30,6 +31,10 @@ use crate::{
 /// What the tag cache's seals are made for, in place of an engine
 /// fingerprint: a tag entry can never pass for anything else.
 const TAG_SEAL_PURPOSE: &str = "0000000000000000portwise-oci-tag-cache-v1";
+
+/// The signatures kept for a manifest: at most the search's budget of
+/// them, base64 in JSON.
+pub(super) const MAX_SIGNATURES_FILE_BYTES: u64 = 2 * SIGNATURE_BUDGET_BYTES;
 
 /// The pull cache in one directory (`None`: nothing is cached).
 pub(super) struct PullCache {
@@ -41,7 +46,10 @@ pub(super) struct PullCache {
 impl PullCache {
     /// The signatures kept for manifest `digest` (not verified here).
     pub(super) fn signatures(&self, digest: &str) -> Option<Vec<Evidence>> {
-        let text = fs::read(self.dir("signatures")?.join(digest)).ok()?;
+        let text = read(
+            &self.dir("signatures")?.join(digest),
+            MAX_SIGNATURES_FILE_BYTES,
+        )?;
         serde_json::from_slice(&text).ok()
     }
 
@@ -64,7 +72,7 @@ impl PullCache {
     /// its path.
     pub(super) fn content(&self, digest: &str) -> Option<Content> {
         let manifest_path = self.dir("manifests")?.join(digest);
-        let manifest = fs::read(&manifest_path).ok()?;
+        let manifest = read(&manifest_path, MAX_MANIFEST_BYTES)?;
         if sha256_hex(&manifest) != digest {
             tracing::warn!(path = %manifest_path.display(), "cached manifest does not match its digest; pulling again");
             return None;
@@ -72,11 +80,7 @@ impl PullCache {
         let layer = wasm_layer(&manifest).ok()?;
         let layer_hex = layer.digest.strip_prefix("sha256:")?.to_ascii_lowercase();
         let blob_path = self.dir("blobs")?.join(&layer_hex);
-        let meta = fs::metadata(&blob_path).ok()?;
-        if meta.len() > self.max {
-            return None;
-        }
-        let bytes = fs::read(&blob_path).ok()?;
+        let bytes = read(&blob_path, self.max)?;
         if sha256_hex(&bytes) != layer_hex {
             tracing::warn!(path = %blob_path.display(), "cached layer does not match its digest; pulling again");
             return None;
@@ -141,6 +145,20 @@ impl PullCache {
                 tracing::warn!(module = %r, "cannot cache the pulled module: {e}");
                 None
             }
+        }
+    }
+}
+
+/// The cached file at `path`, at most `limit` bytes, never through a
+/// symlink nor blocking on a FIFO: anything else is a miss (logged when
+/// something is there).
+fn read(path: &Path, limit: u64) -> Option<Vec<u8>> {
+    match read_regular_file(path, limit) {
+        Ok(bytes) => Some(bytes),
+        Err(FileError::Missing) => None,
+        Err(FileError::Refused(why)) => {
+            tracing::warn!("pull cache entry not used, pulling again: {why}");
+            None
         }
     }
 }

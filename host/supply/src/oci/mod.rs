@@ -400,4 +400,48 @@ mod tests {
             "a planted tag entry was believed"
         );
     }
+
+    /// Issue 45: the pull cache followed symlinks, blocked on a FIFO and
+    /// read files whole. A symlinked manifest or a FIFO for a layer is now
+    /// a miss (logged with its path), at once.
+    #[test]
+    fn the_pull_cache_neither_follows_symlinks_nor_blocks_on_a_fifo() {
+        use crate::regular_file::tests::{mkfifo, within_5s};
+        let (dir, puller, wasm, layer_hex, m, digest) = cached_module();
+        let r = OciRef::parse(&format!("oci://r.example/x@sha256:{digest}")).unwrap();
+        puller
+            .cache
+            .store(&digest, &m, &layer_hex, &wasm, &r)
+            .unwrap();
+        let puller = std::sync::Arc::new(puller);
+        let cached = |puller: &std::sync::Arc<Puller>| {
+            let (p, d) = (puller.clone(), digest.clone());
+            within_5s(move || p.cached(&d).is_ok())
+        };
+        assert!(cached(&puller));
+
+        // The manifest, moved elsewhere and linked to: the bytes are right,
+        // but the link could point anywhere.
+        let manifest = dir.path().join("manifests").join(&digest);
+        let elsewhere = dir.path().join("elsewhere");
+        fs::rename(&manifest, &elsewhere).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, &manifest).unwrap();
+        assert!(!cached(&puller), "served through a symlink");
+        fs::remove_file(&manifest).unwrap();
+        fs::rename(&elsewhere, &manifest).unwrap();
+        assert!(cached(&puller));
+
+        let blob = dir.path().join("blobs").join(&layer_hex);
+        fs::remove_file(&blob).unwrap();
+        mkfifo(&blob);
+        assert!(!cached(&puller), "a FIFO was served");
+
+        // Kept signatures past their bound are not read.
+        let signatures = dir.path().join("signatures");
+        fs::create_dir_all(&signatures).unwrap();
+        let big = fs::File::create(signatures.join(&digest)).unwrap();
+        big.set_len(super::cache::MAX_SIGNATURES_FILE_BYTES + 1)
+            .unwrap();
+        assert_eq!(puller.cache.signatures(&digest), None);
+    }
 }

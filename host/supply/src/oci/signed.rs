@@ -1,12 +1,18 @@
 //! Fetching a module's cosign signatures from its registry (checking
-//! them is [`crate::signatures`]'s job): the sigstore bundles among the
-//! manifest's referrers, and the `sha256-<hex>.sig` tag. Each manifest and
-//! layer is small and must match its digest.
+//! them is [`crate::signatures`]'s job): the `sha256-<hex>.sig` tag, then
+//! the sigstore bundles among the manifest's referrers, smallest first
+//! ([`search`]). Each manifest and layer is small and must match its
+//! digest.
+
+use std::{cmp::Reverse, collections::BinaryHeap};
 
 use futures::StreamExt;
 use oci_client::{
     Reference,
-    manifest::{OCI_IMAGE_INDEX_MEDIA_TYPE, OCI_IMAGE_MEDIA_TYPE, OciImageIndex, OciImageManifest},
+    manifest::{
+        ImageIndexEntry, OCI_IMAGE_INDEX_MEDIA_TYPE, OCI_IMAGE_MEDIA_TYPE, OciDescriptor,
+        OciImageIndex, OciImageManifest,
+    },
     secrets::RegistryAuth,
 };
 use portwise_core::config::OciRef;
@@ -81,44 +87,183 @@ impl Budget {
     }
 }
 
-impl Puller {
-    /// The cosign signatures the registry holds for manifest `digest`:
-    /// sigstore bundles among its referrers (the referrers API, or the
-    /// `sha256-<hex>` tag where the registry has none), then the
-    /// `sha256-<hex>.sig` tag. It stops at the first one `enough` accepts.
-    /// Absent signatures are not errors, and neither is a bad one (too
-    /// big, wrong digest, not a manifest): it is passed over with its
-    /// reason, so junk pushed beside a real signature cannot block the
-    /// module. A registry that cannot be asked is an error.
-    pub(super) async fn signatures(
+/// Where a search gets its bytes: the registry ([`Registry`]), or a test's
+/// fake. Sizes, digests, the budget and the order are the search's
+/// ([`search`]); a source only fetches.
+pub(super) trait Source {
+    /// The `.sig` tag, for messages.
+    fn sig_tag(&self) -> String;
+    /// The `.sig` tag's manifest, at most `limit` bytes; `None`: no such tag.
+    async fn sig_tag_manifest(&self, limit: u64) -> Result<Option<Vec<u8>>, Failure>;
+    /// The index of the manifest's referrers (an empty one when it has none).
+    async fn referrers(&self) -> Result<OciImageIndex, Failure>;
+    /// Referrer `digest`'s manifest, at most `limit` bytes; `None`: gone.
+    async fn referrer_manifest(&self, digest: &str, limit: u64)
+    -> Result<Option<Vec<u8>>, Failure>;
+    /// A layer of the `.sig` manifest (`referrer` `None`) or of a
+    /// referrer's, at most its declared size.
+    async fn layer(
         &self,
-        r: &OciRef,
-        auth: &RegistryAuth,
-        digest: &str,
-        enough: impl Fn(&Evidence) -> bool,
-    ) -> Result<Found, Failure> {
-        let subject = Reference::with_digest(
-            r.registry.clone(),
-            r.repository.clone(),
-            format!("sha256:{digest}"),
-        );
-        let mut found = Found::default();
-        let mut budget = Budget {
-            left: SIGNATURE_BUDGET_BYTES,
-            spent: false,
-        };
-        let index = self.referrers(r, auth, &subject, digest).await?;
-        // Registries may ignore the filter.
-        let bundles = index
-            .manifests
-            .iter()
-            .filter(|m| m.artifact_type.as_deref() == Some(BUNDLE_MEDIA_TYPE));
-        for entry in bundles {
-            match self.bundles_at(r, auth, entry, &mut budget).await {
-                Ok(bundles) => {
-                    for bundle in bundles {
+        referrer: Option<&str>,
+        layer: &OciDescriptor,
+    ) -> Result<Vec<u8>, Failure>;
+}
+
+/// What a referrer search fetches: a referrer's manifest, or a bundle one
+/// lists (with the referrer's digest).
+enum Candidate<'a> {
+    Manifest(&'a ImageIndexEntry),
+    Bundle(&'a str, OciDescriptor),
+}
+
+/// Candidates, the smallest (declared size) first, ties in the order they
+/// were found.
+#[derive(Default)]
+struct Queue<'a> {
+    candidates: Vec<Option<Candidate<'a>>>,
+    order: BinaryHeap<Reverse<(u64, usize)>>,
+}
+
+impl<'a> Queue<'a> {
+    fn push(&mut self, size: u64, candidate: Candidate<'a>) {
+        self.order.push(Reverse((size, self.candidates.len())));
+        self.candidates.push(Some(candidate));
+    }
+
+    fn pop(&mut self) -> Option<(u64, Candidate<'a>)> {
+        let Reverse((size, at)) = self.order.pop()?;
+        self.candidates[at].take().map(|c| (size, c))
+    }
+}
+
+/// A declared size as bytes; a negative one sorts, and is refused, last.
+fn declared(size: i64) -> u64 {
+    u64::try_from(size).unwrap_or(u64::MAX)
+}
+
+/// The cosign signatures `source` holds for a manifest: the
+/// `sha256-<hex>.sig` tag's simple-signing layers first, then the sigstore
+/// bundles among its referrers. It stops at the first one `enough`
+/// accepts. Absent signatures are not errors, and neither is a bad one
+/// (too big, wrong digest, not a manifest): it is passed over with its
+/// reason, so junk pushed beside a real signature cannot block the module.
+/// A registry that cannot be asked is an error.
+///
+/// Smallest first, within the `.sig` manifest, and among the referrer
+/// manifests and the bundles they list (one queue: a small bundle goes
+/// before a big manifest): a signature is a few KB, so junk of up to 1 MiB
+/// a piece spends the budget only after every smaller candidate was tried,
+/// wherever the registry lists it. The `.sig` tag comes first because
+/// referrers can be added without limit; the tag holds one manifest.
+pub(super) async fn search(
+    source: &impl Source,
+    enough: impl Fn(&Evidence) -> bool,
+) -> Result<Found, Failure> {
+    let mut found = Found::default();
+    let mut budget = Budget {
+        left: SIGNATURE_BUDGET_BYTES,
+        spent: false,
+    };
+    // Pass over a refused fetch; `Ok(true)` when that ends the search.
+    let pass_over = |found: &mut Found, budget: &Budget, what: String, e: Failure| match e {
+        Failure::Refused(why) => {
+            found.passed_over.push(format!("{what}: {why}"));
+            Ok(budget.spent)
+        }
+        unreachable => Err(unreachable),
+    };
+
+    let sig_tag = source.sig_tag();
+    let manifest = match source.sig_tag_manifest(MAX_SIGNATURE_BYTES).await {
+        Ok(bytes) => bytes
+            .map(|bytes| parse_manifest(&bytes, &sig_tag, "", &mut budget))
+            .transpose(),
+        Err(e) => Err(e),
+    };
+    match manifest {
+        Ok(manifest) => {
+            let mut layers: Vec<(&OciDescriptor, &String)> = manifest
+                .iter()
+                .flat_map(|m| &m.layers)
+                .filter(|l| l.media_type == SIMPLE_SIGNING_MEDIA_TYPE)
+                .filter_map(|l| Some((l, l.annotations.as_ref()?.get(SIGNATURE_ANNOTATION)?)))
+                .collect();
+            layers.sort_by_key(|(l, _)| declared(l.size));
+            for (layer, signature) in layers {
+                match fetch_layer(source, None, layer, &mut budget).await {
+                    Ok(payload) => {
+                        let e = Evidence::SimpleSigning {
+                            layer: layer.digest.clone(),
+                            payload,
+                            signature: signature.clone(),
+                        };
+                        let done = enough(&e);
+                        found.evidence.push(e);
+                        if done {
+                            return Ok(found);
+                        }
+                    }
+                    Err(e) => {
+                        let what = format!("{sig_tag} layer {}", layer.digest);
+                        if pass_over(&mut found, &budget, what, e)? {
+                            return Ok(found);
+                        }
+                    }
+                }
+            }
+        }
+        Err(e) => {
+            if pass_over(&mut found, &budget, sig_tag.clone(), e)? {
+                return Ok(found);
+            }
+        }
+    }
+
+    let index = source.referrers().await?;
+    // Referrer manifests and the bundles they list, one queue.
+    let mut queue = Queue::default();
+    // Registries may ignore the filter.
+    for entry in &index.manifests {
+        if entry.artifact_type.as_deref() == Some(BUNDLE_MEDIA_TYPE) {
+            queue.push(declared(entry.size), Candidate::Manifest(entry));
+        }
+    }
+    while let Some((size, candidate)) = queue.pop() {
+        match candidate {
+            Candidate::Manifest(entry) => {
+                let manifest = if size > MAX_SIGNATURE_BYTES {
+                    Err(too_big("manifest", &entry.digest, size))
+                } else {
+                    // Read no more than declared: the digest covers that much.
+                    match source.referrer_manifest(&entry.digest, size).await {
+                        Ok(bytes) => bytes
+                            .map(|b| parse_manifest(&b, &entry.digest, &entry.digest, &mut budget))
+                            .transpose(),
+                        Err(e) => Err(e),
+                    }
+                };
+                match manifest {
+                    Ok(manifest) => {
+                        for layer in manifest.into_iter().flat_map(|m| m.layers) {
+                            if layer.media_type == BUNDLE_MEDIA_TYPE {
+                                let size = declared(layer.size);
+                                queue.push(size, Candidate::Bundle(&entry.digest, layer));
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        let what = format!("referrer {}", entry.digest);
+                        if pass_over(&mut found, &budget, what, e)? {
+                            return Ok(found);
+                        }
+                    }
+                }
+            }
+            Candidate::Bundle(referrer, layer) => {
+                match fetch_layer(source, Some(referrer), &layer, &mut budget).await {
+                    Ok(bundle) => {
                         let e = Evidence::Bundle {
-                            manifest: entry.digest.clone(),
+                            manifest: referrer.to_string(),
                             bundle,
                         };
                         let done = enough(&e);
@@ -127,70 +272,181 @@ impl Puller {
                             return Ok(found);
                         }
                     }
-                }
-                Err(Failure::Refused(why)) => {
-                    found
-                        .passed_over
-                        .push(format!("referrer {}: {why}", entry.digest));
-                    if budget.spent {
-                        return Ok(found);
+                    Err(e) => {
+                        let what = format!("referrer {referrer} layer {}", layer.digest);
+                        if pass_over(&mut found, &budget, what, e)? {
+                            return Ok(found);
+                        }
                     }
                 }
-                Err(unreachable) => return Err(unreachable),
             }
         }
-        let sig_tag = Reference::with_tag(
-            r.registry.clone(),
-            r.repository.clone(),
-            format!("sha256-{digest}.sig"),
-        );
-        let manifest = match self
-            .signature_manifest(r, auth, &sig_tag, "", &mut budget)
+    }
+    Ok(found)
+}
+
+/// A signature manifest read from `at`, counted against the budget and
+/// checked against `digest` (when not empty).
+fn parse_manifest(
+    bytes: &[u8],
+    at: &str,
+    digest: &str,
+    budget: &mut Budget,
+) -> Result<OciImageManifest, Failure> {
+    // The budget counts what was read (so the search costs at most the
+    // budget plus one manifest).
+    budget.take(bytes.len() as u64, &format!("the signature manifest {at}"))?;
+    if !digest.is_empty() && format!("sha256:{}", sha256_hex(bytes)) != digest {
+        return Err(Failure::Refused(format!(
+            "the signature manifest {at} does not match its digest"
+        )));
+    }
+    serde_json::from_slice(bytes).map_err(|e| {
+        Failure::Refused(format!(
+            "the signature manifest {at} is not an image manifest: {e}"
+        ))
+    })
+}
+
+/// A signature's layer, small and matching its digest: refused on what its
+/// manifest declares, before any download.
+async fn fetch_layer(
+    source: &impl Source,
+    referrer: Option<&str>,
+    layer: &OciDescriptor,
+    budget: &mut Budget,
+) -> Result<Vec<u8>, Failure> {
+    let size = declared(layer.size);
+    if size > MAX_SIGNATURE_BYTES {
+        return Err(too_big("layer", &layer.digest, size));
+    }
+    budget.take(size, &format!("the signature layer {}", layer.digest))?;
+    let bytes = source.layer(referrer, layer).await?;
+    if format!("sha256:{}", sha256_hex(&bytes)) != layer.digest {
+        return Err(Failure::Refused(format!(
+            "the signature layer {} does not match its digest",
+            layer.digest
+        )));
+    }
+    Ok(bytes)
+}
+
+/// The registry as a [`Source`]: the signatures of manifest `digest` of
+/// `r`'s repository.
+struct Registry<'a> {
+    puller: &'a Puller,
+    r: &'a OciRef,
+    auth: &'a RegistryAuth,
+    digest: &'a str,
+}
+
+impl Registry<'_> {
+    fn at_tag(&self, tag: String) -> Reference {
+        Reference::with_tag(self.r.registry.clone(), self.r.repository.clone(), tag)
+    }
+
+    fn at_digest(&self, digest: &str) -> Reference {
+        Reference::with_digest(
+            self.r.registry.clone(),
+            self.r.repository.clone(),
+            digest.to_string(),
+        )
+    }
+
+    async fn manifest(&self, at: &Reference, limit: u64) -> Result<Option<Vec<u8>>, Failure> {
+        self.puller
+            .manifest_bounded(&Read {
+                r: self.r,
+                auth: self.auth,
+                at,
+                accept: &[OCI_IMAGE_MEDIA_TYPE, DOCKER_MANIFEST_MEDIA_TYPE],
+                limit,
+                doing: "fetching a signature",
+            })
             .await
-        {
-            Ok(m) => m,
-            Err(Failure::Refused(why)) => {
-                found.passed_over.push(format!("{sig_tag}: {why}"));
-                return Ok(found);
-            }
-            Err(unreachable) => return Err(unreachable),
+    }
+}
+
+impl Source for Registry<'_> {
+    fn sig_tag(&self) -> String {
+        self.at_tag(format!("sha256-{}.sig", self.digest))
+            .to_string()
+    }
+
+    async fn sig_tag_manifest(&self, limit: u64) -> Result<Option<Vec<u8>>, Failure> {
+        let at = self.at_tag(format!("sha256-{}.sig", self.digest));
+        self.manifest(&at, limit).await
+    }
+
+    async fn referrers(&self) -> Result<OciImageIndex, Failure> {
+        let subject = self.at_digest(&format!("sha256:{}", self.digest));
+        self.puller
+            .referrers(self.r, self.auth, &subject, self.digest)
+            .await
+    }
+
+    async fn referrer_manifest(
+        &self,
+        digest: &str,
+        limit: u64,
+    ) -> Result<Option<Vec<u8>>, Failure> {
+        self.manifest(&self.at_digest(digest), limit).await
+    }
+
+    async fn layer(
+        &self,
+        referrer: Option<&str>,
+        layer: &OciDescriptor,
+    ) -> Result<Vec<u8>, Failure> {
+        let at = match referrer {
+            Some(digest) => self.at_digest(digest),
+            None => self.at_tag(format!("sha256-{}.sig", self.digest)),
         };
-        for layer in manifest.iter().flat_map(|m| &m.layers) {
-            if layer.media_type != SIMPLE_SIGNING_MEDIA_TYPE {
-                continue;
+        let r = self.r;
+        let mut blob = self
+            .puller
+            .client
+            .pull_blob_stream(&at, layer)
+            .await
+            .map_err(|e| explain(&self.puller.auths, r, "fetching a signature", e))?;
+        let mut bytes = Vec::new();
+        while let Some(chunk) = blob.stream.next().await {
+            let chunk = chunk.map_err(|e| {
+                Failure::Unreachable(format!(
+                    "a signature's download from {} failed: {}",
+                    r.registry,
+                    error_chain(&e)
+                ))
+            })?;
+            if (bytes.len() + chunk.len()) as u64 > declared(layer.size) {
+                return Err(Failure::Refused(format!(
+                    "the signature layer {} is larger than its manifest says",
+                    layer.digest
+                )));
             }
-            let Some(signature) = layer
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get(SIGNATURE_ANNOTATION))
-            else {
-                continue;
-            };
-            match self.signature_blob(r, &sig_tag, layer, &mut budget).await {
-                Ok(payload) => {
-                    let e = Evidence::SimpleSigning {
-                        layer: layer.digest.clone(),
-                        payload,
-                        signature: signature.clone(),
-                    };
-                    let done = enough(&e);
-                    found.evidence.push(e);
-                    if done {
-                        break;
-                    }
-                }
-                Err(Failure::Refused(why)) => {
-                    found
-                        .passed_over
-                        .push(format!("{sig_tag} layer {}: {why}", layer.digest));
-                    if budget.spent {
-                        break;
-                    }
-                }
-                Err(unreachable) => return Err(unreachable),
-            }
+            bytes.extend_from_slice(&chunk);
         }
-        Ok(found)
+        Ok(bytes)
+    }
+}
+
+impl Puller {
+    /// The cosign signatures the registry holds for manifest `digest` of
+    /// `r`'s repository ([`search`]).
+    pub(super) async fn signatures(
+        &self,
+        r: &OciRef,
+        auth: &RegistryAuth,
+        digest: &str,
+        enough: impl Fn(&Evidence) -> bool,
+    ) -> Result<Found, Failure> {
+        let registry = Registry {
+            puller: self,
+            r,
+            auth,
+            digest,
+        };
+        search(&registry, enough).await
     }
 
     /// The referrers of manifest `digest` that are sigstore bundles: the
@@ -243,125 +499,6 @@ impl Puller {
             }),
         }
     }
-
-    /// The sigstore bundles of one referrer, `entry` of the index.
-    async fn bundles_at(
-        &self,
-        r: &OciRef,
-        auth: &RegistryAuth,
-        entry: &oci_client::manifest::ImageIndexEntry,
-        budget: &mut Budget,
-    ) -> Result<Vec<Vec<u8>>, Failure> {
-        let declared = u64::try_from(entry.size).unwrap_or(u64::MAX);
-        if declared > MAX_SIGNATURE_BYTES {
-            return Err(too_big("manifest", &entry.digest, declared));
-        }
-        let at = Reference::with_digest(
-            r.registry.clone(),
-            r.repository.clone(),
-            entry.digest.clone(),
-        );
-        let Some(manifest) = self
-            .signature_manifest(r, auth, &at, &entry.digest, budget)
-            .await?
-        else {
-            return Ok(Vec::new());
-        };
-        let mut bundles = Vec::new();
-        for layer in manifest
-            .layers
-            .iter()
-            .filter(|l| l.media_type == BUNDLE_MEDIA_TYPE)
-        {
-            bundles.push(self.signature_blob(r, &at, layer, budget).await?);
-        }
-        Ok(bundles)
-    }
-
-    /// A signature's manifest; `None` when the registry has none there.
-    /// `digest` (when not empty) is checked against the bytes.
-    async fn signature_manifest(
-        &self,
-        r: &OciRef,
-        auth: &RegistryAuth,
-        at: &Reference,
-        digest: &str,
-        budget: &mut Budget,
-    ) -> Result<Option<OciImageManifest>, Failure> {
-        // Read under the size any signature has; the budget counts what
-        // was read (so the search costs at most the budget plus one).
-        let bytes = match self
-            .manifest_bounded(&Read {
-                r,
-                auth,
-                at,
-                accept: &[OCI_IMAGE_MEDIA_TYPE, DOCKER_MANIFEST_MEDIA_TYPE],
-                limit: MAX_SIGNATURE_BYTES,
-                doing: "fetching a signature",
-            })
-            .await?
-        {
-            Some(bytes) => bytes,
-            // No such tag: not signed in that form.
-            None => return Ok(None),
-        };
-        budget.take(bytes.len() as u64, &format!("the signature manifest {at}"))?;
-        if !digest.is_empty() && format!("sha256:{}", sha256_hex(&bytes)) != digest {
-            return Err(Failure::Refused(format!(
-                "the signature manifest {at} does not match its digest"
-            )));
-        }
-        serde_json::from_slice(&bytes).map(Some).map_err(|e| {
-            Failure::Refused(format!(
-                "the signature manifest {at} is not an image manifest: {e}"
-            ))
-        })
-    }
-
-    /// A signature's layer, small and matching its digest.
-    async fn signature_blob(
-        &self,
-        r: &OciRef,
-        at: &Reference,
-        layer: &oci_client::manifest::OciDescriptor,
-        budget: &mut Budget,
-    ) -> Result<Vec<u8>, Failure> {
-        let declared = u64::try_from(layer.size).unwrap_or(u64::MAX);
-        // Refused on what the manifest declares, before any download.
-        if declared > MAX_SIGNATURE_BYTES {
-            return Err(too_big("layer", &layer.digest, declared));
-        }
-        budget.take(declared, &format!("the signature layer {}", layer.digest))?;
-        let mut blob = self
-            .client
-            .pull_blob_stream(at, layer)
-            .await
-            .map_err(|e| explain(&self.auths, r, "fetching a signature", e))?;
-        let mut bytes = Vec::new();
-        while let Some(chunk) = blob.stream.next().await {
-            let chunk = chunk.map_err(|e| {
-                Failure::Unreachable(format!(
-                    "a signature's download from {} failed: {}",
-                    r.registry,
-                    error_chain(&e)
-                ))
-            })?;
-            if (bytes.len() + chunk.len()) as u64 > MAX_SIGNATURE_BYTES {
-                return Err(Failure::Refused(format!(
-                    "the signature layer {} is larger than its manifest says",
-                    layer.digest
-                )));
-            }
-            bytes.extend_from_slice(&chunk);
-        }
-        if format!("sha256:{}", sha256_hex(&bytes)) != layer.digest {
-            return Err(Failure::Refused(format!(
-                "the signature layer {} does not match its digest",
-                layer.digest
-            )));
-        }
-        Ok(bytes)
-    }
 }
 
 /// A signature `what` (manifest, layer) over the size any signature has.
@@ -375,6 +512,214 @@ fn too_big(what: &str, name: &str, bytes: u64) -> Failure {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
+    use std::{cell::RefCell, collections::HashMap};
+
+    /// A registry in memory: the `.sig` manifest, the referrers index, and
+    /// manifests and blobs by digest. Logs what was fetched, in order.
+    #[derive(Default)]
+    struct Fake {
+        sig: Option<Vec<u8>>,
+        referrers: Vec<ImageIndexEntry>,
+        by_digest: HashMap<String, Vec<u8>>,
+        fetched: RefCell<Vec<String>>,
+    }
+
+    impl Fake {
+        fn get(&self, digest: &str, limit: u64) -> Result<Option<Vec<u8>>, Failure> {
+            self.fetched.borrow_mut().push(digest.to_string());
+            match self.by_digest.get(digest) {
+                Some(b) if b.len() as u64 > limit => Err(Failure::Refused("over the limit".into())),
+                found => Ok(found.cloned()),
+            }
+        }
+
+        /// Stores `bytes`; their descriptor.
+        fn put(&mut self, media_type: &str, bytes: Vec<u8>) -> OciDescriptor {
+            let digest = format!("sha256:{}", sha256_hex(&bytes));
+            let d = OciDescriptor {
+                media_type: media_type.into(),
+                digest: digest.clone(),
+                size: bytes.len() as i64,
+                urls: None,
+                annotations: None,
+                artifact_type: None,
+            };
+            self.by_digest.insert(digest, bytes);
+            d
+        }
+
+        /// A manifest of `layers`, as a referrer of the module.
+        fn referrer(&mut self, layers: &[OciDescriptor]) {
+            let d = self.put(OCI_IMAGE_MEDIA_TYPE, manifest(layers));
+            self.referrers.push(ImageIndexEntry {
+                media_type: d.media_type,
+                digest: d.digest,
+                size: d.size,
+                platform: None,
+                annotations: None,
+                artifact_type: Some(BUNDLE_MEDIA_TYPE.into()),
+            });
+        }
+
+        /// A referrer entry of `bytes` (junk: not a manifest).
+        fn junk_referrer(&mut self, bytes: Vec<u8>) {
+            let d = self.put(OCI_IMAGE_MEDIA_TYPE, bytes);
+            self.referrers.push(ImageIndexEntry {
+                media_type: d.media_type,
+                digest: d.digest,
+                size: d.size,
+                platform: None,
+                annotations: None,
+                artifact_type: Some(BUNDLE_MEDIA_TYPE.into()),
+            });
+        }
+    }
+
+    impl Source for Fake {
+        fn sig_tag(&self) -> String {
+            "r.example/x:sha256-0.sig".into()
+        }
+        async fn sig_tag_manifest(&self, _limit: u64) -> Result<Option<Vec<u8>>, Failure> {
+            self.fetched.borrow_mut().push(".sig".into());
+            Ok(self.sig.clone())
+        }
+        async fn referrers(&self) -> Result<OciImageIndex, Failure> {
+            self.fetched.borrow_mut().push("referrers".into());
+            Ok(OciImageIndex {
+                schema_version: 2,
+                media_type: Some(OCI_IMAGE_INDEX_MEDIA_TYPE.into()),
+                manifests: self.referrers.clone(),
+                artifact_type: None,
+                annotations: None,
+            })
+        }
+        async fn referrer_manifest(
+            &self,
+            digest: &str,
+            limit: u64,
+        ) -> Result<Option<Vec<u8>>, Failure> {
+            self.get(digest, limit)
+        }
+        async fn layer(
+            &self,
+            _referrer: Option<&str>,
+            layer: &OciDescriptor,
+        ) -> Result<Vec<u8>, Failure> {
+            Ok(self
+                .get(&layer.digest, declared(layer.size))?
+                .unwrap_or_default())
+        }
+    }
+
+    fn manifest(layers: &[OciDescriptor]) -> Vec<u8> {
+        serde_json::to_vec(&json!({
+            "schemaVersion": 2,
+            "mediaType": OCI_IMAGE_MEDIA_TYPE,
+            "config": {"mediaType": "application/vnd.oci.empty.v1+json",
+                       "digest": format!("sha256:{}", sha256_hex(b"{}")), "size": 2},
+            "layers": layers,
+        }))
+        .unwrap()
+    }
+
+    /// 1 MiB of junk, different for each `i`: the most a signature
+    /// manifest or layer may be.
+    fn junk(i: u8) -> Vec<u8> {
+        let mut bytes = vec![b' '; MAX_SIGNATURE_BYTES as usize];
+        bytes[0] = i;
+        bytes
+    }
+
+    const REAL: &[u8] = b"{\"the\": \"real signature\"}";
+
+    fn is_real(e: &Evidence) -> bool {
+        match e {
+            Evidence::Bundle { bundle, .. } => bundle == REAL,
+            Evidence::SimpleSigning { payload, .. } => payload == REAL,
+        }
+    }
+
+    fn run(fake: &Fake) -> Found {
+        match futures::executor::block_on(search(fake, is_real)) {
+            Ok(found) => found,
+            Err(Failure::Refused(e) | Failure::Unreachable(e)) => panic!("{e}"),
+        }
+    }
+
+    /// Issue 45: eight referrers of 1 MiB listed before the real one spent
+    /// the 8 MiB budget before it was reached.
+    #[test]
+    fn eight_big_referrers_listed_first_do_not_hide_the_real_signature() {
+        let mut fake = Fake::default();
+        for i in 0..8 {
+            fake.junk_referrer(junk(i));
+        }
+        let real = fake.put(BUNDLE_MEDIA_TYPE, REAL.to_vec());
+        fake.referrer(&[real]);
+        let found = run(&fake);
+        assert!(
+            found.evidence.iter().any(is_real),
+            "not found; passed over: {:?}",
+            found.passed_over
+        );
+        // Smallest first: the real one before any junk.
+        assert_eq!(
+            fake.fetched.borrow().len(),
+            4,
+            "{:?}",
+            fake.fetched.borrow()
+        );
+    }
+
+    /// A small referrer manifest listing eight 1 MiB bundles, before the
+    /// real one: bundles are tried smallest first across referrers.
+    #[test]
+    fn big_bundles_of_a_small_referrer_do_not_hide_the_real_signature() {
+        let mut fake = Fake::default();
+        let big: Vec<OciDescriptor> = (0..8)
+            .map(|i| fake.put(BUNDLE_MEDIA_TYPE, junk(i)))
+            .collect();
+        fake.referrer(&big);
+        let real = fake.put(BUNDLE_MEDIA_TYPE, REAL.to_vec());
+        fake.referrer(&[real]);
+        let found = run(&fake);
+        assert!(
+            found.evidence.iter().any(is_real),
+            "not found; passed over: {:?}",
+            found.passed_over
+        );
+    }
+
+    /// The `.sig` tag is tried before the referrers, however many there
+    /// are: they are not even listed when it holds the signature.
+    #[test]
+    fn the_sig_tag_is_tried_before_the_referrers() {
+        let mut fake = Fake::default();
+        for i in 0..8 {
+            fake.junk_referrer(junk(i));
+        }
+        let mut payload = fake.put(SIMPLE_SIGNING_MEDIA_TYPE, REAL.to_vec());
+        payload.annotations = Some([(SIGNATURE_ANNOTATION.to_string(), "c2ln".into())].into());
+        let big = {
+            let mut d = fake.put(SIMPLE_SIGNING_MEDIA_TYPE, junk(9));
+            d.annotations = payload.annotations.clone();
+            d
+        };
+        fake.sig = Some(manifest(&[big, payload]));
+        let found = run(&fake);
+        assert!(
+            found.evidence.iter().any(is_real),
+            "{:?}",
+            found.passed_over
+        );
+        assert_eq!(found.evidence.len(), 1, "the 1 MiB layer was fetched first");
+        assert!(
+            !fake.fetched.borrow().iter().any(|f| f == "referrers"),
+            "{:?}",
+            fake.fetched.borrow()
+        );
+    }
 
     #[test]
     fn a_budget_refuses_what_does_not_fit_and_ends_the_search() {

@@ -90,6 +90,10 @@ pub(crate) struct Runtime {
     pub limits: Arc<Limits>,
     pub counters: Counters,
     pub dir: Option<PathBuf>,
+    /// The modules the configuration's expressions name, each with the
+    /// `sha256` pins they give it (lowercase); `None`: every module of the
+    /// directory is loaded, and pins are known only from checkers built.
+    pub referenced: Option<HashMap<String, Vec<String>>>,
     /// Where guests' probes go ([`crate::WasmConfig::probes`]).
     pub probes: ProbeMode,
     pub events: broadcast::Sender<ModuleEvent>,
@@ -112,6 +116,7 @@ impl Runtime {
         cache: Option<CodeCache>,
         limits: Limits,
         dir: Option<PathBuf>,
+        referenced: Option<HashMap<String, Vec<String>>>,
         probes: ProbeMode,
     ) -> wasmtime::Result<Self> {
         let mut linker = Linker::new(&engine);
@@ -127,7 +132,10 @@ impl Runtime {
             |s| s,
         )?;
         let slots = Arc::new(Semaphore::new(limits.max_instances.max(1) as usize));
-        let scan = ScanState::new(dir.clone());
+        let scan = ScanState::new(
+            dir.clone(),
+            referenced.as_ref().map(|r| r.keys().cloned().collect()),
+        );
         Ok(Runtime {
             engine,
             supply,
@@ -136,6 +144,7 @@ impl Runtime {
             limits: Arc::new(limits),
             counters: Counters::default(),
             dir,
+            referenced,
             probes,
             events: broadcast::channel(64).0,
             modules: RwLock::new(HashMap::new()),
@@ -183,6 +192,18 @@ impl Runtime {
         let mut users = self.users.lock().unwrap_or_else(|e| e.into_inner());
         users.retain(|u| u.strong_count() > 0);
         users.push(Arc::downgrade(spec));
+    }
+
+    /// The pins `module` must match: the configuration's and those of the
+    /// checkers built on it.
+    fn pins_of(&self, module: &str, users: &[Arc<CheckerSpec>]) -> Vec<String> {
+        let mut pins: Vec<String> = users.iter().filter_map(|u| u.pin.clone()).collect();
+        if let Some(configured) = self.referenced.as_ref().and_then(|r| r.get(module)) {
+            pins.extend(configured.iter().cloned());
+        }
+        pins.sort_unstable();
+        pins.dedup();
+        pins
     }
 
     fn users_of(&self, module: &str) -> Vec<Arc<CheckerSpec>> {

@@ -36,9 +36,13 @@ pub(super) struct ScanState {
 }
 
 impl ScanState {
-    pub(super) fn new(dir: Option<PathBuf>) -> Self {
+    /// `referenced`: the only module files read (`None`: all of them).
+    pub(super) fn new(dir: Option<PathBuf>, referenced: Option<HashSet<String>>) -> Self {
         ScanState {
-            dir: dir.map(ModulesDir::new),
+            dir: dir.map(|dir| match referenced {
+                Some(names) => ModulesDir::new(dir).only(names),
+                None => ModulesDir::new(dir),
+            }),
             removed: HashSet::new(),
             errors: HashMap::new(),
         }
@@ -46,8 +50,8 @@ impl ScanState {
 }
 
 impl Runtime {
-    /// Gunzips (a `.wasm.gz`), compiles (or loads from cache) and links a
-    /// module's content (the file as stored).
+    /// Gunzips (a `.wasm.gz`), bounds (`bounds.rs`), compiles (or loads
+    /// from cache) and links a module's content (the file as stored).
     ///
     /// CPU-heavy (seconds for a large guest): [`Runtime::install`] runs it
     /// on tokio's blocking pool. Also returns why a cached entry present was
@@ -67,6 +71,9 @@ impl Runtime {
             self.limits.max_gunzipped_bytes,
         )?;
         let bytes = &code.bytes[..];
+        // Before the compiler, and before the cache too: whether a module
+        // loads does not depend on what the cache holds.
+        crate::bounds::check(name, bytes, &self.limits)?;
         let Loaded {
             component,
             source: compiled,
@@ -152,6 +159,19 @@ impl Runtime {
             self.report(name, false, Some(&sha256), None, message.clone());
             Err(message)
         };
+        // The pin first, on the bytes as stored: content that is not the
+        // pinned module is never gunzipped nor compiled.
+        let users = self.users_of(name);
+        if let Some(pin) = self
+            .pins_of(name, &users)
+            .into_iter()
+            .find(|pin| *pin != sha256)
+        {
+            return fail(
+                errors,
+                format!("content does not match the sha256 {pin} pinned in the configuration"),
+            );
+        }
         // Compiling takes seconds of CPU: on the blocking pool, not on a
         // thread of whatever runtime is rescanning (a current-thread one
         // would stall for the whole compile).
@@ -164,17 +184,6 @@ impl Runtime {
             Ok(Err(message)) => return fail(errors, message),
             Err(e) => return fail(errors, format!("compiling failed: {e}")),
         };
-        let users = self.users_of(name);
-        if let Some(pin) = users
-            .iter()
-            .filter_map(|u| u.pin.as_deref())
-            .find(|pin| *pin != sha256)
-        {
-            return fail(
-                errors,
-                format!("content does not match the sha256 {pin} pinned in the configuration"),
-            );
-        }
         // Each configuration in use, under each memory limit it runs with.
         let mut configs: Vec<(&str, crate::CallLimits)> = users
             .iter()
@@ -354,4 +363,170 @@ fn guest_pre(
         "not a portwise membership checker: exports neither {CHECKER_0_2} nor {CHECKER_0_1} \
          (build it against wit/membership.wit, world membership-checker)"
     ))
+}
+
+/// Issue 45: what reaches the compiler. The example guest kept in
+/// `tests/fixtures`, so these run without the built guests.
+#[cfg(test)]
+mod tests {
+    use std::{fs, io::Write, path::Path, sync::Arc};
+
+    use portwise_core::config::WasmSpec;
+    use serde_json::json;
+
+    use crate::{Limits, WasmConfig, WasmError, WasmRuntime};
+
+    const GUEST: &[u8] = include_bytes!("../../tests/fixtures/admin-check-0.2.0.wasm");
+
+    fn spec(module: &str, sha256: Option<&str>) -> WasmSpec {
+        serde_json::from_value(json!({"module": module, "config": {}, "sha256": sha256})).unwrap()
+    }
+
+    fn gzip(bytes: &[u8]) -> Vec<u8> {
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+        gz.write_all(bytes).unwrap();
+        gz.finish().unwrap()
+    }
+
+    async fn runtime(
+        dir: &Path,
+        cache: &Path,
+        expressions: Option<Vec<WasmSpec>>,
+        limits: Limits,
+    ) -> WasmRuntime {
+        WasmRuntime::new(WasmConfig {
+            supply: Arc::new(portwise_supply::Supplier),
+            modules_dir: Some(dir.to_path_buf()),
+            expressions,
+            cache_dir: Some(cache.to_path_buf()),
+            watch: false,
+            limits: Limits {
+                max_instances: 8,
+                ..limits
+            },
+            oci: Default::default(),
+            probes: Default::default(),
+        })
+        .await
+        .unwrap()
+    }
+
+    /// Files no expression names are not read, gunzipped nor compiled:
+    /// neither garbage nor a gzip bomb beside the module in use leaves a
+    /// load error, and the module in use serves.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn files_no_expression_names_are_not_compiled() {
+        let (dir, cache) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        fs::write(dir.path().join("check.wasm"), GUEST).unwrap();
+        fs::write(dir.path().join("garbage.wasm"), b"not wasm at all").unwrap();
+        let bomb = gzip(&vec![0u8; 80 << 20]);
+        fs::write(dir.path().join("bomb.wasm.gz"), bomb).unwrap();
+        let rt = runtime(
+            dir.path(),
+            cache.path(),
+            Some(vec![spec("check", None)]),
+            Limits::default(),
+        )
+        .await;
+        assert_eq!(rt.load_errors().await, []);
+        let loaded: Vec<String> = rt.modules().into_iter().map(|m| m.module).collect();
+        assert_eq!(loaded, ["check.wasm"]);
+        // One compile: the module in use.
+        assert_eq!(rt.code_cache_stats().unwrap().misses, 1);
+        rt.checker("check.wasm", &json!({}), None).await.unwrap();
+        let Err(WasmError::NotLoaded { why, .. }) =
+            rt.checker("garbage.wasm", &json!({}), None).await
+        else {
+            panic!("garbage.wasm was loaded");
+        };
+        assert!(
+            why.contains("no expression of the configuration names it"),
+            "{why}"
+        );
+        // Nor on a rescan.
+        fs::write(dir.path().join("garbage.wasm"), b"still not wasm").unwrap();
+        rt.rescan().await;
+        assert_eq!(rt.load_errors().await, []);
+    }
+
+    /// A pin is compared with the file's bytes before anything else: a file
+    /// that is not even WebAssembly, or a gzip bomb, gives the pin error,
+    /// and nothing is gunzipped or compiled; at the first load and on a
+    /// reload alike.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn content_that_does_not_match_its_pin_is_refused_before_compiling() {
+        let (dir, cache) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let pin = portwise_supply::sha256_hex(GUEST);
+        fs::write(dir.path().join("check.wasm"), b"not wasm at all").unwrap();
+        fs::write(dir.path().join("bomb.wasm.gz"), gzip(&vec![0u8; 80 << 20])).unwrap();
+        let expressions = vec![
+            spec("check.wasm", Some(&pin.to_ascii_uppercase())),
+            spec("bomb.wasm.gz", Some(&pin)),
+        ];
+        let rt = runtime(
+            dir.path(),
+            cache.path(),
+            Some(expressions),
+            Limits::default(),
+        )
+        .await;
+        let errors = rt.load_errors().await;
+        assert_eq!(errors.len(), 2, "{errors:?}");
+        for (module, error) in &errors {
+            assert!(
+                error.contains(&format!("does not match the sha256 {pin} pinned")),
+                "{module}: {error}"
+            );
+        }
+        assert_eq!(
+            rt.code_cache_stats().unwrap().misses,
+            0,
+            "something was compiled"
+        );
+
+        // The pinned content serves; garbage in its place is refused by
+        // the pin again, and the pinned version keeps serving.
+        fs::write(dir.path().join("check.wasm"), GUEST).unwrap();
+        rt.rescan().await;
+        rt.checker("check.wasm", &json!({}), Some(&pin))
+            .await
+            .unwrap();
+        fs::write(dir.path().join("check.wasm"), b"not wasm, and longer").unwrap();
+        rt.rescan().await;
+        let errors = rt.load_errors().await;
+        let error = &errors.iter().find(|(m, _)| m == "check.wasm").unwrap().1;
+        assert!(error.contains("does not match the sha256"), "{error}");
+        assert!(error.contains("still serving"), "{error}");
+        assert_eq!(rt.code_cache_stats().unwrap().misses, 1);
+    }
+
+    /// A component past a compile bound is refused before the compiler,
+    /// with the file and the figure named.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_component_over_a_compile_bound_is_refused_by_name() {
+        let (dir, cache) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        fs::write(dir.path().join("check.wasm.gz"), gzip(GUEST)).unwrap();
+        let limits = Limits {
+            max_function_bytes: 1024,
+            ..Limits::default()
+        };
+        let rt = runtime(
+            dir.path(),
+            cache.path(),
+            Some(vec![spec("check.wasm.gz", None)]),
+            limits,
+        )
+        .await;
+        let errors = rt.load_errors().await;
+        let [(module, error)] = &errors[..] else {
+            panic!("{errors:?}");
+        };
+        assert_eq!(module, "check.wasm.gz");
+        assert!(
+            error.contains("check.wasm.gz: function body ")
+                && error.contains("above the 1.0 KiB compile limit"),
+            "{error}"
+        );
+        assert_eq!(rt.code_cache_stats().unwrap().misses, 0, "it was compiled");
+    }
 }

@@ -335,6 +335,7 @@ fn check_case(pool: &[u8], answers: &[Answer]) -> Result<u64, TestCaseError> {
             oci: Default::default(),
             probes: Default::default(),
             modules_dir: None,
+            expressions: None,
             cache_dir: Some(dir.join("cache")),
             watch: false,
             // Generous time: this is about answers, not deadlines, and the

@@ -61,6 +61,7 @@ async fn runtime_loading(path: &Path) -> WasmRuntime {
         oci: Default::default(),
         probes: Default::default(),
         modules_dir: None,
+        expressions: None,
         cache_dir: Some(default_cache_dir()),
         watch: false,
         // These tests check answers, not timing: a loaded CI machine running
@@ -644,5 +645,52 @@ async fn guests_stay_correct_over_many_calls() {
             .map(|f| f.count)
             .sum();
         assert_eq!(failed, 0, "{module}: {:?}", rt.failures());
+    }
+}
+
+/// Issue 45: the compile bounds (`Limits::max_component_bytes`,
+/// `max_functions`, `max_function_bytes`) must leave room for every real
+/// guest: each figure of each built guest is at most half its default.
+/// Prints the figures (`--nocapture`): docs/configuration.md quotes them.
+#[test]
+fn every_guest_is_well_within_the_compile_bounds() {
+    fn walk(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
+        for entry in std::fs::read_dir(dir).unwrap().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                walk(&path, out);
+            } else if path.extension().is_some_and(|e| e == "wasm") {
+                out.push(path);
+            }
+        }
+    }
+    let mut guests = Vec::new();
+    walk(&guests_dir(), &mut guests);
+    guests.sort();
+    for name in ["python-tier-check.wasm", "js-drain-check.wasm"] {
+        assert!(
+            guests.iter().any(|g| g.ends_with(name)),
+            "{name} is missing: build the guests first (guests/build)"
+        );
+    }
+    let limits = portwise_wasm::Limits::default();
+    for path in guests {
+        let bytes = std::fs::read(&path).unwrap();
+        let name = path
+            .strip_prefix(guests_dir())
+            .unwrap()
+            .display()
+            .to_string();
+        let f = portwise_wasm::measure_component(&name, &bytes, None).unwrap();
+        println!(
+            "{name}: {} bytes, {} core modules, {} functions, largest body {} bytes",
+            f.bytes, f.modules, f.functions, f.largest_function
+        );
+        assert!(f.bytes <= limits.max_component_bytes / 2, "{name}: {f:?}");
+        assert!(f.functions <= limits.max_functions / 2, "{name}: {f:?}");
+        assert!(
+            f.largest_function <= limits.max_function_bytes / 2,
+            "{name}: {f:?}"
+        );
     }
 }

@@ -60,6 +60,7 @@ impl Harness {
             supply: Arc::new(Supplier),
             oci: Default::default(),
             modules_dir: None,
+            expressions: None,
             cache_dir: Some(cache.path().to_path_buf()),
             watch: false,
             limits: Limits {
