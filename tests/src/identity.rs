@@ -224,8 +224,12 @@ pub async fn service_account_token(
 pub async fn portwise_identity(cp: &ControlPlane) -> Result<PathBuf> {
     kubectl(
         cp,
+        // Server-side, as the manifests' dry runs (tests/it/ship) apply
+        // them: one field manager, so those never conflict with these.
         &[
             "apply",
+            "--server-side",
+            "--field-manager=portwise-tests",
             "-f",
             "deploy/kustomize/namespace.yaml",
             "-f",

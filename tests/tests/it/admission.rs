@@ -23,10 +23,11 @@ const POLICY: &str = "portwise-writes-only-its-own";
 async fn refused(
     cp: &ControlPlane,
     kc: &Path,
-    args: &[&str],
+    args: Vec<String>,
     stdin: Option<&str>,
 ) -> Result<String> {
-    let out = kubectl_as(cp, kc, args, stdin).await?;
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = kubectl_as(cp, kc, &args, stdin).await?;
     let said = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
@@ -39,14 +40,18 @@ async fn refused(
     Ok(said)
 }
 
+/// A slice of Service `web`, or (with no owner) of a Service `apiserver`
+/// that no one here manages, as `default/kubernetes`'s is the API
+/// server's own.
 fn slice_yaml(ns: &str, name: &str, manager: &str, owner: Option<(&str, &str)>) -> String {
+    let service = if owner.is_some() { "web" } else { "apiserver" };
     let owner = owner.map_or(String::new(), |(svc, uid)| {
         format!(
             "  ownerReferences:\n  - {{apiVersion: v1, kind: Service, name: {svc}, uid: {uid}, controller: true}}\n"
         )
     });
     format!(
-        "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {name}\n  namespace: {ns}\n  labels:\n    kubernetes.io/service-name: web\n    endpointslice.kubernetes.io/managed-by: {manager}\n{owner}addressType: IPv4\nendpoints: []\nports: []\n"
+        "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {name}\n  namespace: {ns}\n  labels:\n    kubernetes.io/service-name: {service}\n    endpointslice.kubernetes.io/managed-by: {manager}\n{owner}addressType: IPv4\nendpoints: []\nports: []\n"
     )
 }
 
@@ -56,56 +61,6 @@ async fn portwise_s_token_writes_only_the_slices_it_owns() -> Result<()> {
     let ns = TestNs::new(cp, "admission").await?;
     // deploy/kustomize's namespace, RBAC and admission policy.
     let kc = portwise_identity(cp).await?;
-
-    // The API server's own Service: its slice and Endpoints have no owner,
-    // and are not portwise's. A new policy takes a moment to be enforced.
-    wait_for(SETTLE, || {
-        refused(
-            cp,
-            &kc,
-            &[
-                "-n",
-                "default",
-                "delete",
-                "endpointslice",
-                "kubernetes",
-                "--dry-run=server",
-            ],
-            None,
-        )
-    })
-    .await?;
-    let said = refused(
-        cp,
-        &kc,
-        &[
-            "-n",
-            "default",
-            "delete",
-            "endpoints",
-            "kubernetes",
-            "--dry-run=server",
-        ],
-        None,
-    )
-    .await?;
-    ensure!(said.contains("managed by nobody it knows"), "{said}");
-    refused(
-        cp,
-        &kc,
-        &[
-            "-n",
-            "default",
-            "label",
-            "endpointslice",
-            "kubernetes",
-            "endpointslice.kubernetes.io/managed-by=portwise",
-            "--overwrite",
-            "--dry-run=server",
-        ],
-        None,
-    )
-    .await?;
 
     // A Service of a test namespace, and slices for it.
     ns.create_service(service("web").annotation(GROUP_KEY, "g").port("http", 8080))
@@ -125,11 +80,67 @@ async fn portwise_s_token_writes_only_the_slices_it_owns() -> Result<()> {
     )
     .await?;
     let apply = ["apply", "--dry-run=server", "-f", "-"];
+    let ns_args = |verb: &'static str, kind: &'static str, name: &'static str| {
+        vec![
+            "-n".to_string(),
+            ns.name().to_string(),
+            verb.into(),
+            kind.into(),
+            name.into(),
+            "--dry-run=server".into(),
+        ]
+    };
+
+    // Slices that are not portwise's, as `default/kubernetes`'s is (the
+    // API server's, with no owner): made by the admin. A new policy takes
+    // a moment to be enforced.
+    kubectl(
+        cp,
+        &["apply", "-f", "-"],
+        Some(&slice_yaml(
+            ns.name(),
+            "unowned",
+            "endpointslice-controller.k8s.io",
+            None,
+        )),
+    )
+    .await?;
+    kubectl(
+        cp,
+        &["apply", "-f", "-"],
+        Some(&slice_yaml(
+            ns.name(),
+            "others",
+            "someone-else",
+            Some(("web", &uid)),
+        )),
+    )
+    .await?;
+    let legacy = format!(
+        "apiVersion: v1\nkind: Endpoints\nmetadata: {{name: legacy, namespace: {}}}\nsubsets: []\n",
+        ns.name()
+    );
+    kubectl(cp, &["apply", "-f", "-"], Some(&legacy)).await?;
+    let delete_unowned = ns_args("delete", "endpointslice", "unowned");
+    let said = wait_for(SETTLE, || refused(cp, &kc, delete_unowned.clone(), None))
+        .await
+        .context("deleting a native slice no Service owns")?;
+    ensure!(said.contains("endpointslice-controller.k8s.io"), "{said}");
+    let said = refused(cp, &kc, ns_args("delete", "endpointslice", "others"), None).await?;
+    ensure!(said.contains("managed by someone-else"), "{said}");
+    let said = refused(cp, &kc, ns_args("delete", "endpoints", "legacy"), None).await?;
+    ensure!(said.contains("managed by nobody it knows"), "{said}");
+    let mut relabel = ns_args("label", "endpointslice", "unowned");
+    relabel.extend([
+        "endpointslice.kubernetes.io/managed-by=portwise".into(),
+        "--overwrite".into(),
+    ]);
+    refused(cp, &kc, relabel, None).await?;
     // portwise's label, but no owning Service: refused.
     let said = refused(
         cp,
         &kc,
-        &apply,
+        apply.map(String::from).to_vec(),
         Some(&slice_yaml(ns.name(), "web-x", MANAGED_BY, None)),
     )
     .await?;
@@ -138,7 +149,7 @@ async fn portwise_s_token_writes_only_the_slices_it_owns() -> Result<()> {
     refused(
         cp,
         &kc,
-        &apply,
+        apply.map(String::from).to_vec(),
         Some(&slice_yaml(
             ns.name(),
             "web-y",

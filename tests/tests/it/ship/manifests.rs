@@ -21,6 +21,8 @@ const BASE_KINDS: &[(&str, usize)] = &[
     ("Deployment", 1),
     ("Service", 1),
     ("PodDisruptionBudget", 1),
+    ("ValidatingAdmissionPolicy", 1),
+    ("ValidatingAdmissionPolicyBinding", 1),
 ];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

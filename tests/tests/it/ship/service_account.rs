@@ -155,11 +155,22 @@ async fn runs_as_its_service_account_and_can_do_nothing_more() -> Result<()> {
         );
     }
 
-    // A leftover of the native controller for the (selector-less) Service:
-    // native cleanup must delete it once portwise publishes.
+    // A leftover of the native controller for the (selector-less) Service,
+    // owned by it as the native controller's slices are: native cleanup
+    // must delete it once portwise publishes (deploy/'s admission policy
+    // lets portwise delete no native slice without its Service as owner).
+    let uid = ns
+        .api::<k8s_openapi::api::core::v1::Service>()
+        .get("my-service")
+        .await?
+        .metadata
+        .uid
+        .context("the Service's uid")?;
     let native: EndpointSlice = serde_json::from_value(json!({
         "metadata": { "name": "my-service-native", "labels": {
-            SERVICE_NAME_LABEL: "my-service", MANAGED_BY_LABEL: NATIVE_MANAGER } },
+            SERVICE_NAME_LABEL: "my-service", MANAGED_BY_LABEL: NATIVE_MANAGER },
+            "ownerReferences": [{ "apiVersion": "v1", "kind": "Service", "name": "my-service",
+                "uid": uid, "controller": true, "blockOwnerDeletion": true }] },
         "addressType": "IPv4",
         "ports": [{ "name": "http", "port": 8080, "protocol": "TCP" }],
         "endpoints": [{ "addresses": [next_ips().v4.to_string()] }],
