@@ -251,6 +251,14 @@ fn unhash(name: &str) -> String {
 /// Service type that the apiserver defaults anyway made explicit.
 fn normalize(mut obj: Value) -> Result<Value> {
     strip_labels(&mut obj);
+    // kubectl's kustomize does not know these kinds are cluster-scoped and
+    // gives them the base's namespace, which the apiserver ignores.
+    if matches!(
+        obj["kind"].as_str(),
+        Some("ValidatingAdmissionPolicy" | "ValidatingAdmissionPolicyBinding")
+    ) {
+        remove_path(&mut obj, &["metadata", "namespace"]);
+    }
     remove_path(
         &mut obj,
         &[
