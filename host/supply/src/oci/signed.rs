@@ -47,6 +47,13 @@ pub(super) struct Found {
 }
 
 impl Found {
+    /// Keeps `e`; whether it is `enough` to end the search.
+    fn keep(&mut self, e: Evidence, enough: &impl Fn(&Evidence) -> bool) -> bool {
+        let done = enough(&e);
+        self.evidence.push(e);
+        done
+    }
+
     /// `why` (the verdict on `evidence`), with what was passed over: a
     /// signature that was there but unusable is told apart from none.
     pub fn refusal(&self, why: String) -> String {
@@ -197,9 +204,7 @@ pub(super) async fn search(
                             payload,
                             signature: signature.clone(),
                         };
-                        let done = enough(&e);
-                        found.evidence.push(e);
-                        if done {
+                        if found.keep(e, &enough) {
                             return Ok(found);
                         }
                     }
@@ -266,9 +271,7 @@ pub(super) async fn search(
                             manifest: referrer.to_string(),
                             bundle,
                         };
-                        let done = enough(&e);
-                        found.evidence.push(e);
-                        if done {
+                        if found.keep(e, &enough) {
                             return Ok(found);
                         }
                     }
