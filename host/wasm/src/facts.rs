@@ -31,8 +31,9 @@ pub(crate) fn service_ports(svc: &Service) -> impl Iterator<Item = (&K8sServiceP
 }
 
 /// The pod's addresses exactly as the planner reads them
-/// ([`align::pod_addresses`]): a guest sees the addresses portwise would
-/// publish, no others.
+/// ([`align::pod_addresses`]): a guest sees no address the built-in rules
+/// refuse. `podAddresses.cidrs` is not applied here: an address outside it
+/// may be listed, but a guest probes only the judged one.
 pub(crate) fn pod_ips(pod: &Pod) -> Vec<String> {
     align::pod_addresses(pod)
         .into_iter()
