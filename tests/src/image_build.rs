@@ -2,7 +2,7 @@
 //!
 //! The image's release musl build is the longest single build of a cold
 //! run and shares nothing with the dev build, so `./test` starts it in the
-//! background when the suite starts (`tests/image-build-bg`) and the image
+//! background when the suite starts (`tests/xtask/src/image.rs`) and the image
 //! test waits here for it. The build holds `$PORTWISE_IMAGE_BUILD/lock`
 //! while it runs and leaves its exit code in `status` and its output in
 //! `log`. Without `PORTWISE_IMAGE_BUILD` (the suite run by hand) there is

@@ -1,0 +1,165 @@
+//! `build-deferred [--detach] BUILD...`: builds what a cold `./test`
+//! deferred (the deferrable Go tools, `tests/go-tools/build NAME`, and the
+//! image), so that the next run has it.
+//!
+//! `--detach` returns at once and builds in a session of its own at the
+//! lowest CPU priority, logging to `$PORTWISE_CACHE/logs/deferred-build.log`.
+//! It builds from a copy of the checkout's files: CI runs in a clean clone
+//! that is removed when the run ends, and builds that read a removed
+//! checkout fail half-way (each would then be built inside the next run,
+//! on that run's clock).
+//!
+//! A build named here is recorded in `$PORTWISE_CACHE/deferred-before`
+//! first (see [`crate::deferral`]).
+
+use std::{
+    fs::{File, OpenOptions},
+    io::Write as _,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    time::{Instant, SystemTime, UNIX_EPOCH},
+};
+
+use crate::{Paths, Result, image, proc};
+
+/// The builds `./test` may defer: the deferrable Go tools and the image.
+pub fn deferrable(paths: &Paths) -> Result<Vec<String>> {
+    let mut builds = proc::lines(
+        paths.root.join("tests/go-tools/build"),
+        &["--list", "deferrable"],
+    )?;
+    builds.push("image".to_owned());
+    Ok(builds)
+}
+
+pub fn run(paths: &Paths, args: &[String]) -> Result<u8> {
+    let (detach, builds) = match args.split_first() {
+        Some((first, rest)) if first == "--detach" => (true, rest),
+        _ => (false, args),
+    };
+    let known = deferrable(paths)?;
+    if let Some(unknown) = builds.iter().find(|b| !known.contains(b)) {
+        return Err(format!("unknown build {unknown} ({})", known.join(" ")).into());
+    }
+    if detach {
+        return detached(paths, builds).map(|()| 0);
+    }
+    let mut before = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(paths.cache.join("deferred-before"))?;
+    for b in builds {
+        writeln!(before, "{b}")?;
+    }
+    let mut rc = 0u8;
+    for b in builds {
+        let t0 = Instant::now();
+        let ok = if b == "image" {
+            let dir = paths.cache.join("image-build");
+            image::start(paths, &dir)?;
+            image::wait(&dir).map_err(|e| eprintln!("{e}")).is_ok()
+        } else {
+            Command::new(paths.root.join("tests/go-tools/build"))
+                .arg(b)
+                .stdout(Stdio::null())
+                .status()?
+                .success()
+        };
+        if !ok {
+            rc = 1;
+        }
+        println!(
+            "build-deferred: {b} done in {} s (exit so far {rc})",
+            t0.elapsed().as_secs()
+        );
+    }
+    if let Some(copy) = copy_of(&paths.cache, &paths.root) {
+        let _ = std::fs::remove_dir_all(copy);
+    }
+    Ok(rc)
+}
+
+/// Starts the builds in the background, from a copy of the checkout.
+fn detached(paths: &Paths, builds: &[String]) -> Result<()> {
+    let copies = paths.cache.join("deferred-src");
+    forget_abandoned(&copies);
+    let stamp = SystemTime::now().duration_since(UNIX_EPOCH)?.as_nanos();
+    let copy = copies.join(format!("{stamp}"));
+    copy_checkout(&paths.root, &copy)?;
+    let log = File::create(paths.logs.join("deferred-build.log"))?;
+    let child = Command::new("setsid")
+        .args(["nice", "-n", "19"])
+        .arg(std::env::current_exe()?)
+        .arg("build-deferred")
+        .args(builds)
+        .current_dir(&copy)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .spawn()
+        .map_err(|e| format!("cannot start the deferred builds: {e}"))?;
+    std::fs::write(
+        copy.join(".deferred-build.pid"),
+        format!("{}\n", child.id()),
+    )?;
+    Ok(())
+}
+
+/// The copy `root` is, when it is one of `cache`'s deferred-build copies.
+fn copy_of(cache: &Path, root: &Path) -> Option<PathBuf> {
+    (root.parent()? == cache.join("deferred-src")).then(|| root.to_path_buf())
+}
+
+/// Removes copies whose build is no longer running (killed before it
+/// could remove its own).
+fn forget_abandoned(copies: &Path) {
+    let Ok(entries) = std::fs::read_dir(copies) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let pid = std::fs::read_to_string(e.path().join(".deferred-build.pid")).unwrap_or_default();
+        let alive = !pid.trim().is_empty() && Path::new("/proc").join(pid.trim()).exists();
+        if !alive {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
+}
+
+/// Copies the files git tracks (as they are in the work tree, edits
+/// included) and keeps symlinks as symlinks (the older minors' control
+/// planes link to the current one's sources).
+fn copy_checkout(root: &Path, to: &Path) -> Result<()> {
+    let out = Command::new("git")
+        .args([
+            "ls-files",
+            "-z",
+            "--cached",
+            "--others",
+            "--exclude-standard",
+        ])
+        .current_dir(root)
+        .output()?;
+    if !out.status.success() {
+        return Err(format!(
+            "git ls-files failed in {}: a git checkout is needed",
+            root.display()
+        )
+        .into());
+    }
+    for name in out.stdout.split(|b| *b == 0).filter(|n| !n.is_empty()) {
+        let name = std::str::from_utf8(name)?;
+        let (from, dest) = (root.join(name), to.join(name));
+        let Ok(meta) = std::fs::symlink_metadata(&from) else {
+            continue; // deleted in the work tree
+        };
+        if let Some(parent) = dest.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        if meta.file_type().is_symlink() {
+            std::os::unix::fs::symlink(std::fs::read_link(&from)?, &dest)?;
+        } else if meta.is_file() {
+            std::fs::copy(&from, &dest)?;
+        }
+    }
+    Ok(())
+}
