@@ -79,6 +79,8 @@ pub(crate) struct ModuleCounters {
     calls: AtomicU64,
     instantiations: AtomicU64,
     failures: [AtomicU64; FailureKind::ALL.len()],
+    /// Its guests' log lines a second, for all its instances together.
+    pub(crate) log_rate: crate::log_rate::LogRate,
 }
 
 impl ModuleCounters {
@@ -138,6 +140,15 @@ impl Counters {
         modules
             .iter()
             .map(|(m, c)| (m.clone(), c.calls.load(Ordering::Relaxed)))
+            .collect()
+    }
+
+    /// Guest log lines dropped over the module's rate, per module.
+    pub(crate) fn log_lines_dropped(&self) -> Vec<(String, u64)> {
+        let modules = self.modules.lock().unwrap_or_else(|e| e.into_inner());
+        modules
+            .iter()
+            .map(|(m, c)| (m.clone(), c.log_rate.dropped()))
             .collect()
     }
 

@@ -74,6 +74,7 @@ mod engine;
 mod facts;
 mod failures;
 mod limiter;
+pub mod log_rate;
 mod modules;
 mod probe_failure;
 mod probes;
@@ -477,6 +478,12 @@ impl WasmRuntime {
     /// Guest `check` calls attempted per module.
     pub fn calls(&self) -> Vec<(String, u64)> {
         self.rt.counters.calls()
+    }
+
+    /// Guest log lines dropped per module, over the rate each module may
+    /// log at ([`log_rate`]).
+    pub fn log_lines_dropped(&self) -> Vec<(String, u64)> {
+        self.rt.counters.log_lines_dropped()
     }
 
     /// Guest instances created per module (for `validate-config`, after a

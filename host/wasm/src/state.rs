@@ -17,7 +17,11 @@ use wasmtime::component::ResourceTable;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use crate::{
-    CallLimits, Limits, capture::Capture, failures::ModuleCounters, limiter::MemoryLimiter,
+    CallLimits, Limits,
+    capture::Capture,
+    failures::ModuleCounters,
+    limiter::MemoryLimiter,
+    log_rate::{Admit, BURST, RATE},
     replay::ProbeMode,
 };
 use portwise_core::text::truncate;
@@ -178,11 +182,13 @@ impl HostState {
             let text = String::from_utf8_lossy(&bytes);
             let l = &self.call.labels;
             for line in text.lines().filter(|l| !l.trim().is_empty()) {
-                tracing::info!(
-                    target: "portwise_wasm::guest",
-                    module = %l.module, service = %l.service(), pod = %l.pod(), port = %l.port, stream,
-                    "{line}"
-                );
+                if self.admit_log_line() {
+                    tracing::info!(
+                        target: "portwise_wasm::guest",
+                        module = %l.module, service = %l.service(), pod = %l.pod(), port = %l.port, stream,
+                        "{line}"
+                    );
+                }
                 if stream == "stderr" {
                     if tail.len() == 3 {
                         tail.remove(0);
@@ -190,7 +196,7 @@ impl HostState {
                     tail.push(line.trim().to_string());
                 }
             }
-            if dropped > 0 {
+            if dropped > 0 && self.admit_log_line() {
                 tracing::info!(
                     target: "portwise_wasm::guest",
                     module = %l.module, stream, dropped,
@@ -215,11 +221,30 @@ impl HostState {
             == portwise_core::membership::Decision::Include
     }
 
+    /// Whether the module may write one more line to the log now, by its
+    /// rate ([`crate::log_rate`]); warns when it starts dropping.
+    fn admit_log_line(&self) -> bool {
+        match self.counters.log_rate.admit(Instant::now()) {
+            Admit::Write => true,
+            Admit::Drop => false,
+            Admit::DropAndWarn(dropped) => {
+                tracing::warn!(
+                    target: "portwise_wasm::guest",
+                    module = %self.call.labels.module, dropped,
+                    "the module logs more than {RATE} lines a second (bursts of {BURST}): \
+                     lines dropped since the last such warning; \
+                     portwise_guest_log_lines_dropped_total counts them"
+                );
+                false
+            }
+        }
+    }
+
     /// The guest's log line, capped in length and per call; the one
     /// implementation behind every WIT version's `log`.
     pub(crate) fn guest_log(&mut self, level: tracing::Level, message: String) {
         self.call.log_lines += 1;
-        if self.call.log_lines > MAX_LOG_LINES_PER_CALL {
+        if self.call.log_lines > MAX_LOG_LINES_PER_CALL || !self.admit_log_line() {
             return;
         }
         let message = truncate(message, MAX_LOG_LINE);

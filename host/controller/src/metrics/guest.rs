@@ -1,7 +1,8 @@
-//! The WebAssembly guests: module loads, and `portwise_guest_failures`.
-//! Guest failures are counted by the WebAssembly runtime itself (plain
-//! atomics, so that crate needs no metrics library and this one no
-//! wasmtime); a collector reads them at every scrape.
+//! The WebAssembly guests: module loads, `portwise_guest_failures` and
+//! `portwise_guest_log_lines_dropped`. Guest failures and dropped log lines
+//! are counted by the WebAssembly runtime itself (plain atomics, so that
+//! crate needs no metrics library and this one no wasmtime); collectors
+//! read them at every scrape.
 
 use std::{
     collections::BTreeMap,
@@ -19,7 +20,7 @@ use prometheus_client::{
     registry::Registry,
 };
 
-use super::labels::{GuestFailureLabels, ModuleLoad, ModuleLoadLabels, label};
+use super::labels::{GuestFailureLabels, ModuleLabels, ModuleLoad, ModuleLoadLabels, label};
 
 /// Why a WebAssembly guest's answer was replaced by `abstain`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -97,10 +98,52 @@ impl Collector for GuestFailures {
     }
 }
 
-/// Module loads and guest failures. Clones share the series.
+/// Reads each module's dropped log lines at scrape time: `(module, count)`
+/// rows, each count since the process started.
+pub type LogDropSource = Box<dyn Fn() -> Vec<(String, u64)> + Send + Sync>;
+
+/// `portwise_guest_log_lines_dropped`: a counter family read from the
+/// runtime's [`LogDropSource`] on every scrape, as [`GuestFailures`] is.
+#[derive(Clone, Default)]
+struct LogDrops {
+    source: Arc<RwLock<Option<LogDropSource>>>,
+}
+
+impl std::fmt::Debug for LogDrops {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LogDrops").finish_non_exhaustive()
+    }
+}
+
+impl Collector for LogDrops {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let rows = match &*self.source.read().unwrap_or_else(PoisonError::into_inner) {
+            Some(source) => source(),
+            None => Vec::new(),
+        };
+        let mut family = encoder.encode_descriptor(
+            "guest_log_lines_dropped",
+            "WebAssembly guest log lines (the log import, stdout and stderr) dropped \
+             because the module logged past its rate, by module.",
+            None,
+            MetricType::Counter,
+        )?;
+        for (module, count) in rows {
+            let labels = ModuleLabels {
+                module: label(&module),
+            };
+            ConstCounter::new(count).encode(family.encode_family(&labels)?)?;
+        }
+        Ok(())
+    }
+}
+
+/// Module loads, guest failures and dropped guest log lines. Clones share
+/// the series.
 #[derive(Clone, Debug)]
 pub struct Guests {
     failures: GuestFailures,
+    log_drops: LogDrops,
     loads: MetricFamily<ModuleLoadLabels, Counter>,
 }
 
@@ -108,9 +151,11 @@ impl Guests {
     pub(super) fn register(registry: &mut Registry) -> Self {
         let guests = Guests {
             failures: GuestFailures::default(),
+            log_drops: LogDrops::default(),
             loads: MetricFamily::default(),
         };
         registry.register_collector(Box::new(guests.failures.clone()));
+        registry.register_collector(Box::new(guests.log_drops.clone()));
         registry.register(
             "module_loads",
             "WebAssembly module loads by module and result (compiled|cached|failed)",
@@ -128,6 +173,16 @@ impl Guests {
     ) {
         *self
             .failures
+            .source
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = Some(Box::new(source));
+    }
+
+    /// Makes `portwise_guest_log_lines_dropped_total` report what `source`
+    /// says at every scrape; replaces any earlier source.
+    pub fn read_log_drops(&self, source: impl Fn() -> Vec<(String, u64)> + Send + Sync + 'static) {
+        *self
+            .log_drops
             .source
             .write()
             .unwrap_or_else(PoisonError::into_inner) = Some(Box::new(source));

@@ -204,6 +204,11 @@ pub(super) struct ErrorLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct ModuleLabels {
+    pub(super) module: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(super) struct GuestFailureLabels {
     pub(super) module: String,
     pub(super) kind: &'static str,

@@ -283,6 +283,8 @@ fn event_counters_carry_their_labels() {
         ]
     });
     m.guests.count_load("admin-check.wasm", ModuleLoad::Cached);
+    m.guests
+        .read_log_drops(|| vec![("chatty.wasm".into(), 7), ("quiet.wasm".into(), 0)]);
     m.reconciles.count_error("apply");
     m.writes.count(WriteKind::Apply);
     m.writes.count(WriteKind::Apply);
@@ -295,6 +297,14 @@ fn event_counters_carry_their_labels() {
     m.process.set_leader(true);
     let text = m.encode();
     for (series, value) in [
+        (
+            r#"portwise_guest_log_lines_dropped_total{module="chatty.wasm"}"#,
+            7.0,
+        ),
+        (
+            r#"portwise_guest_log_lines_dropped_total{module="quiet.wasm"}"#,
+            0.0,
+        ),
         (
             r#"portwise_native_cleanup_deletions_total{kind="endpoints"}"#,
             1.0,
@@ -657,6 +667,7 @@ fn the_docs_metrics_tables_are_the_registry_s() {
     m.reconciles.count_error("apply");
     m.guests
         .read_failures(|| vec![("a.wasm".into(), GuestFailure::Trap, 1)]);
+    m.guests.read_log_drops(|| vec![("a.wasm".into(), 1)]);
     m.guests.count_load("a.wasm", ModuleLoad::Compiled);
     m.caches.read_from(|| vec![("pods", 1)]);
     m.process

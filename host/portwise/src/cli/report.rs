@@ -135,7 +135,12 @@ pub(super) fn report_wasm(
             }
         }
     });
-    // Guest failures are atomics in the runtime, read at every scrape.
+    // Guest failures and dropped log lines are atomics in the runtime,
+    // read at every scrape.
+    let drops = rt.clone();
+    metrics
+        .guests
+        .read_log_drops(move || drops.log_lines_dropped());
     read_guest_failures(&metrics, rt);
     ModuleReports { flush: flush_tx }
 }

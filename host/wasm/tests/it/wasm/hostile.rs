@@ -294,3 +294,33 @@ async fn files_that_are_not_components_are_refused_with_a_clear_error() {
     }
     still_serving(&h).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_module_logging_past_its_rate_is_dropped_and_counted_and_reasons_still_quote_stderr() {
+    use portwise_wasm::log_rate::{BURST, RATE};
+    let h = Harness::new(test_limits()).await;
+    let boom = h.checker("hostile/trap.wasm", Value::Null).await;
+    let s = subject(LOCAL, 80, &[]);
+    // Each call prints a stdout line and a panic message on stderr, so
+    // BURST calls write at least twice the burst.
+    let started = Instant::now();
+    for _ in 0..BURST {
+        let v = boom.check(&s).await;
+        // What reaches the reason does not depend on what reached the log.
+        assert_verdict(&v, Decision::Abstain, "hostile-trap: deliberate panic");
+    }
+    let refilled = (started.elapsed().as_secs_f64() * f64::from(RATE)).ceil() as u64;
+    let dropped: u64 =
+        h.rt.log_lines_dropped()
+            .into_iter()
+            .filter(|(m, _)| m == "trap.wasm")
+            .map(|(_, n)| n)
+            .sum();
+    let written_at_most = u64::from(BURST) + refilled;
+    assert!(
+        dropped >= 2 * u64::from(BURST) - written_at_most,
+        "{dropped} lines dropped; at most {written_at_most} of the {} lines or more may reach the log",
+        2 * BURST
+    );
+    still_serving(&h).await;
+}
