@@ -176,6 +176,6 @@ pub use error::{
 };
 pub use handoff::{OciConfig, Pull, Pulled, Supply, Watching};
 pub use modules_dir::{ModuleFile, ModulesDir};
-pub use sealed::{CodeCacheStats, KEY_FILE, Lookup, SealedStore};
+pub use sealed::{CodeCacheStats, KEY_FILE, Lookup, SealError, SealedStore};
 #[cfg(feature = "fetch")]
 pub use supplier::Supplier;
