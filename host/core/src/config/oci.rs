@@ -161,4 +161,33 @@ mod tests {
             assert!(e.contains(why), "{bad}: {e}");
         }
     }
+
+    /// Each refusal carries the part that is wrong, and a configuration
+    /// refusing it keeps the field's path in front of the same text.
+    #[test]
+    fn parse_errors_carry_the_offending_part() {
+        let d = "ab".repeat(32);
+        assert_eq!(
+            OciRef::parse("oci://reg/x@md5:abc"),
+            Err(OciRefError::Digest("md5:abc".into()))
+        );
+        assert_eq!(
+            OciRef::parse(&format!("oci://reg/Team/x@sha256:{d}")),
+            Err(OciRefError::Repository("Team/x".into()))
+        );
+        assert_eq!(
+            OciRef::parse("oci://reg/x"),
+            Err(OciRefError::Unpinned("oci://reg/x".into()))
+        );
+        let e = crate::config::Config::from_yaml(
+            "serviceKey: {label: g}\nmembership: {wasm: {module: 'oci://reg/x@md5:abc'}}",
+        )
+        .unwrap_err();
+        assert_eq!(e.field_path(), Some("membership.wasm.module"));
+        assert!(
+            e.to_string()
+                .contains(&OciRefError::Digest("md5:abc".into()).to_string()),
+            "{e}"
+        );
+    }
 }
