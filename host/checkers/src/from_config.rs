@@ -5,13 +5,13 @@
 //! through [`BuildContext`], so `membership` does not depend on the wasm
 //! runtime (and tests build every other checker without wasmtime).
 
-use std::{sync::Arc, time::Duration};
+use std::{path::PathBuf, sync::Arc, time::Duration};
 
 use portwise_core::{
     config::{CheckerExpr, HttpGetSpec, Scheme, WasmSpec},
     membership::Decision,
 };
-use portwise_probe::{HttpRequest, Tls};
+use portwise_probe::{HttpRequest, ProbeError, Tls, TlsError};
 
 use crate::{
     BoxFuture, Checker,
@@ -95,11 +95,41 @@ impl std::fmt::Debug for BuildContext<'_> {
 
 /// A checker that could not be built, with the configuration path of the
 /// expression (`membership.perPort.ports.admin.wasm`).
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("{path}: {message}")]
+#[derive(Debug, thiserror::Error)]
+#[error("{path}: {kind}")]
 pub struct BuildError {
     pub path: String,
-    pub message: String,
+    #[source]
+    pub kind: BuildErrorKind,
+}
+
+/// Why a checker could not be built ([`BuildError::kind`]).
+#[derive(Debug, thiserror::Error)]
+pub enum BuildErrorKind {
+    #[error("WebAssembly checkers are not available here (no wasm runtime)")]
+    NoWasmRuntime,
+    /// The provider refused the module; its error (the wasm runtime's
+    /// `WasmError`) is the source, for callers that tell causes apart.
+    #[error("{0}")]
+    Wasm(#[source] ProviderError),
+    /// An `httpGet` path or header the prober refuses.
+    #[error("{0}")]
+    Request(#[source] ProbeError),
+    /// HTTPS set up without a `caFile` (the `serverName` is not a DNS name).
+    #[error("{0}")]
+    Tls(#[source] TlsError),
+    #[error("{}: {source}", file.display())]
+    CaFileRead {
+        file: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{}: {source}", file.display())]
+    CaFile {
+        file: PathBuf,
+        #[source]
+        source: TlsError,
+    },
 }
 
 /// Builds the checker for `expr`, found at `membership` in the configuration.
@@ -176,12 +206,12 @@ async fn build_expr(
             let Some(provider) = ctx.wasm else {
                 return Err(BuildError {
                     path: at("wasm"),
-                    message: "WebAssembly checkers are not available here (no wasm runtime)".into(),
+                    kind: BuildErrorKind::NoWasmRuntime,
                 });
             };
             provider.checker(spec).await.map_err(|e| BuildError {
                 path: at("wasm"),
-                message: e.to_string(),
+                kind: BuildErrorKind::Wasm(e),
             })?
         }
     })
@@ -190,28 +220,32 @@ async fn build_expr(
 /// An `httpGet` checker; reads `caFile` now, so a missing or malformed
 /// bundle is a build error naming the field, not a failure at every probe.
 async fn http_get(spec: &HttpGetSpec, path: &str) -> Result<HttpGet, BuildError> {
-    let error = |field: &str, message: String| BuildError {
+    let error = |field: &str, kind: BuildErrorKind| BuildError {
         path: format!("{path}.{field}"),
-        message,
+        kind,
     };
     let mut request = HttpRequest::get(&spec.path)
-        .map_err(|e| error("path", e.to_string()))?
+        .map_err(|e| error("path", BuildErrorKind::Request(e)))?
         .headers(
             spec.http_headers
                 .iter()
                 .map(|h| (h.name.as_str(), h.value.as_str())),
         )
-        .map_err(|e| error("httpHeaders", e.to_string()))?;
+        .map_err(|e| error("httpHeaders", BuildErrorKind::Request(e)))?;
     if spec.scheme == Scheme::Https {
         let server_name = spec.server_name.as_deref();
         let tls = match &spec.ca_file {
-            None => Tls::without_verification(server_name).map_err(|m| error("serverName", m))?,
+            None => Tls::without_verification(server_name)
+                .map_err(|e| error("serverName", BuildErrorKind::Tls(e)))?,
             Some(file) => {
-                let pem = tokio::fs::read(file)
-                    .await
-                    .map_err(|e| error("caFile", format!("{}: {e}", file.display())))?;
-                Tls::verifying(&pem, server_name)
-                    .map_err(|m| error("caFile", format!("{}: {m}", file.display())))?
+                let pem = tokio::fs::read(file).await.map_err(|source| {
+                    let file = file.clone();
+                    error("caFile", BuildErrorKind::CaFileRead { file, source })
+                })?;
+                Tls::verifying(&pem, server_name).map_err(|source| {
+                    let file = file.clone();
+                    error("caFile", BuildErrorKind::CaFile { file, source })
+                })?
             }
         };
         request = request.over(tls);
@@ -276,12 +310,26 @@ mod tests {
         let missing = dir.join("missing.pem");
         let e = build(&build_with(&missing), &ctx).await.err().unwrap();
         assert_eq!(e.path, "membership.perPort.ports.admin.httpGet.caFile");
-        assert!(e.message.starts_with(&missing.display().to_string()), "{e}");
+        assert!(
+            matches!(&e.kind, BuildErrorKind::CaFileRead { file, source }
+                if *file == missing && source.kind() == std::io::ErrorKind::NotFound),
+            "{e}"
+        );
+        assert!(
+            e.to_string()
+                .starts_with(&format!("{}: {}", e.path, missing.display())),
+            "{e}"
+        );
         let garbage = dir.join("garbage.pem");
         std::fs::write(&garbage, "not a certificate").unwrap();
         let e = build(&build_with(&garbage), &ctx).await.err().unwrap();
         assert_eq!(e.path, "membership.perPort.ports.admin.httpGet.caFile");
-        assert!(e.message.contains("no PEM certificate"), "{e}");
+        assert!(
+            matches!(&e.kind, BuildErrorKind::CaFile { file, source: TlsError::NoCertificate }
+                if *file == garbage),
+            "{e}"
+        );
+        assert!(e.to_string().contains("no PEM certificate"), "{e}");
         // HTTPS without a bundle builds (the kubelet's unverified HTTPS).
         build(&expr("{httpGet: {scheme: HTTPS, port: 8443}}"), &ctx)
             .await
@@ -494,12 +542,11 @@ mod tests {
         )
         .await
         .unwrap_err();
+        assert_eq!(e.path, "membership.any[1].wasm");
+        assert!(matches!(e.kind, BuildErrorKind::Wasm(_)), "{e:?}");
         assert_eq!(
-            e,
-            BuildError {
-                path: "membership.any[1].wasm".into(),
-                message: "failed to compile: bad magic".into()
-            }
+            e.to_string(),
+            "membership.any[1].wasm: failed to compile: bad magic"
         );
     }
 

@@ -18,7 +18,9 @@ pub mod from_config;
 
 use std::{future::Future, pin::Pin};
 
-pub use from_config::{BuildContext, BuildError, ProviderError, WasmCheckers, build, build_at};
+pub use from_config::{
+    BuildContext, BuildError, BuildErrorKind, ProviderError, WasmCheckers, build, build_at,
+};
 use portwise_core::membership::{Subject, Verdict};
 
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;

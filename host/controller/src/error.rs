@@ -20,7 +20,7 @@ pub enum Error {
         source: migrate::Error,
     },
     #[error("building the membership checker: {0}")]
-    Build(String),
+    Build(#[from] portwise_checkers::BuildError),
 }
 
 impl Error {

@@ -88,7 +88,7 @@ impl Shadows {
             portwise_checkers::build_at(expr, ctx, at)
                 .await
                 .map(|checker| judge(checker).for_shadow(at))
-                .map_err(|e| Error::Build(e.to_string()))
+                .map_err(Error::Build)
         };
         let default = match &spec.membership {
             Some(m) => Some(make(m, "shadow.membership").await?),

@@ -48,19 +48,20 @@ mod probes;
 mod syntax;
 mod validate;
 
-pub use deadline::CHECK_TIMEOUT_MARGIN;
+pub use deadline::{CHECK_TIMEOUT_MARGIN, CheckTimeoutError};
 use duration::{duration_opt, duration_str, optional_duration_str};
 pub use error::ConfigError;
-pub use oci::{OCI_SCHEME, OciRef};
+pub use oci::{OCI_SCHEME, OciRef, OciRefError};
 pub use parse::MAX_NESTING;
 pub use probes::{GrpcSpec, HttpGetSpec, HttpHeader, ProbePort, Scheme, TcpDialSpec};
 pub use syntax::{
-    REFUSED_HEADERS, check_dns_label, check_dns_subdomain, check_label_value, check_port_name,
-    check_qualified_name, validate_header, validate_path,
+    HeaderError, PathError, PathRule, REFUSED_HEADERS, check_dns_label, check_dns_subdomain,
+    check_label_value, check_port_name, check_qualified_name, validate_header, validate_path,
 };
 pub use validate::{
-    MAX_ENDPOINTS_PER_SLICE, MAX_PROBE_TIMEOUT, MIN_RESYNC_PERIOD, NATIVE_MANAGERS,
-    WASM_MAX_CALL_TIMEOUT, WASM_MAX_MEMORY_MIB, WASM_MAX_PROBES_PER_CALL, check_grpc_service,
+    GrpcServiceError, MAX_ENDPOINTS_PER_SLICE, MAX_PROBE_TIMEOUT, MIN_RESYNC_PERIOD,
+    NATIVE_MANAGERS, WASM_MAX_CALL_TIMEOUT, WASM_MAX_MEMORY_MIB, WASM_MAX_PROBES_PER_CALL,
+    check_grpc_service,
 };
 
 /// The whole configuration file.
@@ -437,7 +438,7 @@ pub struct WasmSpec {
 impl WasmSpec {
     /// The OCI reference, when `module` is `oci://...` (unvalidated: see
     /// [`OciRef::parse`]).
-    pub fn oci(&self) -> Option<Result<OciRef, String>> {
+    pub fn oci(&self) -> Option<Result<OciRef, OciRefError>> {
         self.module
             .starts_with(OCI_SCHEME)
             .then(|| OciRef::parse(&self.module))

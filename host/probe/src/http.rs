@@ -34,7 +34,7 @@ pub struct HttpRequest {
 impl HttpRequest {
     /// A plain-HTTP GET of `path` (origin form, e.g. `/healthz?x=1`).
     pub fn get(path: &str) -> Result<HttpRequest, ProbeError> {
-        portwise_core::config::validate_path(path).map_err(ProbeError::Io)?;
+        portwise_core::config::validate_path(path).map_err(|e| ProbeError::Io(e.to_string()))?;
         Ok(HttpRequest {
             path: path.to_owned(),
             headers: Vec::new(),
@@ -49,7 +49,8 @@ impl HttpRequest {
         headers: impl IntoIterator<Item = (&'h str, &'h str)>,
     ) -> Result<HttpRequest, ProbeError> {
         for (name, value) in headers {
-            portwise_core::config::validate_header(name, value).map_err(ProbeError::Io)?;
+            portwise_core::config::validate_header(name, value)
+                .map_err(|e| ProbeError::Io(e.to_string()))?;
             let name = HeaderName::from_bytes(name.as_bytes())
                 .map_err(|e| ProbeError::Io(format!("header {name:?}: {e}")))?;
             let value = HeaderValue::from_str(value)

@@ -38,7 +38,7 @@ mod tls;
 
 pub use grpc::{GrpcHealth, ServingStatus, grpc_health};
 pub use http::{HttpRequest, HttpResponse, http_get};
-pub use tls::Tls;
+pub use tls::{Tls, TlsError};
 
 /// The `User-Agent` every probe sends.
 pub const USER_AGENT_VALUE: &str = "portwise-probe";

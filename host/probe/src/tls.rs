@@ -14,6 +14,25 @@ use rustls::{
     pki_types::{CertificateDer, ServerName, UnixTime, pem::PemObject},
 };
 
+/// Why a [`Tls`] cannot be built.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("TLS setup: {0}")]
+    Setup(#[source] rustls::Error),
+    #[error("not a PEM certificate bundle: {0}")]
+    Pem(#[source] rustls::pki_types::pem::Error),
+    #[error("a certificate in the bundle is unusable: {0}")]
+    Certificate(#[source] rustls::Error),
+    #[error("the bundle holds no PEM certificate")]
+    NoCertificate,
+    #[error("server name {name:?} is not a DNS name: {source}")]
+    ServerName {
+        name: String,
+        #[source]
+        source: rustls::pki_types::InvalidDnsNameError,
+    },
+}
+
 /// How an HTTPS probe sets up its session.
 #[derive(Clone)]
 pub struct Tls {
@@ -38,11 +57,11 @@ impl Tls {
     /// the probe asks whether the pod answers, not who it is). The
     /// handshake's signatures are still checked, so the peer must hold the
     /// key of the certificate it shows.
-    pub fn without_verification(server_name: Option<&str>) -> Result<Tls, String> {
+    pub fn without_verification(server_name: Option<&str>) -> Result<Tls, TlsError> {
         let provider = provider();
         let config = ClientConfig::builder_with_provider(provider.clone())
             .with_safe_default_protocol_versions()
-            .map_err(|e| format!("TLS setup: {e}"))?
+            .map_err(TlsError::Setup)?
             .dangerous()
             .with_custom_certificate_verifier(Arc::new(AnyCertificate(provider)))
             .with_no_client_auth();
@@ -51,20 +70,18 @@ impl Tls {
 
     /// Verifies the pod's certificate against the PEM certificates in
     /// `ca_pem`, for `server_name` or else the pod's address (an IP SAN).
-    pub fn verifying(ca_pem: &[u8], server_name: Option<&str>) -> Result<Tls, String> {
+    pub fn verifying(ca_pem: &[u8], server_name: Option<&str>) -> Result<Tls, TlsError> {
         let mut roots = RootCertStore::empty();
         for cert in CertificateDer::pem_slice_iter(ca_pem) {
-            let cert = cert.map_err(|e| format!("not a PEM certificate bundle: {e}"))?;
-            roots
-                .add(cert)
-                .map_err(|e| format!("a certificate in the bundle is unusable: {e}"))?;
+            let cert = cert.map_err(TlsError::Pem)?;
+            roots.add(cert).map_err(TlsError::Certificate)?;
         }
         if roots.is_empty() {
-            return Err("the bundle holds no PEM certificate".into());
+            return Err(TlsError::NoCertificate);
         }
         let config = ClientConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()
-            .map_err(|e| format!("TLS setup: {e}"))?
+            .map_err(TlsError::Setup)?
             .with_root_certificates(roots)
             .with_no_client_auth();
         Tls::new(config, server_name, true)
@@ -74,14 +91,16 @@ impl Tls {
         mut config: ClientConfig,
         server_name: Option<&str>,
         verifies: bool,
-    ) -> Result<Tls, String> {
+    ) -> Result<Tls, TlsError> {
         // The probe speaks HTTP/1.1 only; say so, so that a server that
         // negotiates by ALPN does not pick h2.
         config.alpn_protocols = vec![b"http/1.1".to_vec()];
         let server_name = server_name
             .map(|n| {
-                ServerName::try_from(n.to_owned())
-                    .map_err(|e| format!("server name {n:?} is not a DNS name: {e}"))
+                ServerName::try_from(n.to_owned()).map_err(|source| TlsError::ServerName {
+                    name: n.to_owned(),
+                    source,
+                })
             })
             .transpose()?;
         Ok(Tls {

@@ -7,6 +7,8 @@
 
 use std::borrow::Cow;
 
+pub use crate::error::DecodeError;
+
 /// Whether a directory entry is a module: `*.wasm` or `*.wasm.gz`.
 pub fn is_module_file(name: &str) -> bool {
     name.ends_with(".wasm") || is_gzipped(name)
@@ -18,23 +20,13 @@ pub fn is_gzipped(name: &str) -> bool {
     name.ends_with(".wasm.gz")
 }
 
-/// `n` bytes for a message: whole MiB when it is a whole number of them.
-#[cfg(feature = "fetch")]
-fn bytes_text(n: usize) -> String {
-    if n >= 1 << 20 && n.is_multiple_of(1 << 20) {
-        format!("{} MiB", n >> 20)
-    } else {
-        format!("{n} bytes")
-    }
-}
-
 /// The content of a `.wasm.gz`, refusing to inflate past `max` bytes.
 ///
 /// One pass that stops reading at `max + 1` bytes: a gzip bomb costs at
 /// most the time and memory of inflating `max` bytes, then is refused.
 /// Concatenated gzip members are read as one stream, as `gunzip` does.
 #[cfg(feature = "fetch")]
-pub fn gunzip(gz: &[u8], max: usize) -> Result<Vec<u8>, String> {
+pub fn gunzip(gz: &[u8], max: usize) -> Result<Vec<u8>, DecodeError> {
     use flate2::read::MultiGzDecoder;
     use std::io::Read;
     let limit = u64::try_from(max).unwrap_or(u64::MAX).saturating_add(1);
@@ -42,34 +34,24 @@ pub fn gunzip(gz: &[u8], max: usize) -> Result<Vec<u8>, String> {
     MultiGzDecoder::new(gz)
         .take(limit)
         .read_to_end(&mut wasm)
-        .map_err(|e| format!("not a valid gzip file: {e}"))?;
+        .map_err(DecodeError::Gzip)?;
     if wasm.len() > max {
-        return Err(format!(
-            "gunzips to more than {}, the limit for a module's gunzipped size",
-            bytes_text(max)
-        ));
+        return Err(DecodeError::TooLarge { max });
     }
     Ok(wasm)
 }
 
 /// Refuses what is certainly not a component, with a message that says what
 /// it is instead.
-pub fn check_header(bytes: &[u8]) -> Result<(), String> {
+pub fn check_header(bytes: &[u8]) -> Result<(), DecodeError> {
     if bytes.starts_with(&[0x1f, 0x8b]) {
-        return Err(
-            "gzip-compressed, not WebAssembly: only a file named *.wasm.gz is gunzipped (once)"
-                .into(),
-        );
+        return Err(DecodeError::Gzipped);
     }
     if bytes.len() < 8 || &bytes[..4] != b"\0asm" {
-        return Err("not a WebAssembly file (no \\0asm header)".into());
+        return Err(DecodeError::NotWasm);
     }
     if bytes[4..8] == [1, 0, 0, 0] {
-        return Err(
-            "a core WebAssembly module, not a component: build for wasm32-wasip2, or wrap it with \
-                    `wasm-tools component new` and the WASI preview1 adapter"
-                .into(),
-        );
+        return Err(DecodeError::CoreModule);
     }
     Ok(())
 }
@@ -91,7 +73,7 @@ pub fn component<'a>(
     stored: &'a [u8],
     stored_sha256: &str,
     max_gunzipped: usize,
-) -> Result<Component<'a>, String> {
+) -> Result<Component<'a>, DecodeError> {
     let component = if is_gzipped(name) {
         let gunzipped = gunzip(stored, max_gunzipped)?;
         let sha256 = crate::content::sha256_hex(&gunzipped);
@@ -117,16 +99,12 @@ mod tests {
 
     #[test]
     fn header_check_explains_what_the_file_is() {
-        assert!(
-            check_header(b"hello world")
-                .unwrap_err()
-                .contains("not a WebAssembly file")
-        );
-        assert!(
-            check_header(b"\0asm\x01\0\0\0rest")
-                .unwrap_err()
-                .contains("core WebAssembly module")
-        );
+        let e = check_header(b"hello world").unwrap_err();
+        assert!(matches!(e, DecodeError::NotWasm), "{e:?}");
+        assert!(e.to_string().contains("not a WebAssembly file"), "{e}");
+        let e = check_header(b"\0asm\x01\0\0\0rest").unwrap_err();
+        assert!(matches!(e, DecodeError::CoreModule), "{e:?}");
+        assert!(e.to_string().contains("core WebAssembly module"), "{e}");
         assert!(check_header(b"\0asm\x0d\0\x01\0rest").is_ok());
     }
 
@@ -175,14 +153,18 @@ mod tests {
     fn gunzip_refuses_content_past_the_cap_naming_it() {
         let wasm = vec![7u8; 4096];
         let e = gunzip(&gzip(&[&wasm]), 4095).unwrap_err();
-        assert!(e.contains("gunzips to more than 4095 bytes"), "{e}");
+        assert!(matches!(e, DecodeError::TooLarge { max: 4095 }), "{e:?}");
+        assert!(
+            e.to_string().contains("gunzips to more than 4095 bytes"),
+            "{e}"
+        );
         // A bomb: 100 MiB of zeros is about 100 KB gzipped. Refused at the
         // cap, after inflating (not keeping) 64 MiB.
         let zeros = vec![0u8; 1 << 20];
         let bomb = gzip(&vec![&zeros[..]; 100]);
         assert!(bomb.len() < 200_000, "{}", bomb.len());
         let started = Instant::now();
-        let e = gunzip(&bomb, 64 << 20).unwrap_err();
+        let e = gunzip(&bomb, 64 << 20).unwrap_err().to_string();
         assert!(e.contains("gunzips to more than 64 MiB, the limit"), "{e}");
         eprintln!(
             "100 MiB bomb ({} KB gzipped) refused in {:.0} ms",
@@ -207,6 +189,8 @@ mod tests {
             ("bad data", &bad_data[..]),
         ] {
             let e = gunzip(bytes, 1 << 20).unwrap_err();
+            assert!(matches!(e, DecodeError::Gzip(_)), "{what}: {e:?}");
+            let e = e.to_string();
             assert!(e.starts_with("not a valid gzip file: "), "{what}: {e}");
         }
     }
@@ -215,6 +199,8 @@ mod tests {
     #[test]
     fn a_gzipped_file_not_named_gz_is_explained() {
         let e = check_header(&gzip(&[b"\0asm\x0d\0\x01\0"])).unwrap_err();
+        assert!(matches!(e, DecodeError::Gzipped), "{e:?}");
+        let e = e.to_string();
         assert!(e.contains("*.wasm.gz"), "{e}");
     }
 }

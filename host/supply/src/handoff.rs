@@ -17,7 +17,11 @@ use std::{
     time::Duration,
 };
 
-use crate::{content::Content, decode::Component};
+use crate::{
+    content::Content,
+    decode::Component,
+    error::{DecodeError, PullError, SetupError, WatchError},
+};
 use portwise_core::config::OciRef;
 
 /// A boxed future, `Send`, as trait objects return them.
@@ -35,22 +39,25 @@ pub trait Supply: Send + Sync {
         stored: &'a [u8],
         stored_sha256: &str,
         max_gunzipped: usize,
-    ) -> Result<Component<'a>, String>;
+    ) -> Result<Component<'a>, DecodeError>;
 
-    /// Starts watching the modules directory `dir`. The error is the
-    /// watcher's, as text.
-    fn watch(&self, dir: &Path) -> Result<Watching, String>;
+    /// Starts watching the modules directory `dir`.
+    fn watch(&self, dir: &Path) -> Result<Watching, WatchError>;
 
     /// A puller of `oci://` modules under `config`, keeping verified content
     /// in `cache` (`None`: every start pulls).
-    fn puller(&self, config: &OciConfig, cache: Option<PathBuf>) -> Result<Box<dyn Pull>, String>;
+    fn puller(
+        &self,
+        config: &OciConfig,
+        cache: Option<PathBuf>,
+    ) -> Result<Box<dyn Pull>, SetupError>;
 }
 
 /// Pulls `oci://` modules ([`Supply::puller`]).
 pub trait Pull: Send + Sync {
     /// The module `r` names, verified: from the pull cache when its digest
     /// is there, else from the registry (then cached).
-    fn pull<'a>(&'a self, r: &'a OciRef) -> BoxFuture<'a, Result<Pulled, String>>;
+    fn pull<'a>(&'a self, r: &'a OciRef) -> BoxFuture<'a, Result<Pulled, PullError>>;
 }
 
 /// A directory being watched ([`Supply::watch`]).

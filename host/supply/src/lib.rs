@@ -154,6 +154,7 @@
 pub mod cache_dir;
 pub mod content;
 pub mod decode;
+pub mod error;
 pub mod handoff;
 pub mod modules_dir;
 pub mod regular_file;
@@ -170,8 +171,11 @@ pub mod watch;
 
 pub use cache_dir::{default_cache_dir, pull_cache_dir};
 pub use content::{Content, sha256_hex};
+pub use error::{
+    DecodeError, KeyError, PullError, ReadError, Rejected, SetupError, SignatureError, WatchError,
+};
 pub use handoff::{OciConfig, Pull, Pulled, Supply, Watching};
 pub use modules_dir::{ModuleFile, ModulesDir};
-pub use sealed::{CodeCacheStats, KEY_FILE, Lookup, SealedStore};
+pub use sealed::{CodeCacheStats, KEY_FILE, Lookup, SealError, SealedStore};
 #[cfg(feature = "fetch")]
 pub use supplier::Supplier;

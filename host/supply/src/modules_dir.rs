@@ -13,7 +13,7 @@ use std::{
     time::SystemTime,
 };
 
-use crate::{content::Content, decode::is_module_file};
+use crate::{content::Content, decode::is_module_file, error::ReadError};
 
 /// A file's identity as far as rescans care: where its content lives (the
 /// kubelet swaps `..data` to a new directory), its size and mtime.
@@ -33,13 +33,18 @@ pub struct ModuleFile {
 
 impl ModuleFile {
     /// Reads one module file, named by its file name, outside any directory.
-    pub fn read(path: &Path) -> Result<ModuleFile, String> {
+    pub fn read(path: &Path) -> Result<ModuleFile, ReadError> {
         let name = path
             .file_name()
             .and_then(|n| n.to_str())
-            .ok_or_else(|| format!("{}: not a file name", path.display()))?
+            .ok_or_else(|| ReadError::NotAFileName {
+                path: path.to_path_buf(),
+            })?
             .to_string();
-        let bytes = fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let bytes = fs::read(path).map_err(|source| ReadError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
         Ok(ModuleFile {
             name,
             content: Content::new(path.to_path_buf(), bytes),

@@ -19,6 +19,8 @@ pub enum FileError {
     Refused(String),
 }
 
+impl std::error::Error for FileError {}
+
 impl std::fmt::Display for FileError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {

@@ -118,7 +118,21 @@ pub enum Lookup {
     Verified(Vec<u8>),
     /// An entry that does not verify, and why; already counted, logged and
     /// removed. Compile, then [`SealedStore::write`].
-    Rejected(String),
+    Rejected(SealError),
+}
+
+/// Why an entry of the sealed store is not used ([`Lookup::Rejected`]).
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SealError {
+    /// The entry is not a regular file within the size limit (the message
+    /// names the path).
+    #[error("{0}")]
+    File(#[source] FileError),
+    /// Too short for a seal, or without the trailer's magic.
+    #[error("no seal ({len} bytes; truncated, or not written by this version)")]
+    NoSeal { len: usize },
+    #[error("seal does not verify (corrupt, truncated, or written with another key)")]
+    Mismatch,
 }
 
 impl SealedStore {
@@ -177,7 +191,7 @@ impl SealedStore {
             }
             Ok(Some(artifact)) => Lookup::Verified(artifact),
             Err(why) => {
-                self.reject(sha256, &why);
+                self.reject(sha256, &why.to_string());
                 Lookup::Rejected(why)
             }
         }
@@ -231,7 +245,7 @@ impl SealedStore {
         key: &Key,
         sha256: &str,
         path: &Path,
-    ) -> Result<Option<Vec<u8>>, String> {
+    ) -> Result<Option<Vec<u8>>, SealError> {
         // The entry is read after the rest of the tagged message, so the
         // whole message is one slice for `hmac::verify`.
         let mut bytes = sealed_prefix(sha256, &self.fingerprint);
@@ -239,20 +253,16 @@ impl SealedStore {
         match read_regular_file_into(path, MAX_ENTRY_BYTES, &mut bytes) {
             Ok(()) => {}
             Err(FileError::Missing) => return Ok(None),
-            Err(FileError::Refused(why)) => return Err(why),
+            Err(e @ FileError::Refused(_)) => return Err(SealError::File(e)),
         }
         let entry_len = bytes.len() - prefix_len;
         if entry_len < SEAL_TRAILER_LEN || !bytes.ends_with(SEAL_MAGIC) {
-            return Err(format!(
-                "no seal ({entry_len} bytes; truncated, or not written by this version)"
-            ));
+            return Err(SealError::NoSeal { len: entry_len });
         }
         let message_len = bytes.len() - SEAL_TRAILER_LEN;
         let (message, trailer) = bytes.split_at(message_len);
         if hmac::verify(&key.hmac(), message, &trailer[..TAG_LEN]).is_err() {
-            return Err(
-                "seal does not verify (corrupt, truncated, or written with another key)".into(),
-            );
+            return Err(SealError::Mismatch);
         }
         bytes.truncate(message_len);
         bytes.drain(..prefix_len);
@@ -553,7 +563,7 @@ mod tests {
         // The seal covers the module: another module's name does not verify.
         let other = "0000000000000000000000000000000000000000000000000000000000000002";
         fs::copy(s.path(SHA), s.path(other)).unwrap();
-        assert!(matches!(s.read(other), Lookup::Rejected(why) if why.contains("does not verify")));
+        assert_eq!(s.read(other), Lookup::Rejected(SealError::Mismatch));
         assert!(!s.path(other).exists());
         // And the engine: another fingerprint's store does not verify it.
         let elsewhere = SealedStore::new(dir.path().to_path_buf(), "e".repeat(64));
@@ -595,7 +605,7 @@ mod tests {
         let p = path.clone();
         let lookup = within_5s(move || store(&p).read(SHA));
         assert!(
-            matches!(&lookup, Lookup::Rejected(why)
+            matches!(&lookup, Lookup::Rejected(SealError::File(FileError::Refused(why)))
                 if why.contains(&entry.display().to_string()) && why.contains("a FIFO")),
             "{lookup:?}"
         );
@@ -607,7 +617,7 @@ mod tests {
         let p = path.clone();
         let lookup = within_5s(move || store(&p).read(SHA));
         assert!(
-            matches!(&lookup, Lookup::Rejected(why)
+            matches!(&lookup, Lookup::Rejected(SealError::File(FileError::Refused(why)))
                 if why.contains(&entry.display().to_string()) && why.contains("over the limit")),
             "{lookup:?}"
         );

@@ -30,6 +30,7 @@ use rustls::pki_types::{SignatureVerificationAlgorithm, SubjectPublicKeyInfoDer,
 use serde::{Deserialize, Serialize};
 use webpki::{Error as WebpkiError, RawPublicKeyEntity, ring as algs};
 
+pub use crate::error::{KeyError, Rejected, SignatureError};
 pub use crate::handoff::Verified;
 
 /// The artifact type (and layer media type) of a sigstore bundle referrer.
@@ -67,16 +68,16 @@ pub struct PublicKey {
 impl PublicKey {
     /// A PEM `PUBLIC KEY` (what `cosign generate-key-pair` writes as
     /// `cosign.pub`); `name` says where it came from.
-    pub fn from_pem(name: &str, pem: &[u8]) -> Result<PublicKey, String> {
-        let spki = SubjectPublicKeyInfoDer::from_pem_slice(pem).map_err(|e| {
-            format!("{name}: not a PEM public key (-----BEGIN PUBLIC KEY-----, as cosign.pub): {e}")
+    pub fn from_pem(name: &str, pem: &[u8]) -> Result<PublicKey, KeyError> {
+        let spki = SubjectPublicKeyInfoDer::from_pem_slice(pem).map_err(|e| KeyError::NotPem {
+            name: name.to_string(),
+            source: Box::new(e),
         })?;
         let algorithms = key_algorithms(&spki);
         if algorithms.is_empty() {
-            return Err(format!(
-                "{name}: a public key of a type cosign does not sign with; \
-                 ECDSA P-256 (cosign's default), P-384, Ed25519 and RSA are accepted"
-            ));
+            return Err(KeyError::Unsupported {
+                name: name.to_string(),
+            });
         }
         Ok(PublicKey {
             name: name.to_string(),
@@ -157,8 +158,8 @@ pub fn verify(
     manifest_hex: &str,
     evidence: &[Evidence],
     keys: &[PublicKey],
-) -> Result<Verified, String> {
-    let mut reasons = Vec::new();
+) -> Result<Verified, SignatureError> {
+    let mut rejected = Vec::new();
     for e in evidence {
         match verify_one(manifest_hex, e, keys) {
             Ok(key) => {
@@ -167,24 +168,22 @@ pub fn verify(
                     signature: e.describe(),
                 });
             }
-            Err(why) => reasons.push(format!("{}: {why}", e.describe())),
+            Err(why) => rejected.push(Rejected {
+                signature: e.describe(),
+                why,
+            }),
         }
     }
-    let names: Vec<&str> = keys.iter().map(|k| k.name.as_str()).collect();
+    let manifest = manifest_hex.to_string();
+    let keys = keys.iter().map(|k| k.name.clone()).collect();
     if evidence.is_empty() {
-        return Err(format!(
-            "it is not signed: the registry has no cosign signature of sha256:{manifest_hex} \
-             (neither a sigstore bundle referrer nor the sha256-{manifest_hex}.sig tag), and \
-             moduleSignatures requires one by {}",
-            names.join(" or ")
-        ));
+        return Err(SignatureError::Unsigned { manifest, keys });
     }
-    Err(format!(
-        "none of its {} signature(s) is a valid signature of sha256:{manifest_hex} by {}: {}",
-        evidence.len(),
-        names.join(" or "),
-        reasons.join("; ")
-    ))
+    Err(SignatureError::Invalid {
+        manifest,
+        keys,
+        rejected,
+    })
 }
 
 fn verify_one<'k>(
@@ -466,6 +465,22 @@ mod tests {
                 std::slice::from_ref(&other),
             )
             .unwrap_err();
+            // Typed: which manifest, which keys, and each signature's reason.
+            let SignatureError::Invalid {
+                manifest,
+                keys,
+                rejected,
+            } = &err
+            else {
+                panic!("{err:?}")
+            };
+            assert_eq!(
+                (manifest.as_str(), keys.as_slice()),
+                (MANIFEST, &["other.pub".to_string()][..])
+            );
+            assert_eq!(rejected.len(), 1);
+            assert_eq!(rejected[0].signature, evidence.describe());
+            let err = err.to_string();
             assert!(
                 err.contains("does not verify under any configured key"),
                 "{err}"
@@ -488,7 +503,9 @@ mod tests {
             bundle(&pair, OTHER, COSIGN_SIGN_PREDICATE),
             simple(&pair, OTHER),
         ] {
-            let err = verify(MANIFEST, &[evidence], std::slice::from_ref(&key)).unwrap_err();
+            let err = verify(MANIFEST, &[evidence], std::slice::from_ref(&key))
+                .unwrap_err()
+                .to_string();
             assert!(
                 err.contains(&format!("signs sha256:{OTHER}, not this manifest")),
                 "{err}"
@@ -496,7 +513,7 @@ mod tests {
         }
         // An attestation by the same key is not a signature.
         let att = bundle(&pair, MANIFEST, "https://slsa.dev/provenance/v1");
-        let err = verify(MANIFEST, &[att], &[key]).unwrap_err();
+        let err = verify(MANIFEST, &[att], &[key]).unwrap_err().to_string();
         assert!(err.contains("an attestation, not a signature"), "{err}");
     }
 
@@ -523,7 +540,8 @@ mod tests {
             }],
             &[key],
         )
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(err.contains("does not verify"), "{err}");
     }
 
@@ -532,6 +550,14 @@ mod tests {
         let (_, pem) = key_pair();
         let key = PublicKey::from_pem("/etc/portwise/keys/cosign.pub", &pem).unwrap();
         let err = verify(MANIFEST, &[], &[key]).unwrap_err();
+        assert_eq!(
+            err,
+            SignatureError::Unsigned {
+                manifest: MANIFEST.into(),
+                keys: vec!["/etc/portwise/keys/cosign.pub".into()],
+            }
+        );
+        let err = err.to_string();
         assert!(err.contains("not signed"), "{err}");
         assert!(err.contains(&format!("sha256-{MANIFEST}.sig")), "{err}");
         assert!(err.contains("/etc/portwise/keys/cosign.pub"), "{err}");
@@ -540,13 +566,19 @@ mod tests {
     #[test]
     fn keys_that_are_not_cosign_public_keys_are_refused_by_name() {
         let err = PublicKey::from_pem("k.pub", b"not pem").unwrap_err();
+        assert!(
+            matches!(&err, KeyError::NotPem { name, .. } if name == "k.pub"),
+            "{err:?}"
+        );
+        let err = err.to_string();
         assert!(err.starts_with("k.pub: not a PEM public key"), "{err}");
         // A private key where the public one belongs: a common mistake.
         let err = PublicKey::from_pem(
             "cosign.key",
             b"-----BEGIN ENCRYPTED SIGSTORE PRIVATE KEY-----\nAAAA\n-----END ENCRYPTED SIGSTORE PRIVATE KEY-----\n",
         )
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(err.starts_with("cosign.key: not a PEM public key"), "{err}");
     }
 
@@ -569,7 +601,7 @@ mod tests {
                 signature: "!!".into(),
             },
         ];
-        let err = verify(MANIFEST, &cases, &[key]).unwrap_err();
+        let err = verify(MANIFEST, &cases, &[key]).unwrap_err().to_string();
         assert!(err.contains("not a sigstore bundle"), "{err}");
         assert!(err.contains("no DSSE envelope"), "{err}");
         assert!(err.contains("not base64"), "{err}");

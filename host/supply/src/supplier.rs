@@ -7,6 +7,7 @@ use portwise_core::config::OciRef;
 
 use crate::{
     decode::{self, Component},
+    error::{DecodeError, PullError, SetupError, WatchError},
     handoff::{BoxFuture, OciConfig, Pull, Pulled, Supply, Watching},
     oci::Puller,
     watch,
@@ -23,11 +24,11 @@ impl Supply for Supplier {
         stored: &'a [u8],
         stored_sha256: &str,
         max_gunzipped: usize,
-    ) -> Result<Component<'a>, String> {
+    ) -> Result<Component<'a>, DecodeError> {
         decode::component(name, stored, stored_sha256, max_gunzipped)
     }
 
-    fn watch(&self, dir: &Path) -> Result<Watching, String> {
+    fn watch(&self, dir: &Path) -> Result<Watching, WatchError> {
         let (guard, rescans) = watch::watch(dir)?;
         Ok(Watching {
             guard: Box::new(guard),
@@ -35,13 +36,17 @@ impl Supply for Supplier {
         })
     }
 
-    fn puller(&self, config: &OciConfig, cache: Option<PathBuf>) -> Result<Box<dyn Pull>, String> {
+    fn puller(
+        &self,
+        config: &OciConfig,
+        cache: Option<PathBuf>,
+    ) -> Result<Box<dyn Pull>, SetupError> {
         Ok(Box::new(Puller::new(config, cache)?))
     }
 }
 
 impl Pull for Puller {
-    fn pull<'a>(&'a self, r: &'a OciRef) -> BoxFuture<'a, Result<Pulled, String>> {
+    fn pull<'a>(&'a self, r: &'a OciRef) -> BoxFuture<'a, Result<Pulled, PullError>> {
         Box::pin(Puller::pull(self, r))
     }
 }

@@ -17,6 +17,8 @@ use std::{
 
 use notify_debouncer_mini::{DebounceEventResult, Debouncer};
 
+pub use crate::error::WatchError;
+
 /// Quiet time after a directory event before rescanning: the kubelet's swap
 /// is several renames and unlinks.
 pub const DEBOUNCE: Duration = Duration::from_millis(200);
@@ -56,8 +58,8 @@ impl Iterator for Rescans {
     }
 }
 
-/// Starts watching `dir`. The error is notify's, as text.
-pub fn watch(dir: &Path) -> Result<(DirWatch, Rescans), String> {
+/// Starts watching `dir`.
+pub fn watch(dir: &Path) -> Result<(DirWatch, Rescans), WatchError> {
     let (tx, rx) = channel::<()>();
     let mut debouncer =
         notify_debouncer_mini::new_debouncer(DEBOUNCE, move |events: DebounceEventResult| {
@@ -67,11 +69,11 @@ pub fn watch(dir: &Path) -> Result<(DirWatch, Rescans), String> {
             // An error may mean missed events: rescan then too.
             let _ = tx.send(());
         })
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| WatchError(Box::new(e)))?;
     debouncer
         .watcher()
         .watch(dir, notify::RecursiveMode::NonRecursive)
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| WatchError(Box::new(e)))?;
     Ok((
         DirWatch {
             _debouncer: debouncer,

@@ -36,16 +36,62 @@ fn size(n: usize) -> String {
     }
 }
 
+/// Why a component is not handed to the compiler. Every message starts
+/// with the module's name.
+#[derive(Debug, thiserror::Error)]
+pub enum BoundsError {
+    #[error(
+        "{module}: the component is {}, above the {} compile limit",
+        size(*bytes),
+        size(*limit)
+    )]
+    Component {
+        module: String,
+        bytes: usize,
+        limit: usize,
+    },
+    #[error("{module}: not a valid component: {source}")]
+    Parse {
+        module: String,
+        #[source]
+        source: wasmparser::BinaryReaderError,
+    },
+    #[error(
+        "{module}: more than {limit} functions (core module {core_module} alone defines \
+         {count}), above the compile limit"
+    )]
+    Functions {
+        module: String,
+        limit: u64,
+        /// Which core module, counting from 1, crossed the limit.
+        core_module: usize,
+        count: u32,
+    },
+    #[error(
+        "{module}: function body {body} of core module {core_module} is {}, above the {} \
+         compile limit",
+        size(*bytes),
+        size(*limit)
+    )]
+    FunctionBody {
+        module: String,
+        body: u32,
+        core_module: usize,
+        bytes: usize,
+        limit: usize,
+    },
+}
+
 /// Measures `component` and refuses it when a figure is past `limits`.
 /// The message starts with `name` (the module's file name or reference)
 /// and says which figure, by how much, and which limit.
-pub fn check(name: &str, component: &[u8], limits: &Limits) -> Result<CompileFigures, String> {
+pub fn check(name: &str, component: &[u8], limits: &Limits) -> Result<CompileFigures, BoundsError> {
     if component.len() > limits.max_component_bytes {
-        return Err(format!(
-            "{name}: the component is {}, above the {} compile limit",
-            size(component.len()),
-            size(limits.max_component_bytes)
-        ));
+        return Err(BoundsError::Component {
+            module: name.to_string(),
+            bytes: component.len(),
+            limit: limits.max_component_bytes,
+        });
     }
     measure(name, component, Some(limits))
 }
@@ -56,7 +102,7 @@ pub fn measure(
     name: &str,
     component: &[u8],
     limits: Option<&Limits>,
-) -> Result<CompileFigures, String> {
+) -> Result<CompileFigures, BoundsError> {
     use wasmparser::{Parser, Payload};
     let mut figures = CompileFigures {
         bytes: component.len(),
@@ -65,7 +111,10 @@ pub fn measure(
     // The position of the body in its module's code section.
     let mut body = 0u32;
     for payload in Parser::new(0).parse_all(component) {
-        let payload = payload.map_err(|e| format!("{name}: not a valid component: {e}"))?;
+        let payload = payload.map_err(|source| BoundsError::Parse {
+            module: name.to_string(),
+            source,
+        })?;
         match payload {
             Payload::ModuleSection { .. } => figures.modules += 1,
             Payload::CodeSectionStart { count, .. } => {
@@ -74,11 +123,12 @@ pub fn measure(
                 if let Some(limits) = limits
                     && figures.functions > limits.max_functions
                 {
-                    return Err(format!(
-                        "{name}: more than {} functions (core module {} alone defines {count}), \
-                         above the compile limit",
-                        limits.max_functions, figures.modules
-                    ));
+                    return Err(BoundsError::Functions {
+                        module: name.to_string(),
+                        limit: limits.max_functions,
+                        core_module: figures.modules,
+                        count,
+                    });
                 }
             }
             Payload::CodeSectionEntry(f) => {
@@ -87,13 +137,13 @@ pub fn measure(
                 if let Some(limits) = limits
                     && len > limits.max_function_bytes
                 {
-                    return Err(format!(
-                        "{name}: function body {body} of core module {} is {}, above the {} \
-                         compile limit",
-                        figures.modules,
-                        size(len),
-                        size(limits.max_function_bytes)
-                    ));
+                    return Err(BoundsError::FunctionBody {
+                        module: name.to_string(),
+                        body,
+                        core_module: figures.modules,
+                        bytes: len,
+                        limit: limits.max_function_bytes,
+                    });
                 }
                 body += 1;
             }
@@ -179,8 +229,16 @@ mod tests {
             ..Limits::default()
         };
         let e = check("x.wasm", &c, &limits).unwrap_err();
+        assert!(
+            matches!(
+                &e,
+                BoundsError::FunctionBody { module, body: 1, core_module: 1, limit, .. }
+                    if module == "x.wasm" && *limit == 2 << 20
+            ),
+            "{e:?}"
+        );
         assert_eq!(
-            e,
+            e.to_string(),
             "x.wasm: function body 1 of core module 1 is 3.1 MiB, above the 2 MiB compile limit"
         );
         let many = component_with_bodies(&vec![body(2); 1000]);
@@ -188,7 +246,7 @@ mod tests {
             max_functions: 999,
             ..Limits::default()
         };
-        let e = check("y.wasm.gz", &many, &limits).unwrap_err();
+        let e = check("y.wasm.gz", &many, &limits).unwrap_err().to_string();
         assert!(
             e.starts_with("y.wasm.gz: more than 999 functions (core module 1 alone defines 1000)"),
             "{e}"
@@ -197,12 +255,14 @@ mod tests {
             max_component_bytes: many.len() - 1,
             ..Limits::default()
         };
-        let e = check("z.wasm", &many, &limits).unwrap_err();
+        let e = check("z.wasm", &many, &limits).unwrap_err().to_string();
         assert!(
             e.starts_with("z.wasm: the component is ") && e.contains("above the"),
             "{e}"
         );
         let e = check("t.wasm", &many[..many.len() - 3], &Limits::default()).unwrap_err();
+        assert!(matches!(e, BoundsError::Parse { .. }), "{e:?}");
+        let e = e.to_string();
         assert!(e.starts_with("t.wasm: not a valid component: "), "{e}");
     }
 }

@@ -99,7 +99,7 @@ impl CodeCache {
                 });
             }
             Lookup::Miss => None,
-            Lookup::Rejected(why) => Some(why),
+            Lookup::Rejected(why) => Some(why.to_string()),
             Lookup::Verified(artifact) => {
                 // SAFETY: `artifact` carries a valid tag under the store's
                 // key, which only `SealedStore::write` makes, over the exact

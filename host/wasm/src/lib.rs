@@ -71,6 +71,7 @@ pub mod budget;
 mod capture;
 mod compile;
 mod engine;
+mod error;
 mod facts;
 mod failures;
 mod limiter;
@@ -95,8 +96,11 @@ use std::{
 
 use tokio::sync::broadcast;
 
-pub use bounds::{CompileFigures, measure as measure_component};
+pub use bounds::{BoundsError, CompileFigures, measure as measure_component};
 pub use compile::CompileSource;
+pub use error::{
+    Failure, InstantiateError, LoadCause, LoadError, Rejection, WasmError, WhyNotLoaded,
+};
 pub use failures::{FailureCount, FailureKind};
 pub use replay::{ProbeMode, Recorder, Recording, RecordingError, ReplayMiss, Replayer};
 
@@ -106,7 +110,7 @@ use portwise_core::{
     config::{OCI_SCHEME, OciRef, WasmLimits, WasmSpec},
     membership::{Subject, Verdict},
 };
-use portwise_supply::{CodeCacheStats, OciConfig, Supply, pull_cache_dir};
+use portwise_supply::{CodeCacheStats, OciConfig, PullError, Supply, WatchError, pull_cache_dir};
 
 /// Resource limits for guests. The defaults suit small checkers written in
 /// compiled languages and still leave room for Python and JavaScript ones.
@@ -325,34 +329,6 @@ pub struct ModuleInfo {
     pub interface: &'static str,
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum WasmError {
-    #[error("cannot set up the WebAssembly engine: {0}")]
-    Engine(String),
-    #[error("cannot watch {dir}: {message}")]
-    Watch { dir: PathBuf, message: String },
-    #[error("invalid module name {0:?}: expected a file name such as check.wasm or check.wasm.gz")]
-    ModuleName(String),
-    #[error("module {module}: {source}")]
-    Limits { module: String, source: LimitError },
-    #[error("module {module} is not loaded: {why}")]
-    NotLoaded { module: String, why: String },
-    #[error("module {module}: {message}")]
-    Load { module: String, message: String },
-    #[error("module {module} has sha256 {actual}, but the configuration pins {expected}")]
-    PinMismatch {
-        module: String,
-        expected: String,
-        actual: String,
-    },
-    #[error("module {module} rejects its configuration: {message}")]
-    ConfigRejected { module: String, message: String },
-    /// An `oci://` module that could not be pulled or installed; the
-    /// message names the module.
-    #[error("{message}")]
-    Pull { module: String, message: String },
-}
-
 /// Runs WebAssembly membership checkers.
 pub struct WasmRuntime {
     rt: Arc<Runtime>,
@@ -408,13 +384,11 @@ impl WasmRuntime {
     /// refused.
     pub async fn new(config: WasmConfig) -> Result<Self, WasmError> {
         let oci_cache = config.cache_dir.as_deref().map(pull_cache_dir);
-        let engine =
-            engine::build(&config.limits).map_err(|e| WasmError::Engine(format!("{e:#}")))?;
+        let engine = engine::build(&config.limits).map_err(WasmError::Engine)?;
         let cache = config
             .cache_dir
             .map(|dir| compile::CodeCache::new(dir, engine::fingerprint(&engine)));
-        let ticker =
-            engine::Ticker::start(engine.clone()).map_err(|e| WasmError::Engine(e.to_string()))?;
+        let ticker = engine::Ticker::start(engine.clone()).map_err(WasmError::Ticker)?;
         let referenced = config.expressions.as_ref().map(|specs| {
             let mut referenced: HashMap<String, Vec<String>> = HashMap::new();
             for spec in specs {
@@ -439,7 +413,7 @@ impl WasmRuntime {
                 referenced,
                 config.probes,
             )
-            .map_err(|e| WasmError::Engine(format!("{e:#}")))?,
+            .map_err(WasmError::Engine)?,
         );
         modules::unpooled(rt.rescan()).await;
         let watcher = match (&config.modules_dir, config.watch) {
@@ -525,7 +499,11 @@ impl WasmRuntime {
         if refs.is_empty() {
             return Vec::new();
         }
-        let puller = self.rt.supply.puller(&self.oci, self.oci_cache.clone());
+        let puller = self
+            .rt
+            .supply
+            .puller(&self.oci, self.oci_cache.clone())
+            .map_err(Arc::new);
         let mut out = Vec::new();
         for r in refs {
             let key = r.to_string();
@@ -535,11 +513,14 @@ impl WasmRuntime {
             }
             let result = match &puller {
                 Ok(p) => self.rt.install_pulled(&key, p.pull(&r).await).await,
-                Err(e) => self.rt.install_pulled(&key, Err(e.clone())).await,
+                Err(e) => {
+                    let setup = Err(PullError::Setup(e.clone()));
+                    self.rt.install_pulled(&key, setup).await
+                }
             };
-            let result = result.map_err(|message| WasmError::Pull {
+            let result = result.map_err(|source| WasmError::Pull {
                 module: key.clone(),
-                message,
+                source,
             });
             out.push((key, result));
         }
@@ -558,7 +539,7 @@ impl WasmRuntime {
         self.rt
             .time_instantiation(&module, runs)
             .await
-            .map_err(|message| WasmError::Load { module, message })
+            .map_err(|source| WasmError::Instantiate { module, source })
     }
 
     /// Rescans `modules_dir` now (the watcher does this on its own).
@@ -577,7 +558,7 @@ impl WasmRuntime {
         self.rt
             .load_file(path)
             .await
-            .map_err(|message| WasmError::Load { module, message })
+            .map_err(|source| WasmError::Load { module, source })
     }
 
     /// A checker running `module` with `config`. Refused when the module is
@@ -618,15 +599,10 @@ impl WasmRuntime {
                 Some(plain) => plain.to_string(),
                 None => format!("{module}.gz"),
             };
-            let hint = match self.rt.current(&other) {
-                Some(_) => format!(" ({other} is loaded: name that one)"),
-                None => String::new(),
-            };
+            let other = self.rt.current(&other).map(|_| other);
             let why = match (self.rt.last_error(&module).await, &self.rt.dir) {
-                (Some(e), _) => e,
-                (None, _) if module.starts_with(OCI_SCHEME) => {
-                    "not pulled (oci:// modules are pulled when portwise starts)".to_string()
-                }
+                (Some(e), _) => WhyNotLoaded::Failed(e),
+                (None, _) if module.starts_with(OCI_SCHEME) => WhyNotLoaded::NotPulled,
                 (None, Some(dir))
                     if self
                         .rt
@@ -634,13 +610,13 @@ impl WasmRuntime {
                         .as_ref()
                         .is_some_and(|r| !r.contains_key(&module)) =>
                 {
-                    format!(
-                        "no expression of the configuration names it, so it was not loaded from {}",
-                        dir.display()
-                    )
+                    WhyNotLoaded::NotNamed { dir: dir.clone() }
                 }
-                (None, Some(dir)) => format!("no such file in {}{hint}", dir.display()),
-                (None, None) => "no modulesDir is configured".to_string(),
+                (None, Some(dir)) => WhyNotLoaded::NoSuchFile {
+                    dir: dir.clone(),
+                    other,
+                },
+                (None, None) => WhyNotLoaded::NoModulesDir,
             };
             return Err(WasmError::NotLoaded { module, why });
         };
@@ -658,9 +634,10 @@ impl WasmRuntime {
         // Checkers are built once, on whichever runtime builds the checker
         // tree, which need not be the one that will run the checks: the
         // instance that ran `validate-config` is not pooled there.
-        if let Err(message) = modules::unpooled(version.validate(&self.rt, &config, &limits)).await
+        if let Err(rejection) =
+            modules::unpooled(version.validate(&self.rt, &config, &limits)).await
         {
-            return Err(WasmError::ConfigRejected { module, message });
+            return Err(WasmError::ConfigRejected { module, rejection });
         }
         let spec = Arc::new(CheckerSpec {
             counters: self.rt.counters.module(&module),
@@ -681,9 +658,9 @@ impl WasmRuntime {
 /// without events in case one was missed) and rescans on a thread of its
 /// own, on a current-thread runtime of its own.
 fn watch(rt: Arc<Runtime>, dir: &Path) -> Result<Box<dyn Send + Sync>, WasmError> {
-    let watch_error = |message: String| WasmError::Watch {
+    let watch_error = |source: WatchError| WasmError::Watch {
         dir: dir.to_path_buf(),
-        message,
+        source,
     };
     let watching = rt.supply.watch(dir).map_err(watch_error)?;
     let rescans = watching.rescans;
@@ -705,7 +682,7 @@ fn watch(rt: Arc<Runtime>, dir: &Path) -> Result<Box<dyn Send + Sync>, WasmError
                 runtime.block_on(modules::unpooled(rt.rescan()));
             }
         })
-        .map_err(|e| watch_error(e.to_string()))?;
+        .map_err(|e| watch_error(WatchError(Box::new(e))))?;
     Ok(watching.guard)
 }
 

@@ -37,10 +37,11 @@ pub(crate) struct HttpGet {
 }
 
 /// The TLS setup of every guest HTTPS probe: the kubelet's, no
-/// verification (a guest has no way to name a CA). Built once.
+/// verification (a guest has no way to name a CA). Built once. The error is
+/// text because it goes to the guest as a probe failure's message.
 fn guest_tls() -> Result<probe::Tls, String> {
     static TLS: std::sync::OnceLock<Result<probe::Tls, String>> = std::sync::OnceLock::new();
-    TLS.get_or_init(|| probe::Tls::without_verification(None))
+    TLS.get_or_init(|| probe::Tls::without_verification(None).map_err(|e| e.to_string()))
         .clone()
 }
 

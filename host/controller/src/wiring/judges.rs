@@ -19,14 +19,14 @@ pub(super) async fn build(
     let mut checkers = crate::judge::Checkers::new();
     let membership: Arc<dyn Checker> = portwise_checkers::build(&config.membership, &build_ctx)
         .await
-        .map_err(|e| Error::Build(e.to_string()))?;
+        .map_err(Error::Build)?;
     checkers.insert(Policy::Default, membership);
     for (name, expr) in &config.policies {
         let policy = Policy::Named(name.clone());
         let checker: Arc<dyn Checker> =
             portwise_checkers::build_at(expr, &build_ctx, &policy.label())
                 .await
-                .map_err(|e| Error::Build(e.to_string()))?;
+                .map_err(Error::Build)?;
         checkers.insert(policy, checker);
     }
     let judge = Judge::new(

@@ -12,6 +12,24 @@ use std::time::Duration;
 
 use super::{CheckerExpr, Config};
 
+/// A `--check-timeout` shorter than the worst case of some expressions
+/// ([`Config::check_timeout`]).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "--check-timeout {} is shorter than the worst case of {}: those checks would abstain                  (and after abstainLimit exclude) whenever every probe runs to its timeout; raise                  --check-timeout, or lower the probes' timeouts or the guests' limits.callTimeout",
+    humantime::format_duration(*requested),
+    cut.iter()
+        .map(|(name, d)| format!("{name} ({})", humantime::format_duration(*d)))
+        .collect::<Vec<_>>()
+        .join(", ")
+)]
+pub struct CheckTimeoutError {
+    pub requested: Duration,
+    /// The expressions it would cut short (`membership`, `policies.NAME`...)
+    /// with their worst cases.
+    pub cut: Vec<(String, Duration)>,
+}
+
 impl CheckerExpr {
     /// The longest one check of this expression can take, given the
     /// runtime's default guest call timeout for `wasm` expressions that set
@@ -55,25 +73,18 @@ impl Config {
         &self,
         requested: Option<Duration>,
         default_call_timeout: Duration,
-    ) -> Result<Duration, String> {
+    ) -> Result<Duration, CheckTimeoutError> {
         let cases = self.worst_cases(default_call_timeout);
         let longest = cases.iter().map(|(_, d)| *d).max().unwrap_or_default();
         let Some(requested) = requested else {
             return Ok(longest + CHECK_TIMEOUT_MARGIN);
         };
-        let cut: Vec<String> = cases
-            .iter()
-            .filter(|(_, d)| *d > requested)
-            .map(|(name, d)| format!("{name} ({})", humantime::format_duration(*d)))
-            .collect();
+        let cut: Vec<(String, Duration)> =
+            cases.into_iter().filter(|(_, d)| *d > requested).collect();
         if cut.is_empty() {
             Ok(requested)
         } else {
-            Err(format!(
-                "--check-timeout {} is shorter than the worst case of {}: those checks would abstain                  (and after abstainLimit exclude) whenever every probe runs to its timeout; raise                  --check-timeout, or lower the probes' timeouts or the guests' limits.callTimeout",
-                humantime::format_duration(requested),
-                cut.join(", ")
-            ))
+            Err(CheckTimeoutError { requested, cut })
         }
     }
 
@@ -167,13 +178,24 @@ mod tests {
         let err = c
             .check_timeout(Some(Duration::from_secs(35)), five)
             .unwrap_err();
+        // Typed: what was asked, and which expressions it would cut.
+        assert_eq!(err.requested, Duration::from_secs(35));
+        assert_eq!(
+            err.cut,
+            [(
+                "shadow.expressions.hang".to_string(),
+                Duration::from_secs(40)
+            )]
+        );
+        let err = err.to_string();
         assert!(
             err.contains("shadow.expressions.hang (40s)") && !err.contains("membership (30s)"),
             "{err}"
         );
         let err = c
             .check_timeout(Some(Duration::from_secs(10)), five)
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("membership (30s)"), "{err}");
     }
 

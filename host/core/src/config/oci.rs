@@ -7,6 +7,26 @@
 /// The scheme of a module pulled from an OCI registry.
 pub const OCI_SCHEME: &str = "oci://";
 
+/// Why a string is not an `oci://` reference ([`OciRef::parse`]); each
+/// variant carries the part that is wrong.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum OciRefError {
+    #[error("{0:?} does not start with {OCI_SCHEME}")]
+    Scheme(String),
+    #[error("digest {0:?} must be sha256:<64 hex digits> (the manifest's digest)")]
+    Digest(String),
+    #[error("{0:?} must name a registry and a repository: oci://REGISTRY/REPOSITORY@sha256:DIGEST")]
+    NoRepository(String),
+    #[error("{0:?} is not a registry host[:port]")]
+    Registry(String),
+    #[error("repository {0:?} must be lowercase path components ([a-z0-9._-], separated by '/')")]
+    Repository(String),
+    #[error("tag {0:?} is not a valid OCI tag")]
+    Tag(String),
+    #[error("{0:?} names neither a digest nor a tag: add @sha256:<manifest digest>")]
+    Unpinned(String),
+}
+
 /// `oci://REGISTRY/REPOSITORY[:TAG][@sha256:DIGEST]`, parsed.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct OciRef {
@@ -22,33 +42,31 @@ pub struct OciRef {
 impl OciRef {
     /// Parses an `oci://` reference. A tag alone is accepted here;
     /// configuration validation refuses it without `allowTags`.
-    pub fn parse(s: &str) -> Result<OciRef, String> {
+    pub fn parse(s: &str) -> Result<OciRef, OciRefError> {
         let rest = s
             .strip_prefix(OCI_SCHEME)
-            .ok_or_else(|| format!("{s:?} does not start with {OCI_SCHEME}"))?;
+            .ok_or_else(|| OciRefError::Scheme(s.to_string()))?;
         let (name, digest) = match rest.split_once('@') {
             Some((name, d)) => {
-                let hex = d.strip_prefix("sha256:").ok_or_else(|| {
-                    format!("digest {d:?} must be sha256:<64 hex digits> (the manifest's digest)")
-                })?;
+                let hex = d
+                    .strip_prefix("sha256:")
+                    .ok_or_else(|| OciRefError::Digest(d.to_string()))?;
                 if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
-                    return Err(format!(
-                        "digest {d:?} must be sha256:<64 hex digits> (the manifest's digest)"
-                    ));
+                    return Err(OciRefError::Digest(d.to_string()));
                 }
                 (name, Some(hex.to_ascii_lowercase()))
             }
             None => (rest, None),
         };
-        let (registry, path) = name.split_once('/').ok_or_else(|| {
-            format!("{s:?} must name a registry and a repository: oci://REGISTRY/REPOSITORY@sha256:DIGEST")
-        })?;
+        let (registry, path) = name
+            .split_once('/')
+            .ok_or_else(|| OciRefError::NoRepository(s.to_string()))?;
         if registry.is_empty()
             || !registry
                 .bytes()
                 .all(|b| b.is_ascii_alphanumeric() || b".-:[]".contains(&b))
         {
-            return Err(format!("{registry:?} is not a registry host[:port]"));
+            return Err(OciRefError::Registry(registry.to_string()));
         }
         // A ':' after the last '/' starts the tag.
         let (repository, tag) = match path.rsplit_once(':') {
@@ -62,9 +80,7 @@ impl OciRef {
                 && c.as_bytes()[0].is_ascii_alphanumeric()
         };
         if !repository.split('/').all(component_ok) {
-            return Err(format!(
-                "repository {repository:?} must be lowercase path components ([a-z0-9._-], separated by '/')"
-            ));
+            return Err(OciRefError::Repository(repository.to_string()));
         }
         if let Some(tag) = &tag
             && (tag.is_empty()
@@ -74,12 +90,10 @@ impl OciRef {
                     .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
                 || tag.starts_with(['.', '-']))
         {
-            return Err(format!("tag {tag:?} is not a valid OCI tag"));
+            return Err(OciRefError::Tag(tag.clone()));
         }
         if tag.is_none() && digest.is_none() {
-            return Err(format!(
-                "{s:?} names neither a digest nor a tag: add @sha256:<manifest digest>"
-            ));
+            return Err(OciRefError::Unpinned(s.to_string()));
         }
         Ok(OciRef {
             registry: registry.to_string(),
@@ -143,8 +157,37 @@ mod tests {
             ("oci://reg/Upper", "lowercase"),
             ("oci://reg/x:-bad", "not a valid OCI tag"),
         ] {
-            let e = OciRef::parse(bad).unwrap_err();
+            let e = OciRef::parse(bad).unwrap_err().to_string();
             assert!(e.contains(why), "{bad}: {e}");
         }
+    }
+
+    /// Each refusal carries the part that is wrong, and a configuration
+    /// refusing it keeps the field's path in front of the same text.
+    #[test]
+    fn parse_errors_carry_the_offending_part() {
+        let d = "ab".repeat(32);
+        assert_eq!(
+            OciRef::parse("oci://reg/x@md5:abc"),
+            Err(OciRefError::Digest("md5:abc".into()))
+        );
+        assert_eq!(
+            OciRef::parse(&format!("oci://reg/Team/x@sha256:{d}")),
+            Err(OciRefError::Repository("Team/x".into()))
+        );
+        assert_eq!(
+            OciRef::parse("oci://reg/x"),
+            Err(OciRefError::Unpinned("oci://reg/x".into()))
+        );
+        let e = crate::config::Config::from_yaml(
+            "serviceKey: {label: g}\nmembership: {wasm: {module: 'oci://reg/x@md5:abc'}}",
+        )
+        .unwrap_err();
+        assert_eq!(e.field_path(), Some("membership.wasm.module"));
+        assert!(
+            e.to_string()
+                .contains(&OciRefError::Digest("md5:abc".into()).to_string()),
+            "{e}"
+        );
     }
 }

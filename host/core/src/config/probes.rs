@@ -13,7 +13,7 @@ use serde::{
 
 use super::{
     duration::duration_str,
-    syntax::{check_port_name, validate_header},
+    syntax::{HeaderError, check_port_name, validate_header},
 };
 
 /// `tcpDial: {port, timeout}`.
@@ -181,8 +181,8 @@ struct RawHeader {
 }
 
 impl TryFrom<RawHeader> for HttpHeader {
-    type Error = String;
-    fn try_from(raw: RawHeader) -> Result<Self, String> {
+    type Error = HeaderError;
+    fn try_from(raw: RawHeader) -> Result<Self, HeaderError> {
         validate_header(&raw.name, &raw.value)?;
         Ok(HttpHeader {
             name: raw.name,

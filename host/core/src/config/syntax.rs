@@ -104,22 +104,51 @@ pub(super) fn check_module_file_name(name: &str) -> Result<(), String> {
 /// Here rather than in `portwise-probe` because configuration is validated
 /// with it too; the probe refuses the same paths at request time (a guest can
 /// ask for any path), so both get the same rule and message.
-pub fn validate_path(path: &str) -> Result<(), String> {
+pub fn validate_path(path: &str) -> Result<(), PathError> {
+    let path_error = |rule: PathRule| PathError {
+        path: path.to_owned(),
+        rule,
+    };
     if !path.starts_with('/') {
-        return Err(format!("path {path:?} must start with '/'"));
+        return Err(path_error(PathRule::Relative));
     }
     if path.starts_with("//") {
         // `//host/x` parses as an authority form in some stacks.
-        return Err(format!("path {path:?} must not start with '//'"));
+        return Err(path_error(PathRule::DoubleSlash));
     }
     if path.contains('#') {
-        return Err(format!("path {path:?} must not contain a fragment ('#')"));
+        return Err(path_error(PathRule::Fragment));
     }
     match path.parse::<http::Uri>() {
         Ok(uri) if uri.scheme().is_none() && uri.authority().is_none() => Ok(()),
-        Ok(_) => Err(format!("path {path:?} is not an origin-form path")),
-        Err(e) => Err(format!("path {path:?} is not a valid request path: {e}")),
+        Ok(_) => Err(path_error(PathRule::NotOriginForm)),
+        Err(e) => Err(path_error(PathRule::Invalid(e.to_string()))),
     }
+}
+
+/// A request path refused by [`validate_path`], and the rule it breaks.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("path {path:?} {rule}")]
+pub struct PathError {
+    pub path: String,
+    pub rule: PathRule,
+}
+
+/// Which rule of [`validate_path`] a path breaks.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PathRule {
+    #[error("must start with '/'")]
+    Relative,
+    #[error("must not start with '//'")]
+    DoubleSlash,
+    #[error("must not contain a fragment ('#')")]
+    Fragment,
+    #[error("is not an origin-form path")]
+    NotOriginForm,
+    /// The URI parser's reason (its error type is not `Clone`, and probe
+    /// errors are compared and copied).
+    #[error("is not a valid request path: {0}")]
+    Invalid(String),
 }
 
 /// Request headers a probe refuses: the hop-by-hop ones (RFC 9110 §7.6.1)
@@ -140,19 +169,32 @@ pub const REFUSED_HEADERS: &[&str] = &[
 /// A probe request header, checked where configuration names it and where
 /// a guest asks for it, with the same rule and message: a valid field name
 /// that is not [`REFUSED_HEADERS`], and a value without control characters.
-pub fn validate_header(name: &str, value: &str) -> Result<(), String> {
+pub fn validate_header(name: &str, value: &str) -> Result<(), HeaderError> {
     let parsed = http::HeaderName::from_bytes(name.as_bytes())
-        .map_err(|_| format!("header name {name:?} is not a valid HTTP field name"))?;
+        .map_err(|_| HeaderError::Name(name.to_owned()))?;
     if REFUSED_HEADERS.contains(&parsed.as_str()) {
-        return Err(format!(
-            "header {name:?} is hop-by-hop or framing: the probe sets it (refused: {})",
-            REFUSED_HEADERS.join(", ")
-        ));
+        return Err(HeaderError::Refused(name.to_owned()));
     }
-    http::HeaderValue::from_str(value).map_err(|_| {
-        format!("header {name:?}: value {value:?} must be visible ASCII, spaces or tabs")
+    http::HeaderValue::from_str(value).map_err(|_| HeaderError::Value {
+        name: name.to_owned(),
+        value: value.to_owned(),
     })?;
     Ok(())
+}
+
+/// A probe request header refused by [`validate_header`].
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum HeaderError {
+    #[error("header name {0:?} is not a valid HTTP field name")]
+    Name(String),
+    /// One of [`REFUSED_HEADERS`].
+    #[error(
+        "header {0:?} is hop-by-hop or framing: the probe sets it (refused: {refused})",
+        refused = REFUSED_HEADERS.join(", ")
+    )]
+    Refused(String),
+    #[error("header {name:?}: value {value:?} must be visible ASCII, spaces or tabs")]
+    Value { name: String, value: String },
 }
 
 /// A container port name (`IANA_SVC_NAME`, as the API validates

@@ -247,13 +247,14 @@ impl CheckerExpr {
                 .map_err(|m| path.field("tcpDial").field("timeout").issue(m)),
             CheckerExpr::HttpGet(spec) => {
                 let p = path.field("httpGet");
-                validate_path(&spec.path).map_err(|m| p.field("path").issue(m))?;
+                validate_path(&spec.path).map_err(|e| p.field("path").issue(e.to_string()))?;
                 check_tls(spec).map_err(|(field, m)| p.field(field).issue(m))?;
                 check_timeout(spec.timeout).map_err(|m| p.field("timeout").issue(m))
             }
             CheckerExpr::Grpc(spec) => {
                 let p = path.field("grpc");
-                check_grpc_service(&spec.service).map_err(|m| p.field("service").issue(m))?;
+                check_grpc_service(&spec.service)
+                    .map_err(|e| p.field("service").issue(e.to_string()))?;
                 check_timeout(spec.timeout).map_err(|m| p.field("timeout").issue(m))
             }
             CheckerExpr::All(children) | CheckerExpr::Any(children) => {
@@ -297,7 +298,9 @@ impl CheckerExpr {
             CheckerExpr::Wasm(spec) => {
                 let p = path.field("wasm");
                 let oci = match spec.oci() {
-                    Some(parsed) => Some(parsed.map_err(|m| p.field("module").issue(m))?),
+                    Some(parsed) => {
+                        Some(parsed.map_err(|e| p.field("module").issue(e.to_string()))?)
+                    }
                     None => {
                         check_module_file_name(&spec.module)
                             .map_err(|m| p.field("module").issue(m))?;
@@ -421,17 +424,28 @@ fn check_tls(spec: &HttpGetSpec) -> Result<(), (&'static str, String)> {
 /// A gRPC service name goes into a protobuf string and a log line: keep it
 /// printable and short (grpc.health.v1 names are package-qualified, e.g.
 /// `grpc.health.v1.Health`).
-pub fn check_grpc_service(service: &str) -> Result<(), String> {
+pub fn check_grpc_service(service: &str) -> Result<(), GrpcServiceError> {
     if service.len() > 256 {
-        return Err(format!("is {} bytes, at most 256", service.len()));
+        return Err(GrpcServiceError::TooLong(service.len()));
     }
     if let Some(c) = service
         .chars()
         .find(|c| c.is_control() || c.is_whitespace())
     {
-        return Err(format!(
-            "{service:?} contains {c:?}: a service name has no spaces or control characters"
-        ));
+        return Err(GrpcServiceError::Character {
+            service: service.to_owned(),
+            c,
+        });
     }
     Ok(())
+}
+
+/// A gRPC service name refused by [`check_grpc_service`].
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum GrpcServiceError {
+    /// Its length in bytes.
+    #[error("is {0} bytes, at most 256")]
+    TooLong(usize),
+    #[error("{service:?} contains {c:?}: a service name has no spaces or control characters")]
+    Character { service: String, c: char },
 }

@@ -258,9 +258,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         None => metrics.process.set_leader(true),
     }
 
-    let check_timeout = config
-        .check_timeout(args.check_timeout, Limits::default().call_timeout)
-        .map_err(anyhow::Error::msg)?;
+    let check_timeout = config.check_timeout(args.check_timeout, Limits::default().call_timeout)?;
     let opts = RunOptions {
         namespaces: args.namespaces.clone(),
         check_timeout,

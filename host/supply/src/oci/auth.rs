@@ -9,6 +9,8 @@ use std::{
 
 use oci_client::secrets::RegistryAuth;
 
+use crate::error::SetupError;
+
 /// Credentials per registry, from a Docker config JSON.
 #[derive(Default)]
 pub(super) struct Auths {
@@ -17,11 +19,15 @@ pub(super) struct Auths {
 }
 
 impl Auths {
-    pub(super) fn load(path: &Path) -> Result<Auths, String> {
-        let text = fs::read(path)
-            .map_err(|e| format!("cannot read registryAuth {}: {e}", path.display()))?;
-        let by_registry = parse_docker_config(&text)
-            .map_err(|e| format!("registryAuth {}: {e}", path.display()))?;
+    pub(super) fn load(path: &Path) -> Result<Auths, SetupError> {
+        let text = fs::read(path).map_err(|source| SetupError::AuthRead {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let by_registry = parse_docker_config(&text).map_err(|why| SetupError::Auth {
+            path: path.to_path_buf(),
+            why,
+        })?;
         Ok(Auths {
             file: Some(path.to_path_buf()),
             by_registry,
@@ -61,6 +67,7 @@ fn registry_of_key(key: &str) -> String {
 }
 
 /// `{"auths": {KEY: {"auth": base64(user:password)} | {"username", "password"}}}`.
+/// The credentials by registry; the error says which entry is wrong.
 fn parse_docker_config(text: &[u8]) -> Result<HashMap<String, (String, String)>, String> {
     use base64::Engine;
     let json: serde_json::Value =

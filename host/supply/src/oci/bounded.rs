@@ -13,6 +13,8 @@ use oci_client::{Reference, RegistryOperation, secrets::RegistryAuth};
 use portwise_core::config::OciRef;
 use reqwest::{StatusCode, header::ACCEPT};
 
+use crate::error::SetupError;
+
 use super::{
     Puller,
     errors::{Failure, error_chain, explain},
@@ -31,20 +33,20 @@ impl Http {
         connect_timeout: std::time::Duration,
         read_timeout: std::time::Duration,
         user_agent: &'static str,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, SetupError> {
         let mut builder = reqwest::Client::builder()
             .connect_timeout(connect_timeout)
             .read_timeout(read_timeout)
             .user_agent(user_agent);
         if let Some(pem) = extra_roots_pem {
             let certs = reqwest::Certificate::from_pem_bundle(pem)
-                .map_err(|e| format!("registryCA is not a PEM bundle: {e}"))?;
+                .map_err(|e| SetupError::CaPem(Box::new(e)))?;
             builder = builder.tls_certs_merge(certs);
         }
         builder
             .build()
             .map(Http)
-            .map_err(|e| format!("cannot set up the registry client: {e}"))
+            .map_err(|e| SetupError::Client(Box::new(e)))
     }
 }
 
@@ -105,21 +107,21 @@ impl Puller {
         match response.status() {
             StatusCode::NOT_FOUND => return Ok(None),
             StatusCode::UNAUTHORIZED => {
-                return Err(Failure::Refused(format!(
+                return Err(Failure::refused(format!(
                     "{} refused the credentials {doing} {}",
                     r.registry,
                     who()
                 )));
             }
             StatusCode::FORBIDDEN => {
-                return Err(Failure::Refused(format!(
+                return Err(Failure::refused(format!(
                     "{} refused access {doing} {}",
                     r.registry,
                     who()
                 )));
             }
             s if s.is_client_error() => {
-                return Err(Failure::Refused(format!(
+                return Err(Failure::refused(format!(
                     "{doing}: {} answered {s} for {url}",
                     r.registry
                 )));
@@ -135,7 +137,7 @@ impl Puller {
         if let Some(length) = response.content_length()
             && length > limit
         {
-            return Err(Failure::Refused(format!(
+            return Err(Failure::refused(format!(
                 "{doing}: the registry sends {length} bytes, over the {limit} read at most; \
                  not downloaded"
             )));
@@ -143,7 +145,7 @@ impl Puller {
         let mut body = Vec::new();
         while let Some(chunk) = response.chunk().await.map_err(unreachable)? {
             if (body.len() + chunk.len()) as u64 > limit {
-                return Err(Failure::Refused(format!(
+                return Err(Failure::refused(format!(
                     "{doing}: more than the {limit} bytes read at most; download stopped"
                 )));
             }
@@ -162,7 +164,7 @@ impl Puller {
             .digest()
             .or(at.tag())
             .ok_or_else(|| {
-                Failure::Refused(format!("{}: {at} names no tag or digest", read.doing))
+                Failure::refused(format!("{}: {at} names no tag or digest", read.doing))
             })?
             .to_string();
         self.get_bounded(read, &format!("manifests/{reference}"))

@@ -5,12 +5,20 @@ use oci_client::errors::OciDistributionError;
 use portwise_core::config::OciRef;
 
 use super::auth::Auths;
+use crate::error::PullError;
 
 /// Why a fetch failed: the registry said no (or sent something wrong), or
 /// it could not be asked.
 pub(super) enum Failure {
-    Refused(String),
+    Refused(PullError),
     Unreachable(String),
+}
+
+impl Failure {
+    /// A refusal the registry's answer explains ([`PullError::Refused`]).
+    pub(super) fn refused(why: String) -> Failure {
+        Failure::Refused(PullError::Refused(why))
+    }
 }
 
 /// The registry has nothing at that name (as opposed to: refused, failed).
@@ -51,15 +59,15 @@ pub(super) fn explain(auths: &Auths, r: &OciRef, doing: &str, e: OciDistribution
     use OciDistributionError as E;
     let who = auths.describe(&r.registry.to_ascii_lowercase());
     match &e {
-        E::AuthenticationFailure(_) | E::UnauthorizedError { .. } => Failure::Refused(format!(
+        E::AuthenticationFailure(_) | E::UnauthorizedError { .. } => Failure::refused(format!(
             "{} refused the credentials {doing} {who}: {e}",
             r.registry
         )),
         E::ServerError { code: 401, .. } | E::ServerError { code: 403, .. } => {
-            Failure::Refused(format!("{} refused access {doing} {who}: {e}", r.registry))
+            Failure::refused(format!("{} refused access {doing} {who}: {e}", r.registry))
         }
         _ if is_not_found(&e) => {
-            Failure::Refused(format!("{doing}: {} has no such artifact: {e}", r.registry))
+            Failure::refused(format!("{doing}: {} has no such artifact: {e}", r.registry))
         }
         E::RegistryError { envelope, .. }
             if envelope.errors.iter().any(|x| {
@@ -70,7 +78,7 @@ pub(super) fn explain(auths: &Auths, r: &OciRef, doing: &str, e: OciDistribution
                 )
             }) =>
         {
-            Failure::Refused(format!(
+            Failure::refused(format!(
                 "{} refused the credentials {doing} {who}: {e}",
                 r.registry
             ))

@@ -33,6 +33,7 @@ use portwise_core::config::OciRef;
 
 use crate::{
     content::{Content, sha256_hex},
+    error::{PullError, SetupError, SignatureError},
     handoff::{OciConfig, Pulled},
     signatures::{self, PublicKey},
 };
@@ -56,7 +57,7 @@ pub struct Puller {
 impl Puller {
     /// A puller; `cache` is the directory for verified content (`None`:
     /// every start pulls).
-    pub fn new(config: &OciConfig, cache: Option<PathBuf>) -> Result<Puller, String> {
+    pub fn new(config: &OciConfig, cache: Option<PathBuf>) -> Result<Puller, SetupError> {
         // reqwest is built without a crypto provider of its own (no
         // aws-lc): ring, as the Kubernetes client uses.
         let _ = rustls::crypto::ring::default_provider().install_default();
@@ -65,10 +66,10 @@ impl Puller {
             None => Auths::default(),
         };
         let ca = match &config.ca_file {
-            Some(path) => Some(
-                fs::read(path)
-                    .map_err(|e| format!("cannot read registryCA {}: {e}", path.display()))?,
-            ),
+            Some(path) => Some(fs::read(path).map_err(|source| SetupError::CaRead {
+                path: path.clone(),
+                source,
+            })?),
             None => None,
         };
         let extra_root_certificates = ca
@@ -90,10 +91,11 @@ impl Puller {
             .iter()
             .map(|path| {
                 let name = path.display().to_string();
-                let pem = fs::read(path).map_err(|e| {
-                    format!("moduleSignatures: cannot read the public key {name}: {e}")
+                let pem = fs::read(path).map_err(|source| SetupError::KeyRead {
+                    name: name.clone(),
+                    source,
                 })?;
-                PublicKey::from_pem(&name, &pem).map_err(|e| format!("moduleSignatures: {e}"))
+                PublicKey::from_pem(&name, &pem).map_err(SetupError::Key)
             })
             .collect::<Result<Vec<_>, _>>()?;
         let client = Client::try_from(ClientConfig {
@@ -106,7 +108,7 @@ impl Puller {
             user_agent,
             ..ClientConfig::default()
         })
-        .map_err(|e| format!("cannot set up the registry client: {e}"))?;
+        .map_err(|e| SetupError::Client(Box::new(e)))?;
         Ok(Puller {
             client,
             http,
@@ -122,7 +124,7 @@ impl Puller {
 
     /// The module `r` names: from the cache when its digest is there, else
     /// from the registry (then cached).
-    pub async fn pull(&self, r: &OciRef) -> Result<Pulled, String> {
+    pub async fn pull(&self, r: &OciRef) -> Result<Pulled, PullError> {
         // What the cache holds but may not serve (unsigned under these keys).
         let mut not_served = None;
         if let Some(digest) = &r.digest {
@@ -149,9 +151,9 @@ impl Puller {
                         Err(why) => not_served = why,
                     }
                 }
-                Err(match not_served {
-                    Some(cached) => format!("{why}; the cached copy is not served: {cached}"),
-                    None => why,
+                Err(PullError::Unreachable {
+                    why,
+                    cached: not_served,
                 })
             }
         }
@@ -161,7 +163,7 @@ impl Puller {
         let reference: Reference = r
             .reference()
             .parse()
-            .map_err(|e| Failure::Refused(format!("not a valid reference: {e}")))?;
+            .map_err(|e| Failure::refused(format!("not a valid reference: {e}")))?;
         let auth = self.auths.for_registry(&r.registry.to_ascii_lowercase());
         let manifest_bytes = self
             .manifest_bounded(&bounded::Read {
@@ -174,7 +176,7 @@ impl Puller {
             })
             .await?
             .ok_or_else(|| {
-                Failure::Refused(format!(
+                Failure::refused(format!(
                     "fetching the manifest: {} has no such artifact ({reference})",
                     r.registry
                 ))
@@ -183,15 +185,15 @@ impl Puller {
         if let Some(pin) = &r.digest
             && *pin != digest
         {
-            return Err(Failure::Refused(format!(
-                "the registry's manifest has sha256:{digest}, not the sha256:{pin} the reference pins; \
-                 refused"
-            )));
+            return Err(Failure::Refused(PullError::PinMismatch {
+                expected: pin.clone(),
+                actual: digest,
+            }));
         }
-        let layer = wasm_layer(&manifest_bytes).map_err(Failure::Refused)?;
+        let layer = wasm_layer(&manifest_bytes).map_err(Failure::refused)?;
         let size = u64::try_from(layer.size).unwrap_or(u64::MAX);
         if size > self.max {
-            return Err(Failure::Refused(format!(
+            return Err(Failure::refused(format!(
                 "its layer is {size} bytes, over maxModuleBytes ({} bytes); not downloaded",
                 self.max
             )));
@@ -201,7 +203,7 @@ impl Puller {
             .strip_prefix("sha256:")
             .filter(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()))
             .ok_or_else(|| {
-                Failure::Refused(format!(
+                Failure::refused(format!(
                     "layer digest {:?} is not sha256:<64 hex digits>",
                     layer.digest
                 ))
@@ -258,7 +260,7 @@ impl Puller {
         if let Some(len) = blob.content_length
             && len > self.max
         {
-            return Err(Failure::Refused(format!(
+            return Err(Failure::refused(format!(
                 "the registry sends {len} bytes for the layer, over maxModuleBytes ({} bytes); \
                  not downloaded",
                 self.max
@@ -270,7 +272,7 @@ impl Puller {
                 let text = error_chain(&e);
                 // oci-client checks the digest as the stream ends.
                 if text.to_ascii_lowercase().contains("digest") {
-                    Failure::Refused(format!(
+                    Failure::refused(format!(
                         "the layer's content does not match the sha256:{layer_hex} its manifest names: {text}"
                     ))
                 } else {
@@ -281,7 +283,7 @@ impl Puller {
                 }
             })?;
             if (bytes.len() + chunk.len()) as u64 > self.max {
-                return Err(Failure::Refused(format!(
+                return Err(Failure::refused(format!(
                     "the layer is more than maxModuleBytes ({} bytes); download stopped",
                     self.max
                 )));
@@ -290,9 +292,10 @@ impl Puller {
         }
         let got = sha256_hex(&bytes);
         if got != layer_hex {
-            return Err(Failure::Refused(format!(
-                "the layer's content has sha256:{got}, not the sha256:{layer_hex} its manifest names"
-            )));
+            return Err(Failure::Refused(PullError::LayerMismatch {
+                expected: layer_hex.to_string(),
+                actual: got,
+            }));
         }
         Ok(bytes)
     }
@@ -301,7 +304,7 @@ impl Puller {
     /// under `moduleSignatures` their signatures too. `Err(None)` is a miss;
     /// `Err(Some(why))` is content that is there but not signed by a
     /// configured key (the registry may have that signature: it is asked).
-    fn cached(&self, digest: &str) -> Result<Pulled, Option<String>> {
+    fn cached(&self, digest: &str) -> Result<Pulled, Option<SignatureError>> {
         let content = self.cache.content(digest).ok_or(None)?;
         let signed_by = match self.keys.is_empty() {
             true => None,

@@ -24,6 +24,7 @@ use super::{
 };
 use crate::{
     content::sha256_hex,
+    error::{PullError, SignatureError},
     signatures::{BUNDLE_MEDIA_TYPE, Evidence, SIGNATURE_ANNOTATION, SIMPLE_SIGNING_MEDIA_TYPE},
 };
 
@@ -56,14 +57,10 @@ impl Found {
 
     /// `why` (the verdict on `evidence`), with what was passed over: a
     /// signature that was there but unusable is told apart from none.
-    pub fn refusal(&self, why: String) -> String {
-        match self.passed_over.as_slice() {
-            [] => why,
-            passed => format!(
-                "{why}; {} signature(s) passed over: {}",
-                passed.len(),
-                passed.join("; ")
-            ),
+    pub fn refusal(&self, why: SignatureError) -> PullError {
+        PullError::Unsigned {
+            source: why,
+            passed_over: self.passed_over.clone(),
         }
     }
 }
@@ -85,7 +82,7 @@ impl Budget {
             }
             None => {
                 self.spent = true;
-                Err(Failure::Refused(format!(
+                Err(Failure::refused(format!(
                     "{what} ({n} bytes) is past the {SIGNATURE_BUDGET_BYTES} bytes of signatures \
                  fetched per module; the search stopped there"
                 )))
@@ -300,12 +297,12 @@ fn parse_manifest(
     // budget plus one manifest).
     budget.take(bytes.len() as u64, &format!("the signature manifest {at}"))?;
     if !digest.is_empty() && format!("sha256:{}", sha256_hex(bytes)) != digest {
-        return Err(Failure::Refused(format!(
+        return Err(Failure::refused(format!(
             "the signature manifest {at} does not match its digest"
         )));
     }
     serde_json::from_slice(bytes).map_err(|e| {
-        Failure::Refused(format!(
+        Failure::refused(format!(
             "the signature manifest {at} is not an image manifest: {e}"
         ))
     })
@@ -326,7 +323,7 @@ async fn fetch_layer(
     budget.take(size, &format!("the signature layer {}", layer.digest))?;
     let bytes = source.layer(referrer, layer).await?;
     if format!("sha256:{}", sha256_hex(&bytes)) != layer.digest {
-        return Err(Failure::Refused(format!(
+        return Err(Failure::refused(format!(
             "the signature layer {} does not match its digest",
             layer.digest
         )));
@@ -422,7 +419,7 @@ impl Source for Registry<'_> {
                 ))
             })?;
             if (bytes.len() + chunk.len()) as u64 > declared(layer.size) {
-                return Err(Failure::Refused(format!(
+                return Err(Failure::refused(format!(
                     "the signature layer {} is larger than its manifest says",
                     layer.digest
                 )));
@@ -496,7 +493,7 @@ impl Puller {
                 annotations: None,
             }),
             Some(body) => serde_json::from_slice(&body).map_err(|e| {
-                Failure::Refused(format!(
+                Failure::refused(format!(
                     "{DOING}: the referrers index is not an image index: {e}"
                 ))
             }),
@@ -506,7 +503,7 @@ impl Puller {
 
 /// A signature `what` (manifest, layer) over the size any signature has.
 fn too_big(what: &str, name: &str, bytes: u64) -> Failure {
-    Failure::Refused(format!(
+    Failure::refused(format!(
         "the signature {what} {name} is {bytes} bytes, over the {MAX_SIGNATURE_BYTES} a cosign \
          signature may have; not downloaded"
     ))
@@ -532,7 +529,7 @@ mod tests {
         fn get(&self, digest: &str, limit: u64) -> Result<Option<Vec<u8>>, Failure> {
             self.fetched.borrow_mut().push(digest.to_string());
             match self.by_digest.get(digest) {
-                Some(b) if b.len() as u64 > limit => Err(Failure::Refused("over the limit".into())),
+                Some(b) if b.len() as u64 > limit => Err(Failure::refused("over the limit".into())),
                 found => Ok(found.cloned()),
             }
         }
@@ -646,7 +643,8 @@ mod tests {
     fn run(fake: &Fake) -> Found {
         match futures::executor::block_on(search(fake, is_real)) {
             Ok(found) => found,
-            Err(Failure::Refused(e) | Failure::Unreachable(e)) => panic!("{e}"),
+            Err(Failure::Refused(e)) => panic!("{e}"),
+            Err(Failure::Unreachable(e)) => panic!("{e}"),
         }
     }
 
@@ -735,21 +733,29 @@ mod tests {
         let Err(Failure::Refused(why)) = budget.take(1, "the signature layer sha256:x") else {
             panic!("a take past the budget was allowed");
         };
+        let why = why.to_string();
         assert!(budget.spent, "{why}");
         assert!(why.contains("sha256:x") && why.contains("stopped"), "{why}");
     }
 
     #[test]
     fn a_refusal_names_what_was_passed_over() {
+        let unsigned = SignatureError::Unsigned {
+            manifest: "ab".repeat(32),
+            keys: vec!["k.pub".into()],
+        };
         let none = Found::default();
-        assert_eq!(none.refusal("not signed".into()), "not signed");
+        assert_eq!(
+            none.refusal(unsigned.clone()).to_string(),
+            unsigned.to_string()
+        );
         let found = Found {
             evidence: Vec::new(),
             passed_over: vec!["referrer sha256:a: too big".into(), "b: not JSON".into()],
         };
-        let why = found.refusal("not signed".into());
+        let why = found.refusal(unsigned.clone()).to_string();
         assert!(
-            why.starts_with("not signed; 2 signature(s) passed over")
+            why.starts_with(&format!("{unsigned}; 2 signature(s) passed over"))
                 && why.contains("sha256:a: too big")
                 && why.contains("b: not JSON"),
             "{why}"

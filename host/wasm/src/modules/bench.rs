@@ -4,6 +4,7 @@
 use std::time::{Duration, Instant};
 
 use super::{Runtime, serving_runtime};
+use crate::error::InstantiateError;
 
 impl Runtime {
     /// Creates (and drops) `runs` fresh instances of `module`'s current
@@ -12,10 +13,10 @@ impl Runtime {
         &self,
         module: &str,
         runs: usize,
-    ) -> Result<Vec<Duration>, String> {
+    ) -> Result<Vec<Duration>, InstantiateError> {
         let version = self
             .current(module)
-            .ok_or_else(|| format!("module {module} is not loaded"))?;
+            .ok_or_else(|| InstantiateError::NotLoaded(module.to_string()))?;
         // The runtime's defaults: the instance an expression without
         // `limits` gets.
         let limits = self
@@ -25,11 +26,11 @@ impl Runtime {
         let mut times = Vec::with_capacity(runs);
         for _ in 0..runs {
             let started = Instant::now();
-            let slot = self.slot().await.map_err(|f| f.to_string())?;
+            let slot = self.slot().await.map_err(InstantiateError::Failed)?;
             let ready = version
                 .instantiate(self, slot, serving_runtime(), &limits)
                 .await
-                .map_err(|f| f.to_string())?;
+                .map_err(InstantiateError::Failed)?;
             times.push(started.elapsed());
             drop(ready);
         }

@@ -8,7 +8,7 @@ use super::{
     failure::{Failure, classify},
     pool::{Guest, Ready},
 };
-use crate::{CallLimits, failures::FailureKind, state::CallLabels, v0_1, v0_2};
+use crate::{CallLimits, error::Rejection, failures::FailureKind, state::CallLabels, v0_1, v0_2};
 use portwise_core::{
     membership::{Subject, Verdict},
     text::truncate,
@@ -21,7 +21,7 @@ impl ModuleVersion {
         rt: &Runtime,
         config: &str,
         limits: &CallLimits,
-    ) -> Result<(), String> {
+    ) -> Result<(), Rejection> {
         // A tighter memory limit can fail where a looser one passed.
         let key = (config.to_string(), limits.memory_bytes);
         if let Some(known) = self
@@ -34,8 +34,11 @@ impl ModuleVersion {
         }
         let result = match self.call_validate(rt, config, limits).await {
             Ok(Ok(())) => Ok(()),
-            Ok(Err(message)) => Err(truncate(message, rt.limits.max_reason_bytes)),
-            Err(failure) => Err(format!("validate-config failed: {failure}")),
+            Ok(Err(message)) => Err(Rejection::Guest(truncate(
+                message,
+                rt.limits.max_reason_bytes,
+            ))),
+            Err(failure) => Err(Rejection::Failed(failure)),
         };
         self.validated
             .lock()
@@ -226,7 +229,7 @@ impl Runtime {
         version
             .validate(self, &spec.config, &spec.limits)
             .await
-            .map_err(|m| Failure::new(FailureKind::Config, m))?;
+            .map_err(|m| Failure::new(FailureKind::Config, m.to_string()))?;
         let verdict = version
             .call_check(self, &spec.config, subject, &spec.limits)
             .await?;

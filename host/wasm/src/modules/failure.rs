@@ -6,12 +6,7 @@ use wasmtime::Trap;
 use crate::{CallLimits, failures::FailureKind, state::HostState};
 use portwise_core::text::truncate;
 
-/// Why a call produced no verdict of the guest's own making.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct Failure {
-    pub kind: FailureKind,
-    pub message: String,
-}
+pub(crate) use crate::error::Failure;
 
 impl Failure {
     pub(super) fn new(kind: FailureKind, message: impl Into<String>) -> Self {
@@ -19,12 +14,6 @@ impl Failure {
             kind,
             message: message.into(),
         }
-    }
-}
-
-impl std::fmt::Display for Failure {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}: {}", self.kind, self.message)
     }
 }
 

@@ -24,6 +24,8 @@ mod failure;
 mod pool;
 mod reload;
 
+pub(crate) use reload::{CHECKER_0_1, CHECKER_0_2};
+
 use std::{
     collections::HashMap,
     path::PathBuf,
@@ -37,6 +39,7 @@ use wasmtime::{Engine, component::Linker};
 use crate::{
     Limits, ModuleEvent, ModuleInfo,
     compile::{CodeCache, CompileSource},
+    error::LoadError,
     failures::{Counters, ModuleCounters},
     replay::ProbeMode,
     state::HostState,
@@ -173,7 +176,7 @@ impl Runtime {
     }
 
     /// The last load failure of a module, if its latest load failed.
-    pub(crate) async fn last_error(&self, module: &str) -> Option<String> {
+    pub(crate) async fn last_error(&self, module: &str) -> Option<Arc<LoadError>> {
         self.scan.lock().await.errors.get(module).cloned()
     }
 
@@ -182,7 +185,7 @@ impl Runtime {
         let mut errors: Vec<_> = scan
             .errors
             .iter()
-            .map(|(m, e)| (m.clone(), e.clone()))
+            .map(|(m, e)| (m.clone(), e.to_string()))
             .collect();
         errors.sort();
         errors

@@ -68,6 +68,7 @@ use crate::{
     CallLimits, ModuleInfo,
     compile::CompileSource,
     engine::ticks,
+    error::Rejection,
     failures::{FailureKind, ModuleCounters},
     state::{CallLabels, HostState},
     v0_1, v0_2,
@@ -129,7 +130,7 @@ pub(crate) struct ModuleVersion {
     pub(super) pre: GuestPre,
     pub(super) idle: Mutex<Vec<Ready>>,
     /// validate-config's answer per (configuration, memory limit).
-    pub(super) validated: Mutex<HashMap<(String, usize), Result<(), String>>>,
+    pub(super) validated: Mutex<HashMap<(String, usize), Result<(), Rejection>>>,
     pub(super) counters: Arc<ModuleCounters>,
 }
 

@@ -13,17 +13,17 @@ use std::{
     time::Instant,
 };
 
-use portwise_supply::{Content, ModuleFile, ModulesDir, Pulled};
+use portwise_supply::{Content, ModuleFile, ModulesDir, PullError, Pulled};
 
 use super::{ModuleVersion, Runtime, pool::GuestPre};
 use crate::{
     ModuleInfo,
     compile::{CompileSource, Loaded},
+    error::{LoadCause, LoadError},
     failures::FailureKind,
     state::HostState,
     v0_1, v0_2,
 };
-use portwise_core::text::truncate;
 
 /// Loads are serialised by this state's lock (the runtime's `scan`).
 pub(super) struct ScanState {
@@ -32,7 +32,7 @@ pub(super) struct ScanState {
     /// Modules present at some point and gone from the directory now.
     removed: HashSet<String>,
     /// The last load failure per module, while it is the latest news.
-    pub(super) errors: HashMap<String, String>,
+    pub(super) errors: HashMap<String, Arc<LoadError>>,
 }
 
 impl ScanState {
@@ -60,20 +60,23 @@ impl Runtime {
         &self,
         name: &str,
         content: &Content,
-    ) -> Result<(ModuleVersion, Option<String>), String> {
+    ) -> Result<(ModuleVersion, Option<String>), LoadCause> {
         let started = Instant::now();
         // The cache is keyed by the component's own hash, so `x.wasm` and
         // any `x.wasm.gz` of it share one entry.
-        let code = self.supply.component(
-            name,
-            &content.bytes,
-            &content.sha256,
-            self.limits.max_gunzipped_bytes,
-        )?;
+        let code = self
+            .supply
+            .component(
+                name,
+                &content.bytes,
+                &content.sha256,
+                self.limits.max_gunzipped_bytes,
+            )
+            .map_err(LoadCause::Decode)?;
         let bytes = &code.bytes[..];
         // Before the compiler, and before the cache too: whether a module
         // loads does not depend on what the cache holds.
-        crate::bounds::check(name, bytes, &self.limits)?;
+        crate::bounds::check(name, bytes, &self.limits).map_err(LoadCause::Bounds)?;
         let Loaded {
             component,
             source: compiled,
@@ -89,17 +92,12 @@ impl Runtime {
                     },
                 ),
             }
-            .map_err(|e| {
-                format!(
-                    "not a valid component: {}",
-                    truncate(format!("{e:#}"), 1024)
-                )
-            })?;
+            .map_err(|source| LoadCause::Compile { source })?;
         let load_time = started.elapsed();
         let instance_pre = self
             .linker
             .instantiate_pre(&component)
-            .map_err(|e| format!("imports something portwise does not provide: {e:#}"))?;
+            .map_err(LoadCause::Imports)?;
         let pre = guest_pre(instance_pre)?;
         let version = ModuleVersion {
             name: name.to_string(),
@@ -125,10 +123,10 @@ impl Runtime {
     /// loaded (see [`crate::compile::CodeCache::retain`]).
     async fn install(
         self: &Arc<Self>,
-        errors: &mut HashMap<String, String>,
+        errors: &mut HashMap<String, Arc<LoadError>>,
         name: &str,
         content: Content,
-    ) -> Result<ModuleInfo, String> {
+    ) -> Result<ModuleInfo, Arc<LoadError>> {
         let installed = self.swap_in(errors, name, content).await;
         if let Some(cache) = &self.cache {
             let modules = self.modules.read().unwrap_or_else(|e| e.into_inner());
@@ -139,25 +137,23 @@ impl Runtime {
 
     async fn swap_in(
         self: &Arc<Self>,
-        errors: &mut HashMap<String, String>,
+        errors: &mut HashMap<String, Arc<LoadError>>,
         name: &str,
         content: Content,
-    ) -> Result<ModuleInfo, String> {
+    ) -> Result<ModuleInfo, Arc<LoadError>> {
         let sha256 = content.sha256.clone();
         let counters = self.counters.module(name);
-        let fail = |errors: &mut HashMap<String, String>, message: String| {
+        let fail = |errors: &mut HashMap<String, Arc<LoadError>>, cause: LoadCause| {
             counters.fail(FailureKind::Load);
-            let serving = match self.current(name) {
-                Some(v) => format!("; still serving sha256 {}", &v.sha256[..12]),
-                None => String::new(),
-            };
-            let message = format!(
-                "module {name} (sha256 {}): {message}{serving}",
-                &sha256[..12]
-            );
-            errors.insert(name.to_string(), message.clone());
-            self.report(name, false, Some(&sha256), None, message.clone());
-            Err(message)
+            let error = Arc::new(LoadError::Refused {
+                module: name.to_string(),
+                sha256: sha256.clone(),
+                cause,
+                serving: self.current(name).map(|v| v.sha256.clone()),
+            });
+            errors.insert(name.to_string(), error.clone());
+            self.report(name, false, Some(&sha256), None, error.to_string());
+            Err(error)
         };
         // The pin first, on the bytes as stored: content that is not the
         // pinned module is never gunzipped nor compiled.
@@ -167,10 +163,7 @@ impl Runtime {
             .into_iter()
             .find(|pin| *pin != sha256)
         {
-            return fail(
-                errors,
-                format!("content does not match the sha256 {pin} pinned in the configuration"),
-            );
+            return fail(errors, LoadCause::PinMismatch { pin });
         }
         // Compiling takes seconds of CPU: on the blocking pool, not on a
         // thread of whatever runtime is rescanning (a current-thread one
@@ -181,8 +174,8 @@ impl Runtime {
         };
         let (version, rejected) = match compiled {
             Ok(Ok(compiled)) => compiled,
-            Ok(Err(message)) => return fail(errors, message),
-            Err(e) => return fail(errors, format!("compiling failed: {e}")),
+            Ok(Err(cause)) => return fail(errors, cause),
+            Err(e) => return fail(errors, LoadCause::Compiling(e)),
         };
         // Each configuration in use, under each memory limit it runs with.
         let mut configs: Vec<(&str, crate::CallLimits)> = users
@@ -192,14 +185,9 @@ impl Runtime {
         configs.sort_unstable_by_key(|(c, l)| (*c, l.memory_bytes));
         configs.dedup_by_key(|(c, l)| (*c, l.memory_bytes));
         for (config, limits) in configs {
-            if let Err(message) = version.validate(self, config, &limits).await {
-                return fail(
-                    errors,
-                    format!(
-                        "rejects configuration {}: {message}",
-                        truncate(config.to_string(), 200)
-                    ),
-                );
+            if let Err(rejection) = version.validate(self, config, &limits).await {
+                let config = config.to_string();
+                return fail(errors, LoadCause::ConfigRejected { config, rejection });
             }
         }
         let info = version.info();
@@ -233,22 +221,22 @@ impl Runtime {
     pub(crate) async fn install_pulled(
         self: &Arc<Self>,
         name: &str,
-        pulled: Result<Pulled, String>,
-    ) -> Result<ModuleInfo, String> {
+        pulled: Result<Pulled, PullError>,
+    ) -> Result<ModuleInfo, Arc<LoadError>> {
         let mut scan = self.scan.lock().await;
         let counters = self.counters.module(name);
         let pulled = match pulled {
             Ok(p) => p,
-            Err(why) => {
+            Err(source) => {
                 counters.fail(FailureKind::Load);
-                let serving = match self.current(name) {
-                    Some(v) => format!("; still serving sha256 {}", &v.sha256[..12]),
-                    None => String::new(),
-                };
-                let message = format!("module {name}: pull failed: {why}{serving}");
-                scan.errors.insert(name.to_string(), message.clone());
-                self.report(name, false, None, None, message.clone());
-                return Err(message);
+                let error = Arc::new(LoadError::Pull {
+                    module: name.to_string(),
+                    source,
+                    serving: self.current(name).map(|v| v.sha256.clone()),
+                });
+                scan.errors.insert(name.to_string(), error.clone());
+                self.report(name, false, None, None, error.to_string());
+                return Err(error);
             }
         };
         if let Some(why) = &pulled.fallback {
@@ -274,8 +262,11 @@ impl Runtime {
     }
 
     /// Loads one file under its file name.
-    pub(crate) async fn load_file(self: &Arc<Self>, path: &Path) -> Result<ModuleInfo, String> {
-        let file = ModuleFile::read(path)?;
+    pub(crate) async fn load_file(
+        self: &Arc<Self>,
+        path: &Path,
+    ) -> Result<ModuleInfo, Arc<LoadError>> {
+        let file = ModuleFile::read(path).map_err(|e| Arc::new(LoadError::Read(e)))?;
         let mut scan = self.scan.lock().await;
         if let Some(current) = self.current(&file.name)
             && current.sha256 == file.content.sha256
@@ -340,29 +331,32 @@ impl Runtime {
 
 /// The exports a 0.1 and a 0.2 checker have; semver-compatible patch
 /// versions (`@0.2.3`) are found by wasmtime's export lookup too.
-const CHECKER_0_2: &str = "portwise:membership/checker@0.2.0";
-const CHECKER_0_1: &str = "portwise:membership/checker@0.1.0";
+pub(crate) const CHECKER_0_2: &str = "portwise:membership/checker@0.2.0";
+pub(crate) const CHECKER_0_1: &str = "portwise:membership/checker@0.1.0";
 
 /// Picks the WIT version by what the component exports: 0.2 if it exports
 /// the 0.2 checker, else 0.1; anything else is not a membership checker.
 fn guest_pre(
     instance_pre: wasmtime::component::InstancePre<HostState>,
-) -> Result<GuestPre, String> {
+) -> Result<GuestPre, LoadCause> {
     let component = instance_pre.component();
     if component.get_export_index(None, CHECKER_0_2).is_some() {
         return v0_2::MembershipCheckerPre::new(instance_pre)
             .map(GuestPre::V02)
-            .map_err(|e| format!("exports {CHECKER_0_2} but not as portwise defines it: {e:#}"));
+            .map_err(|source| LoadCause::Exports {
+                export: CHECKER_0_2,
+                source,
+            });
     }
     if component.get_export_index(None, CHECKER_0_1).is_some() {
         return v0_1::MembershipCheckerPre::new(instance_pre)
             .map(GuestPre::V01)
-            .map_err(|e| format!("exports {CHECKER_0_1} but not as portwise defines it: {e:#}"));
+            .map_err(|source| LoadCause::Exports {
+                export: CHECKER_0_1,
+                source,
+            });
     }
-    Err(format!(
-        "not a portwise membership checker: exports neither {CHECKER_0_2} nor {CHECKER_0_1} \
-         (build it against wit/membership.wit, world membership-checker)"
-    ))
+    Err(LoadCause::NotAChecker)
 }
 
 /// Issue 45: what reaches the compiler. The example guest kept in
@@ -440,7 +434,8 @@ mod tests {
             panic!("garbage.wasm was loaded");
         };
         assert!(
-            why.contains("no expression of the configuration names it"),
+            why.to_string()
+                .contains("no expression of the configuration names it"),
             "{why}"
         );
         // Nor on a rescan.
@@ -528,5 +523,88 @@ mod tests {
             "{error}"
         );
         assert_eq!(rt.code_cache_stats().unwrap().misses, 0, "it was compiled");
+    }
+
+    /// The pin's refusal is typed: the pin and the content's digest are
+    /// data, not text to parse, and a checker asking for the module gets
+    /// the load error itself as the reason.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_pin_mismatch_carries_the_pin_and_the_content_digest() {
+        use crate::{LoadCause, LoadError, WhyNotLoaded};
+        let (dir, cache) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        fs::write(dir.path().join("check.wasm"), b"not the pinned module").unwrap();
+        let pin = portwise_supply::sha256_hex(GUEST);
+        let rt = runtime(
+            dir.path(),
+            cache.path(),
+            Some(vec![spec("check.wasm", Some(&pin))]),
+            Limits::default(),
+        )
+        .await;
+        let Err(WasmError::NotLoaded { module, why }) =
+            rt.checker("check.wasm", &json!({}), Some(&pin)).await
+        else {
+            panic!("check.wasm was loaded");
+        };
+        assert_eq!(module, "check.wasm");
+        let WhyNotLoaded::Failed(error) = &why else {
+            panic!("{why:?}");
+        };
+        let LoadError::Refused {
+            sha256,
+            cause: LoadCause::PinMismatch { pin: expected },
+            serving: None,
+            ..
+        } = &**error
+        else {
+            panic!("{error:?}");
+        };
+        assert_eq!(*expected, pin);
+        assert_eq!(
+            *sha256,
+            portwise_supply::sha256_hex(b"not the pinned module")
+        );
+    }
+
+    /// A checker tree that cannot be built says which expression, and
+    /// keeps the runtime's error as its source: a wrong pin is told apart
+    /// from a missing module without reading the message.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_build_error_keeps_the_wasm_error_as_its_source() {
+        use portwise_checkers::{BuildContext, BuildErrorKind};
+        use portwise_core::config::CheckerExpr;
+        let (dir, cache) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        fs::write(dir.path().join("check.wasm"), GUEST).unwrap();
+        let rt = runtime(dir.path(), cache.path(), None, Limits::default()).await;
+        let wrong = "ab".repeat(32);
+        let expr = CheckerExpr::Wasm(spec("check.wasm", Some(&wrong)));
+        let ctx = BuildContext {
+            wasm: Some(&rt),
+            ..BuildContext::default()
+        };
+        let Err(e) = portwise_checkers::build_at(&expr, &ctx, "policies.web").await else {
+            panic!("built with a wrong pin");
+        };
+        assert_eq!(e.path, "policies.web.wasm");
+        let BuildErrorKind::Wasm(source) = &e.kind else {
+            panic!("{e:?}");
+        };
+        match source.downcast_ref::<WasmError>() {
+            Some(WasmError::PinMismatch {
+                module,
+                expected,
+                actual,
+            }) => {
+                assert_eq!(module, "check.wasm");
+                assert_eq!(*expected, wrong);
+                assert_eq!(*actual, portwise_supply::sha256_hex(GUEST));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(
+            e.to_string()
+                .starts_with("policies.web.wasm: module check.wasm has sha256 "),
+            "{e}"
+        );
     }
 }

@@ -88,7 +88,8 @@ async fn checker(rt: &WasmRuntime, module: &str, config: Value) -> WasmChecker {
 /// validate-config must refuse `config`, with a message containing `needle`.
 async fn assert_rejects(rt: &WasmRuntime, module: &str, config: Value, needle: &str) {
     match rt.checker(module, &config, None).await {
-        Err(WasmError::ConfigRejected { message, .. }) => {
+        Err(WasmError::ConfigRejected { rejection, .. }) => {
+            let message = rejection.to_string();
             assert!(
                 message.contains(needle),
                 "{module} rejected {config} with {message:?}, expected {needle:?}"

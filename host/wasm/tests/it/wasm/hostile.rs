@@ -256,7 +256,11 @@ async fn a_component_for_another_world_is_refused() {
     );
     match h.rt.checker("wrong-world.wasm", &Value::Null, None).await {
         Err(WasmError::NotLoaded { why, .. }) => {
-            assert!(why.contains("not a portwise membership checker"), "{why}")
+            assert!(
+                why.to_string()
+                    .contains("not a portwise membership checker"),
+                "{why}"
+            )
         }
         other => panic!("{other:?}"),
     }

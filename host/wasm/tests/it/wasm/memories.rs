@@ -132,7 +132,12 @@ async fn a_guest_with_many_memories_hits_the_memory_limit() {
         .checker("many.wasm", &json!({"bytes": 1024}), None)
         .await
     {
-        Err(WasmError::ConfigRejected { message, .. }) => {
+        Err(WasmError::ConfigRejected { rejection, .. }) => {
+            assert!(
+                matches!(&rejection, portwise_wasm::Rejection::Failed(f) if f.kind == FailureKind::Memory),
+                "{rejection:?}"
+            );
+            let message = rejection.to_string();
             assert!(
                 message.starts_with(
                     "validate-config failed: memory: cannot instantiate: memory limit"

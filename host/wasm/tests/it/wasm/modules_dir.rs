@@ -162,7 +162,9 @@ async fn modules_appear_and_disappear_with_the_directory() {
     let mut events = rt.subscribe();
     assert!(rt.modules().is_empty());
     match rt.checker("admin-check.wasm", &Value::Null, None).await {
-        Err(WasmError::NotLoaded { why, .. }) => assert!(why.contains("no such file"), "{why}"),
+        Err(WasmError::NotLoaded { why, .. }) => {
+            assert!(why.to_string().contains("no such file"), "{why}")
+        }
         other => panic!("{other:?}"),
     }
 
