@@ -16,7 +16,9 @@ use super::{CheckerExpr, Config};
 /// ([`Config::check_timeout`]).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "--check-timeout {} is shorter than the worst case of {}: those checks would abstain                  (and after abstainLimit exclude) whenever every probe runs to its timeout; raise                  --check-timeout, or lower the probes' timeouts or the guests' limits.callTimeout",
+    "--check-timeout {} is shorter than the worst case of {}: those checks would abstain \
+     (and after abstainLimit exclude) whenever every probe runs to its timeout; raise \
+     --check-timeout, or lower the probes' timeouts or the guests' limits.callTimeout",
     humantime::format_duration(*requested),
     cut.iter()
         .map(|(name, d)| format!("{name} ({})", humantime::format_duration(*d)))
