@@ -190,7 +190,8 @@ fn service_selector(generator: &mut SchemaGenerator) -> Schema {
 /// The CustomResourceDefinition, as checked in at deploy/helm/crds and
 /// deploy/kustomize: what `portwise crd` prints.
 pub fn crd_yaml() -> String {
-    let crd = MembershipPolicy::crd();
+    let mut crd = serde_json::to_value(MembershipPolicy::crd()).expect("a CRD serializes");
+    integral_numbers_as_integers(&mut crd);
     let yaml = serde_saphyr::to_string(&crd).expect("a CRD serializes");
     format!(
         "# Generated from host/api (portwise-api) by `portwise crd`; do not edit.\n\
@@ -199,6 +200,25 @@ pub fn crd_yaml() -> String {
          #   cargo run -p portwise -- crd > deploy/kustomize/membershippolicies.portwise.io.yaml\n\
          {yaml}"
     )
+}
+
+/// `minimum: 0`, not `0.0`: the schema's bounds are `f64` in k8s-openapi,
+/// and kustomize writes an integral float as an integer, so the chart's
+/// copy (crds/, applied verbatim) and the base's rendering would differ.
+fn integral_numbers_as_integers(v: &mut serde_json::Value) {
+    match v {
+        serde_json::Value::Number(n) => {
+            if let Some(f) = n
+                .as_f64()
+                .filter(|f| n.is_f64() && f.fract() == 0.0 && f.abs() < 9e15)
+            {
+                *n = serde_json::Number::from(f as i64);
+            }
+        }
+        serde_json::Value::Array(a) => a.iter_mut().for_each(integral_numbers_as_integers),
+        serde_json::Value::Object(m) => m.values_mut().for_each(integral_numbers_as_integers),
+        _ => {}
+    }
 }
 
 #[cfg(test)]
