@@ -1,5 +1,5 @@
-//! The `portwise` command: `run` the controller, or `check` one checker
-//! against one pod without deploying anything.
+//! The `portwise` command: `run` the controller, `check` one checker
+//! against one pod without deploying anything, or print the `crd`.
 
 use std::process::ExitCode;
 
@@ -40,6 +40,9 @@ enum Command {
     Run(portwise::cli::RunArgs),
     /// Run a checker against one pod and Service and print the verdict.
     Check(portwise::cli::CheckArgs),
+    /// Print the MembershipPolicy CustomResourceDefinition (YAML), as
+    /// deploy/helm/crds and deploy/kustomize hold it.
+    Crd,
 }
 
 #[tokio::main]
@@ -52,6 +55,7 @@ async fn main() -> ExitCode {
     let result = match cli.command {
         Command::Run(args) => portwise::cli::run(args).await,
         Command::Check(args) => portwise::cli::check(args).await,
+        Command::Crd => portwise::cli::crd(),
     };
     match result {
         Ok(code) => code,

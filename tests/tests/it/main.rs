@@ -30,6 +30,7 @@ mod oracle;
 mod other_writers;
 mod partitions;
 mod policies;
+mod policy_crd;
 mod probe_fields;
 mod probes;
 mod prometheus;

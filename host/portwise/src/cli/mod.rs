@@ -1,4 +1,4 @@
-//! The two commands behind the binary, kept in the library so tests and the
+//! The commands behind the binary, kept in the library so tests and the
 //! binary share them; one file a job:
 //!
 //! * [`run`](run()) (`run.rs`): load and validate the configuration
@@ -13,8 +13,9 @@
 //!   `kwctl run`: guest authors try a `.wasm` without deploying it.
 //!   `live.rs` is `check --live` (live against shadow on a cluster's
 //!   Service), `bench.rs` is `check --bench`.
+//! * [`crd`](crd()) (here): print the MembershipPolicy CRD.
 //!
-//! Here: what both commands share.
+//! Here: what the commands share.
 
 mod bench;
 mod budget;
@@ -25,6 +26,15 @@ mod run;
 
 pub use check::{CheckArgs, EXIT_REPLAY_MISSED, check};
 pub use run::{RunArgs, run};
+
+/// `portwise crd`: the MembershipPolicy CustomResourceDefinition on stdout,
+/// generated from the types (portwise-api), so that the installs' copies
+/// can be regenerated from the code (host/portwise/tests/crd.rs compares).
+pub fn crd() -> anyhow::Result<std::process::ExitCode> {
+    use std::io::Write;
+    std::io::stdout().write_all(portwise_api::crd_yaml().as_bytes())?;
+    Ok(std::process::ExitCode::SUCCESS)
+}
 
 use portwise_core::config::{Config, WasmSpec};
 

@@ -64,7 +64,9 @@ const ADMISSION_API: &str = "admissionregistration.k8s.io/v1/ValidatingAdmission
 
 /// `helm template RELEASE deploy/helm -n portwise-system` with extra
 /// arguments (`--set k=v`, ...), as on a cluster serving [`ADMISSION_API`];
-/// fails unless helm exits 0.
+/// fails unless helm exits 0. With the chart's `crds/` (`--include-crds`),
+/// which `helm install` creates and `helm template` leaves out by default:
+/// the base lists the same CRD among its resources.
 fn template_as(release: &str, extra: &[&str]) -> Result<String> {
     let mut args = vec![
         "template",
@@ -74,6 +76,7 @@ fn template_as(release: &str, extra: &[&str]) -> Result<String> {
         NAMESPACE,
         "--api-versions",
         ADMISSION_API,
+        "--include-crds",
     ];
     args.extend_from_slice(extra);
     let out = helm_run(&args)?;
@@ -395,6 +398,7 @@ async fn helm_chart_lints_and_renders() -> Result<()> {
                 "ClusterRoleBinding",
                 "ConfigMap",
                 "ConfigMap",
+                "CustomResourceDefinition",
                 "Deployment",
                 "PodDisruptionBudget",
                 "Role",

@@ -12,6 +12,7 @@ use super::support::*;
 /// Every kind the base must hold (issue 5, "Manifests"), with how many.
 const BASE_KINDS: &[(&str, usize)] = &[
     ("Namespace", 1),
+    ("CustomResourceDefinition", 1),
     ("ServiceAccount", 1),
     ("ClusterRole", 1),
     ("ClusterRoleBinding", 1),

@@ -16,6 +16,8 @@ use super::support::*;
 
 const RBAC_KINDS: &[&str] = &[
     "Namespace",
+    // So that `auth can-i` knows the resource it is asked about.
+    "CustomResourceDefinition",
     "ServiceAccount",
     "ClusterRole",
     "ClusterRoleBinding",
@@ -78,6 +80,15 @@ async fn runs_as_its_service_account_and_can_do_nothing_more() -> Result<()> {
             "-n",
             "portwise-system",
         ],
+        // For the MembershipPolicy controller to come (issue 48).
+        vec!["watch", "membershippolicies.portwise.io"],
+        vec![
+            "patch",
+            "membershippolicies.portwise.io",
+            "--subresource=status",
+            "-n",
+            n,
+        ],
     ] {
         expect_eq(
             (args.join(" "), can_i(cp, &args).await?),
@@ -103,6 +114,17 @@ async fn runs_as_its_service_account_and_can_do_nothing_more() -> Result<()> {
         vec!["create", "leases.coordination.k8s.io", "-n", n],
         vec!["create", "configmaps", "-n", "portwise-system"],
         vec!["update", "nodes"],
+        // Policies are the teams': portwise writes only their status.
+        vec!["create", "membershippolicies.portwise.io", "-n", n],
+        vec!["patch", "membershippolicies.portwise.io", "-n", n],
+        vec!["delete", "membershippolicies.portwise.io", "-n", n],
+        vec![
+            "update",
+            "membershippolicies.portwise.io",
+            "--subresource=status",
+            "-n",
+            n,
+        ],
         vec![
             "create",
             "serviceaccounts",
