@@ -123,17 +123,22 @@ impl GitDirs {
     }
 
     /// The files whose change moves HEAD: HEAD itself, the ref it names
-    /// (when loose), packed-refs, and HEAD's reflog, which every move
-    /// appends to (a commit on a branch whose ref was packed writes a new
-    /// loose ref, and touches neither HEAD nor packed-refs). Only existing
-    /// ones: cargo reruns a script every time for a path that does not
-    /// exist.
+    /// (loose, else packed-refs: a loose ref wins, so packed-refs, which
+    /// every worktree shares, is watched only when the ref is packed), and
+    /// HEAD's reflog, which every move appends to (a commit on a branch
+    /// whose ref was packed writes a new loose ref, and touches neither
+    /// HEAD nor packed-refs). Only existing ones: cargo reruns a script
+    /// every time for a path that does not exist.
     fn watched(&self) -> Vec<PathBuf> {
         let mut paths = vec![self.git.join("HEAD"), self.git.join("logs/HEAD")];
         if let Some(r) = self.head_ref() {
-            paths.push(self.common.join(r));
+            let loose = self.common.join(r);
+            paths.push(if loose.is_file() {
+                loose
+            } else {
+                self.common.join("packed-refs")
+            });
         }
-        paths.push(self.common.join("packed-refs"));
         paths.retain(|p| p.is_file());
         paths
     }
