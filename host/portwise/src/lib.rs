@@ -17,5 +17,6 @@
 //! Kept as a library next to the binary so the integration tests drive the
 //! same commands the binary runs.
 
+pub mod build;
 pub mod cli;
 pub mod ops;

@@ -8,7 +8,8 @@ use clap::{Args, Parser, Subcommand};
 #[derive(Parser, Debug)]
 #[command(
     name = "portwise",
-    version,
+    // The version, the git revision and the commit's date (build.rs).
+    version = portwise::build::LONG_VERSION,
     about = "Publishes per-port EndpointSlices for colocated, selector-less Services"
 )]
 struct Cli {

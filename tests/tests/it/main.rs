@@ -44,5 +44,6 @@ mod target_ports;
 mod traefik;
 mod trigger_time;
 mod wire;
+mod workflows;
 mod write_guards;
 mod writes;

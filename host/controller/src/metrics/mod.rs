@@ -61,7 +61,7 @@ pub use labels::{
     CleanupKind, ColdStartStage, ModuleLoad, ReconcilePhase, WriteKind, decision_label,
 };
 pub use native::{Native, SliceChange, SyncResult};
-pub use process::Process;
+pub use process::{BuildInfo, Process};
 pub use reconciles::Reconciles;
 pub use registry::{CONTENT_TYPE, Metrics};
 pub use service::{DEFAULT_SERVICES_PER_NAMESPACE, MAX_PORT_SERIES, ServiceLevels};

@@ -11,9 +11,26 @@ use prometheus_client::{
 
 use super::labels::{ColdStartStage, StageLabels};
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct BuildLabels {
-    version: &'static str,
+/// What `portwise_build_info` says about the running binary: its version,
+/// the git revision it was built from and that commit's date. The binary
+/// reads the last two in its build script (host/portwise/build.rs); a
+/// library user without one passes [`BuildInfo::UNKNOWN`].
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BuildInfo {
+    pub version: &'static str,
+    /// The commit's full object name, or `unknown`.
+    pub revision: &'static str,
+    /// The commit's date (strict ISO 8601), or `unknown`.
+    pub build_date: &'static str,
+}
+
+impl BuildInfo {
+    /// This version, built from an unknown commit.
+    pub const UNKNOWN: BuildInfo = BuildInfo {
+        version: env!("CARGO_PKG_VERSION"),
+        revision: "unknown",
+        build_date: "unknown",
+    };
 }
 
 /// Clones share the series.
@@ -24,7 +41,7 @@ pub struct Process {
 }
 
 impl Process {
-    pub(super) fn register(registry: &mut Registry) -> Self {
+    pub(super) fn register(registry: &mut Registry, build: BuildInfo) -> Self {
         let process = Process {
             leader: Gauge::default(),
             cold_start: MetricFamily::default(),
@@ -42,17 +59,13 @@ impl Process {
             "1 while this replica holds the leader Lease (and may write), else 0",
             process.leader.clone(),
         );
-        let build_info = MetricFamily::<BuildLabels, Gauge>::default();
+        let build_info = MetricFamily::<BuildInfo, Gauge>::default();
         registry.register(
             "build_info",
-            "Always 1; the version of the running portwise as a label",
+            "Always 1; the version, git revision and commit date of the running portwise as labels",
             build_info.clone(),
         );
-        build_info
-            .get_or_create(&BuildLabels {
-                version: env!("CARGO_PKG_VERSION"),
-            })
-            .set(1);
+        build_info.get_or_create(&build).set(1);
         process
     }
 

@@ -6,8 +6,14 @@ use std::sync::Arc;
 use prometheus_client::{encoding::text::encode, registry::Registry};
 
 use super::{
-    caches::CacheSizes, checks::Checks, guest::Guests, native::Native, process::Process,
-    reconciles::Reconciles, service::ServiceLevels, writes::Writes,
+    caches::CacheSizes,
+    checks::Checks,
+    guest::Guests,
+    native::Native,
+    process::{BuildInfo, Process},
+    reconciles::Reconciles,
+    service::ServiceLevels,
+    writes::Writes,
 };
 
 /// The `Content-Type` of [`Metrics::encode`]'s output.
@@ -45,8 +51,14 @@ impl Default for Metrics {
 
 impl Metrics {
     /// A fresh set of metrics, every part registered under the `portwise_`
-    /// prefix.
+    /// prefix; `portwise_build_info` names this version and no revision
+    /// (the binary uses [`Metrics::with_build`]).
     pub fn new() -> Self {
+        Self::with_build(BuildInfo::UNKNOWN)
+    }
+
+    /// A fresh set of metrics whose `portwise_build_info` says `build`.
+    pub fn with_build(build: BuildInfo) -> Self {
         let mut registry = Registry::with_prefix("portwise");
         let services = ServiceLevels::register(&mut registry);
         let native = Native::register(&mut registry, &services);
@@ -56,7 +68,7 @@ impl Metrics {
             writes: Writes::register(&mut registry),
             guests: Guests::register(&mut registry),
             caches: CacheSizes::register(&mut registry),
-            process: Process::register(&mut registry),
+            process: Process::register(&mut registry, build),
             services,
             native,
             registry: Arc::new(registry),

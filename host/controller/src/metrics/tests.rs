@@ -77,11 +77,26 @@ fn every_family_is_declared_with_its_final_name() {
         sample(
             &text,
             &format!(
-                r#"portwise_build_info{{version="{}"}}"#,
+                r#"portwise_build_info{{version="{}",revision="unknown",build_date="unknown"}}"#,
                 env!("CARGO_PKG_VERSION")
             )
         ),
         Some(1.0)
+    );
+    // The binary names its commit (host/portwise/src/build.rs tests it).
+    let built = Metrics::with_build(BuildInfo {
+        version: "9.8.7",
+        revision: "0123456789abcdef0123456789abcdef01234567",
+        build_date: "2026-12-06T01:02:03+00:00",
+    })
+    .encode();
+    assert_eq!(
+        sample(
+            &built,
+            r#"portwise_build_info{version="9.8.7",revision="0123456789abcdef0123456789abcdef01234567",build_date="2026-12-06T01:02:03+00:00"}"#
+        ),
+        Some(1.0),
+        "{built}"
     );
     assert_eq!(
         sample(&text, "portwise_reconcile_duration_seconds_count"),

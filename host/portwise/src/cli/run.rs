@@ -170,7 +170,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         .await
         .context("no Kubernetes connection (set KUBECONFIG or run in a cluster)")?;
 
-    let metrics = portwise_controller::metrics::Metrics::new();
+    let metrics = portwise_controller::metrics::Metrics::with_build(crate::build::INFO);
     metrics
         .services
         .limit(args.max_service_series_per_namespace);
