@@ -8,7 +8,8 @@
 //! cold) serves the Cilium tests, clustermesh-apiserver (`clustermesh`,
 //! about 25 CPU-s on the agent's Go build cache, so deferred only with
 //! `cilium`) the ClusterMesh tests, pilot-discovery (`istiod`) the istiod
-//! tests and Traefik (`traefik`) the Traefik tests, so on a machine that
+//! tests, Traefik (`traefik`) the Traefik tests and egctl with Envoy
+//! (`envoy-gateway`) the Envoy Gateway tests, so on a machine that
 //! has not built them yet `./test` does not build them before the suite:
 //! it lists them in `PORTWISE_DEFERRED`, builds
 //! them after the suite for the next run, and prints which tests did not

@@ -32,6 +32,7 @@ mod control_plane;
 #[cfg(feature = "registry")]
 pub mod cosign;
 pub mod deferred;
+pub mod envoy_gateway;
 pub mod faults;
 mod identity;
 mod image_build;

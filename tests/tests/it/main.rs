@@ -19,6 +19,7 @@ mod consumers;
 mod demo;
 mod dual_stack;
 mod endpoint_fields;
+mod envoy_gateway;
 mod faults;
 mod isolation;
 mod istiod;
