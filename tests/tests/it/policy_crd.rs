@@ -86,7 +86,7 @@ async fn kubectl_explain_prints_the_field_docs() -> Result<()> {
     for (field, required) in [("membership", true), ("shadow", false), ("services", false)] {
         let line = out
             .lines()
-            .find(|l| l.trim_start().split_whitespace().next() == Some(field))
+            .find(|l| l.split_whitespace().next() == Some(field))
             .with_context(|| format!("no field {field} in:\n{out}"))?;
         expect_eq((field, line.contains("-required-")), (field, required))?;
     }
