@@ -45,6 +45,7 @@ mod error;
 mod oci;
 mod parse;
 mod probes;
+mod resource;
 mod syntax;
 mod validate;
 

@@ -61,7 +61,7 @@ fn parse(text: &str) -> Result<Config, ConfigError> {
 
 /// serde_path_to_error writes `?` for a map key it has not read yet (e.g.
 /// a duplicate key); the enclosing map is the useful path then.
-fn tidy_path(path: &str) -> String {
+pub(super) fn tidy_path(path: &str) -> String {
     let trimmed = path
         .strip_suffix(".?")
         .or_else(|| path.strip_suffix('?'))
