@@ -75,6 +75,45 @@ impl Routed {
     pub fn pods(&self) -> Vec<String> {
         self.by_pod.keys().cloned().collect()
     }
+
+    /// `n` requests for `host` through the proxy listening at `addr` (an
+    /// ingress or gateway: Traefik, Envoy), each answer counted.
+    pub(crate) async fn count(addr: SocketAddr, host: &str, n: usize) -> Routed {
+        let mut out = Routed::default();
+        for _ in 0..n {
+            match get_through(addr, host).await {
+                Ok((200, body)) => *out.by_pod.entry(body).or_default() += 1,
+                Ok((status, _)) => *out.statuses.entry(status).or_default() += 1,
+                Err(_) => out.failed += 1,
+            }
+        }
+        out
+    }
+}
+
+/// One `GET /` with `Host: host` through the proxy listening at `addr`: the
+/// status and the body (the suite's pods answer with their name).
+pub(crate) async fn get_through(addr: SocketAddr, host: &str) -> Result<(u16, String)> {
+    let mut s = tokio::time::timeout(Duration::from_secs(2), TcpStream::connect(addr))
+        .await
+        .with_context(|| format!("connecting to {addr}: timed out"))?
+        .with_context(|| format!("connecting to {addr}"))?;
+    s.write_all(format!("GET / HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").as_bytes())
+        .await?;
+    let mut buf = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut buf))
+        .await
+        .with_context(|| format!("reading from {addr}: timed out"))??;
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .with_context(|| format!("no HTTP answer for {host}: {text:?}"))?;
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .with_context(|| format!("no status line: {head:?}"))?;
+    Ok((status, body.trim().to_string()))
 }
 
 /// Requests per check. Traefik's default balancer is a weighted round
@@ -174,42 +213,12 @@ impl Traefik {
     /// One `GET /` with `Host: host` through the `web` entry point: the
     /// status and the body.
     pub async fn get(&self, host: &str) -> Result<(u16, String)> {
-        let addr = self.web;
-        let mut s = tokio::time::timeout(Duration::from_secs(2), TcpStream::connect(addr))
-            .await
-            .with_context(|| format!("connecting to {addr}: timed out"))?
-            .with_context(|| format!("connecting to {addr}"))?;
-        s.write_all(
-            format!("GET / HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").as_bytes(),
-        )
-        .await?;
-        let mut buf = Vec::new();
-        tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut buf))
-            .await
-            .with_context(|| format!("reading from {addr}: timed out"))??;
-        let text = String::from_utf8_lossy(&buf).into_owned();
-        let (head, body) = text
-            .split_once("\r\n\r\n")
-            .with_context(|| format!("no HTTP answer for {host}: {text:?}"))?;
-        let status = head
-            .split_whitespace()
-            .nth(1)
-            .and_then(|s| s.parse().ok())
-            .with_context(|| format!("no status line: {head:?}"))?;
-        Ok((status, body.trim().to_string()))
+        get_through(self.web, host).await
     }
 
     /// `n` requests for `host`, each answer counted.
     pub async fn routed(&self, host: &str, n: usize) -> Routed {
-        let mut out = Routed::default();
-        for _ in 0..n {
-            match self.get(host).await {
-                Ok((200, body)) => *out.by_pod.entry(body).or_default() += 1,
-                Ok((status, _)) => *out.statuses.entry(status).or_default() += 1,
-                Err(_) => out.failed += 1,
-            }
-        }
-        out
+        Routed::count(self.web, host, n).await
     }
 
     /// Waits until [`REQUESTS`] requests for `host` are all answered 200 by

@@ -145,6 +145,36 @@ fn check_routes(
     Ok(())
 }
 
+/// `slices` with `address` (a pod of https only) written into the slice
+/// that lists http alone: a negative control the route checks must catch.
+fn with_intruder_in_http_alone(
+    slices: &[EndpointSlice],
+    address: &str,
+) -> Result<Vec<EndpointSlice>> {
+    let mut wrong = slices.to_vec();
+    let http_only = wrong
+        .iter_mut()
+        .find(|s| {
+            let ports: Vec<_> = s
+                .ports
+                .iter()
+                .flatten()
+                .filter_map(|p| p.name.as_deref())
+                .collect();
+            ports == ["http"]
+        })
+        .context("no slice of http alone")?;
+    let eps = http_only.endpoints.get_or_insert_with(Vec::new);
+    let mut intruder = eps
+        .first()
+        .context("the slice of http alone is empty")?
+        .clone();
+    intruder.addresses = vec![address.to_string()];
+    intruder.target_ref = None;
+    eps.push(intruder);
+    Ok(wrong)
+}
+
 /// The seed example translated by Envoy Gateway: each HTTPRoute's cluster
 /// holds exactly its Service port's members (a, b, c at 8080; b, c, d at
 /// 8443) from portwise's slices; a readiness flip of a (a member of http
@@ -178,27 +208,7 @@ async fn envoy_gateway_translates_each_port_to_its_members() -> Result<()> {
 
     // The check fails on a non-member: d (https only) written into the
     // slice that lists http alone (a's).
-    let mut wrong = slices.clone();
-    let http_only = wrong
-        .iter_mut()
-        .find(|s| {
-            let ports: Vec<_> = s
-                .ports
-                .iter()
-                .flatten()
-                .filter_map(|p| p.name.as_deref())
-                .collect();
-            ports == ["http"]
-        })
-        .context("no slice of http alone")?;
-    let eps = http_only.endpoints.get_or_insert_with(Vec::new);
-    let mut intruder = eps
-        .first()
-        .context("the slice of http alone is empty")?
-        .clone();
-    intruder.addresses = vec![ips["d"].clone()];
-    intruder.target_ref = None;
-    eps.push(intruder);
+    let wrong = with_intruder_in_http_alone(&slices, &ips["d"])?;
     let caught = check_routes(
         &translated(&egctl, name, &svc, &wrong)?,
         name,
@@ -315,27 +325,7 @@ async fn envoy_gateway_envoy_routes_each_port_to_its_members() -> Result<()> {
     drop(envoy);
 
     // The negative control: d written into the slice of http alone.
-    let mut wrong = slices.clone();
-    let http_only = wrong
-        .iter_mut()
-        .find(|s| {
-            let ports: Vec<_> = s
-                .ports
-                .iter()
-                .flatten()
-                .filter_map(|p| p.name.as_deref())
-                .collect();
-            ports == ["http"]
-        })
-        .context("no slice of http alone")?;
-    let eps = http_only.endpoints.get_or_insert_with(Vec::new);
-    let mut intruder = eps
-        .first()
-        .context("the slice of http alone is empty")?
-        .clone();
-    intruder.addresses = vec![ips["d"].clone()];
-    intruder.target_ref = None;
-    eps.push(intruder);
+    let wrong = with_intruder_in_http_alone(&slices, &ips["d"])?;
     let mut envoy = Envoy::start(&envoy_bin, &translated_xds(&egctl, name, &svc, &wrong)?).await?;
     let caught = envoy.expect_members(http, &["a", "b", "c"]).await;
     ensure!(
