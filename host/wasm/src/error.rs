@@ -163,8 +163,8 @@ pub enum LoadCause {
     #[error(
         "not a portwise membership checker: exports neither {} nor {} (build it against \
          wit/membership.wit, world membership-checker)",
-        crate::modules::CHECKER_0_2,
-        crate::modules::CHECKER_0_1
+        crate::wit::CHECKER_0_2,
+        crate::wit::CHECKER_0_1
     )]
     NotAChecker,
     /// The compile task panicked or was cancelled.

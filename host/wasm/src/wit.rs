@@ -9,6 +9,11 @@
 //! that each version module expands next to its bindings: a fix to one is a
 //! fix to all, and a new version gets them by naming the macros.
 
+/// The exports a 0.1 and a 0.2 checker have; semver-compatible patch
+/// versions (`@0.2.3`) are found by wasmtime's export lookup too.
+pub(crate) const CHECKER_0_2: &str = "portwise:membership/checker@0.2.0";
+pub(crate) const CHECKER_0_1: &str = "portwise:membership/checker@0.1.0";
+
 /// Expands, in a module holding a version's `bindgen!`, the conversions
 /// between that version's shared types and the host's.
 macro_rules! alike_in_every_version {

@@ -24,8 +24,6 @@ mod failure;
 mod pool;
 mod reload;
 
-pub(crate) use reload::{CHECKER_0_1, CHECKER_0_2};
-
 use std::{
     collections::HashMap,
     path::PathBuf,

@@ -23,6 +23,7 @@ use crate::{
     failures::FailureKind,
     state::HostState,
     v0_1, v0_2,
+    wit::{CHECKER_0_1, CHECKER_0_2},
 };
 
 /// Loads are serialised by this state's lock (the runtime's `scan`).
@@ -328,11 +329,6 @@ impl Runtime {
         }
     }
 }
-
-/// The exports a 0.1 and a 0.2 checker have; semver-compatible patch
-/// versions (`@0.2.3`) are found by wasmtime's export lookup too.
-pub(crate) const CHECKER_0_2: &str = "portwise:membership/checker@0.2.0";
-pub(crate) const CHECKER_0_1: &str = "portwise:membership/checker@0.1.0";
 
 /// Picks the WIT version by what the component exports: 0.2 if it exports
 /// the 0.2 checker, else 0.1; anything else is not a membership checker.
