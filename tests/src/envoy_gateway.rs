@@ -27,7 +27,7 @@ use serde_json::{Value, json};
 
 use crate::{
     built_tool, free_port, http_get,
-    traefik::{REQUESTS, Routed, get_through},
+    traefik::{REQUESTS, Routed, gateway_api_objects, get_through},
 };
 
 /// The `controllerName` of Envoy Gateway's GatewayClass.
@@ -56,42 +56,7 @@ pub type Assignments = BTreeMap<String, Vec<LbEndpoint>>;
 /// The GatewayClass, a Gateway in `ns` with one HTTP listener on `port`,
 /// and one HTTPRoute per `(route name, hostname, service, port number)`.
 pub fn gateway_objects(ns: &str, port: u16, routes: &[(&str, &str, &str, u16)]) -> Vec<Value> {
-    let class = "portwise-tests-eg";
-    let mut items = vec![
-        json!({
-            "apiVersion": "gateway.networking.k8s.io/v1",
-            "kind": "GatewayClass",
-            "metadata": { "name": class },
-            "spec": { "controllerName": GATEWAY_CONTROLLER },
-        }),
-        json!({
-            "apiVersion": "gateway.networking.k8s.io/v1",
-            "kind": "Gateway",
-            "metadata": { "name": "gw", "namespace": ns },
-            "spec": {
-                "gatewayClassName": class,
-                "listeners": [{
-                    "name": "web",
-                    "port": port,
-                    "protocol": "HTTP",
-                    "allowedRoutes": { "namespaces": { "from": "Same" } },
-                }],
-            },
-        }),
-    ];
-    for (name, host, svc, port) in routes {
-        items.push(json!({
-            "apiVersion": "gateway.networking.k8s.io/v1",
-            "kind": "HTTPRoute",
-            "metadata": { "name": name, "namespace": ns },
-            "spec": {
-                "parentRefs": [{ "name": "gw" }],
-                "hostnames": [host],
-                "rules": [{ "backendRefs": [{ "name": svc, "port": port }] }],
-            },
-        }));
-    }
-    items
+    gateway_api_objects("portwise-tests-eg", GATEWAY_CONTROLLER, ns, port, routes)
 }
 
 /// An object read from the apiserver, as an input document: what the

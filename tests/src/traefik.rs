@@ -373,13 +373,38 @@ pub fn ingress(name: &str, rules: &[(&str, &str, &str)]) -> Value {
 /// `web` entry point's), and one HTTPRoute per `(host, service, port
 /// number)`, as one List for `kubectl apply`.
 pub fn gateway(ns: &str, port: u16, routes: &[(&str, &str, u16)]) -> Value {
-    let class = "portwise-tests-traefik";
+    let named: Vec<(String, &str, &str, u16)> = routes
+        .iter()
+        .enumerate()
+        .map(|(i, &(host, svc, port))| (format!("route-{i}"), host, svc, port))
+        .collect();
+    let items = gateway_api_objects(
+        "portwise-tests-traefik",
+        GATEWAY_CONTROLLER,
+        ns,
+        port,
+        &named,
+    );
+    json!({ "apiVersion": "v1", "kind": "List", "items": items })
+}
+
+/// A GatewayClass `class` of `controller`, a Gateway `gw` in `ns` with one
+/// HTTP listener on `port`, and one HTTPRoute per `(route name, hostname,
+/// service, port number)`: what the Traefik and Envoy Gateway tests route
+/// through.
+pub(crate) fn gateway_api_objects(
+    class: &str,
+    controller: &str,
+    ns: &str,
+    port: u16,
+    routes: &[(impl AsRef<str>, &str, &str, u16)],
+) -> Vec<Value> {
     let mut items = vec![
         json!({
             "apiVersion": "gateway.networking.k8s.io/v1",
             "kind": "GatewayClass",
             "metadata": { "name": class },
-            "spec": { "controllerName": GATEWAY_CONTROLLER },
+            "spec": { "controllerName": controller },
         }),
         json!({
             "apiVersion": "gateway.networking.k8s.io/v1",
@@ -396,11 +421,11 @@ pub fn gateway(ns: &str, port: u16, routes: &[(&str, &str, u16)]) -> Value {
             },
         }),
     ];
-    for (i, (host, svc, port)) in routes.iter().enumerate() {
+    for (name, host, svc, port) in routes {
         items.push(json!({
             "apiVersion": "gateway.networking.k8s.io/v1",
             "kind": "HTTPRoute",
-            "metadata": { "name": format!("route-{i}"), "namespace": ns },
+            "metadata": { "name": name.as_ref(), "namespace": ns },
             "spec": {
                 "parentRefs": [{ "name": "gw" }],
                 "hostnames": [host],
@@ -408,5 +433,5 @@ pub fn gateway(ns: &str, port: u16, routes: &[(&str, &str, u16)]) -> Value {
             },
         }));
     }
-    json!({ "apiVersion": "v1", "kind": "List", "items": items })
+    items
 }
