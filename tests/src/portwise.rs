@@ -66,9 +66,18 @@ pub struct Launch {
     dir: Option<PathBuf>,
     log_filter: Option<String>,
     echo_logs: bool,
+    /// Environment variables for the binary (`POD_NAME`, ...).
+    envs: Vec<(String, String)>,
 }
 
 impl Launch {
+    /// Sets an environment variable of the binary (the test's own
+    /// environment never reaches it).
+    pub fn env(mut self, key: &str, value: &str) -> Self {
+        self.envs.push((key.into(), value.into()));
+        self
+    }
+
     /// Watch `ns` (repeat for several). None: every namespace.
     pub fn namespace(mut self, ns: &str) -> Self {
         self.namespaces.push(ns.to_string());
@@ -175,6 +184,7 @@ impl Launch {
             metrics,
             starts: 0,
             started: Instant::now(),
+            swaps: 0,
         };
         pw.launch().await?;
         Ok(pw)
@@ -192,6 +202,8 @@ pub struct Portwise {
     metrics: Option<SocketAddr>,
     starts: usize,
     started: Instant,
+    /// Config swaps so far ([`Portwise::swap_config`]).
+    swaps: usize,
 }
 
 enum Running {
@@ -226,6 +238,7 @@ impl Portwise {
             dir: None,
             log_filter: None,
             echo_logs: true,
+            envs: Vec::new(),
         }
     }
 
@@ -411,6 +424,30 @@ impl Portwise {
         self.launch().await
     }
 
+    /// Replaces the running binary's config file the way the kubelet
+    /// updates a mounted ConfigMap: the new content in a directory of its
+    /// own, the `..data` symlink swapped to it in one rename, and the file
+    /// a symlink through `..data`. Nothing is restarted.
+    pub fn swap_config(&mut self, config_yaml: &str) -> Result<()> {
+        let name = format!("{}.yaml", self.launch.name);
+        self.swaps += 1;
+        let version = format!("..{}_{}", std::process::id(), self.swaps);
+        std::fs::create_dir(self.dir.join(&version))?;
+        std::fs::write(self.dir.join(&version).join(&name), config_yaml)?;
+        let tmp = self.dir.join("..data_tmp");
+        let _ = std::fs::remove_file(&tmp);
+        std::os::unix::fs::symlink(&version, &tmp)?;
+        std::fs::rename(&tmp, self.dir.join("..data"))?;
+        let file = self.dir.join(&name);
+        if !file.is_symlink() {
+            let link_tmp = self.dir.join(format!("{name}.tmp"));
+            std::os::unix::fs::symlink(format!("..data/{name}"), &link_tmp)?;
+            std::fs::rename(&link_tmp, &file)?;
+        }
+        self.launch.config = config_yaml.to_string();
+        Ok(())
+    }
+
     /// Starts again after `stop` or `kill`: same config, flags and port.
     pub async fn start_again(&mut self) -> Result<()> {
         if self.run.is_some() {
@@ -557,6 +594,7 @@ impl Portwise {
             .env_remove("POD_NAME")
             .env_remove("POD_NAMESPACE")
             .env("RUST_LOG", filter)
+            .envs(l.envs.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)

@@ -12,7 +12,7 @@
 //!
 //! This crate only defines the resource. What acts on it (validating the
 //! expression, pulling modules, writing status, choosing a policy for a
-//! Service) is the controller's, and comes with issue 48's next change.
+//! Service) is the controller's (`portwise-controller`'s `policies`).
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
 use kube::{CustomResource, CustomResourceExt};
@@ -33,7 +33,7 @@ pub const CONDITION_MODULES_READY: &str = "ModulesReady";
 /// language of portwise's configuration file. Only Services of the policy's
 /// own namespace; a Service picks a policy by name with portwise's policy
 /// annotation (`portwise.io/membership` by default).
-#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[kube(
     group = "portwise.io",
     version = "v1alpha1",
@@ -45,6 +45,7 @@ pub const CONDITION_MODULES_READY: &str = "ModulesReady";
     namespaced,
     status = "MembershipPolicyStatus",
     derive = "PartialEq",
+    derive = "Default",
     doc = "A membership policy of one namespace: which pods back which ports of the namespace's \
            Services that pick it. portwise validates the spec and reports the outcome in status.",
     // The same labels as every other object deploy/ installs, so that the

@@ -36,6 +36,19 @@ pub trait WasmCheckers: Send + Sync {
         &'a self,
         spec: &'a WasmSpec,
     ) -> BoxFuture<'a, Result<Arc<dyn Checker>, ProviderError>>;
+
+    /// Pulls the `oci://` modules of `specs` that are not serving yet, so
+    /// that [`WasmCheckers::checker`] can serve them: what a policy object
+    /// names is only known after start. Returns the error of each module
+    /// that did not pull, by module. A provider that pulls nothing refuses
+    /// nothing here (its `checker` says why a module is missing).
+    fn pull<'a>(
+        &'a self,
+        specs: &'a [&'a WasmSpec],
+    ) -> BoxFuture<'a, Vec<(String, ProviderError)>> {
+        let _ = specs;
+        Box::pin(async { Vec::new() })
+    }
 }
 
 /// What building needs besides the expression.

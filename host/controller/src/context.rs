@@ -61,6 +61,8 @@ pub(crate) struct Context {
     pub(crate) pods_listed: crate::pod_scopes::ListedPods,
     /// Where every reconcile is asked for ([`crate::queue`]).
     pub(crate) queue: crate::queue::Queue<ObjectRef<Service>>,
+    /// The policy objects read (empty without `membershipPolicies`).
+    pub(crate) book: Arc<crate::policies::Book>,
 }
 
 impl Context {

@@ -18,25 +18,36 @@ pub enum Reason {
     NativeEndpointsCleanedUp,
     EndpointsOwnedByOther,
     PolicyUnknown,
+    /// The MembershipPolicy that would decide cannot yet (not accepted,
+    /// modules not ready): the Service is held.
+    PolicyNotReady,
+    /// A Service's deciding policy changed (a policy object, or back).
+    PolicyChosen,
     ShadowDiffers,
     ShadowAgrees,
     ShadowUnknown,
     /// On portwise's own Pod, by the binary (`portwise run`'s module report).
     ModuleLoadFailed,
+    /// On portwise's own Pod, by the binary: a changed config file was
+    /// refused, the running one keeps running.
+    ConfigReloadFailed,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 10] = [
+    pub const ALL: [Reason; 13] = [
         Reason::SelectorIgnored,
         Reason::ExternalNameIgnored,
         Reason::EndpointSliceNameCollision,
         Reason::NativeEndpointsCleanedUp,
         Reason::EndpointsOwnedByOther,
         Reason::PolicyUnknown,
+        Reason::PolicyNotReady,
+        Reason::PolicyChosen,
         Reason::ShadowDiffers,
         Reason::ShadowAgrees,
         Reason::ShadowUnknown,
         Reason::ModuleLoadFailed,
+        Reason::ConfigReloadFailed,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -47,18 +58,22 @@ impl Reason {
             Reason::NativeEndpointsCleanedUp => "NativeEndpointsCleanedUp",
             Reason::EndpointsOwnedByOther => "EndpointsOwnedByOther",
             Reason::PolicyUnknown => "PolicyUnknown",
+            Reason::PolicyNotReady => "PolicyNotReady",
+            Reason::PolicyChosen => "PolicyChosen",
             Reason::ShadowDiffers => "ShadowDiffers",
             Reason::ShadowAgrees => "ShadowAgrees",
             Reason::ShadowUnknown => "ShadowUnknown",
             Reason::ModuleLoadFailed => "ModuleLoadFailed",
+            Reason::ConfigReloadFailed => "ConfigReloadFailed",
         }
     }
 
     pub fn event_type(self) -> EventType {
         match self {
-            Reason::NativeEndpointsCleanedUp | Reason::ShadowDiffers | Reason::ShadowAgrees => {
-                EventType::Normal
-            }
+            Reason::NativeEndpointsCleanedUp
+            | Reason::ShadowDiffers
+            | Reason::ShadowAgrees
+            | Reason::PolicyChosen => EventType::Normal,
             _ => EventType::Warning,
         }
     }

@@ -33,8 +33,9 @@ pub(crate) mod memory;
 
 use memory::{Basis, Id, Memory, Remembered, SubjectKey};
 
-/// The checker of each policy (`membership` and `policies.NAME`), built
-/// once at start.
+/// The checker of each of the config file's policies (`membership` and
+/// `policies.NAME`), built once at start; policy objects' checkers are the
+/// [`crate::policies::Book`]'s.
 pub type Checkers = BTreeMap<Policy, Arc<dyn Checker>>;
 
 /// Judges subjects with the checker of their Service's policy.
@@ -52,6 +53,8 @@ pub struct Judge {
     id: Id,
     /// `abstainLimit`.
     abstain_limit: Duration,
+    /// The policy objects' checkers.
+    book: Arc<crate::policies::Book>,
 }
 
 impl Judge {
@@ -76,7 +79,15 @@ impl Judge {
             table,
             id: Id::Live,
             abstain_limit,
+            book: Arc::default(),
         }
+    }
+
+    /// Judges Services decided by policy objects with the checkers of
+    /// `book`.
+    pub(crate) fn with_book(mut self, book: Arc<crate::policies::Book>) -> Self {
+        self.book = book;
+        self
     }
 
     /// Draws its check slots from `permits` rather than a pool of its own:
@@ -110,7 +121,16 @@ impl Judge {
         subjects: Vec<Subject>,
         policy: &Policy,
     ) -> Vec<Judged> {
-        let checker = self.checkers.get(policy).cloned();
+        // A policy object's checker is rebuilt on every edit of its spec:
+        // its revision is part of what a verdict is based on, so that no
+        // verdict of an older build is reused.
+        let (checker, revision) = match policy {
+            Policy::Object(name) => self
+                .book
+                .checker(&svc.namespace().unwrap_or_default(), name)
+                .map_or((None, 0), |(c, r)| (Some(c), r)),
+            _ => (self.checkers.get(policy).cloned(), 0),
+        };
         let label = policy.label();
         let svc_rv = svc.resource_version().unwrap_or_default();
         // Take what the last judgement left. If the Service is forgotten
@@ -141,6 +161,7 @@ impl Judge {
                     service_rv: svc_rv.clone(),
                     pod_rv: subject.pod.resource_version().unwrap_or_default(),
                     target: subject.port.target,
+                    revision,
                 };
                 let cached = previous
                     .get(&key)
@@ -154,7 +175,8 @@ impl Judge {
                     let verdict = match checker {
                         Some(c) => self.check_one(c.as_ref(), label, &subject).await,
                         // decide() only names policies of the file the
-                        // checkers were built from.
+                        // checkers were built from, and objects the book
+                        // holds a build of (one removed since abstains).
                         None => Verdict::abstain().because(format!("no checker for {label}")),
                     };
                     (key, basis, subject, verdict, Instant::now())

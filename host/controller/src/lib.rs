@@ -36,6 +36,7 @@ pub mod migrate;
 mod options;
 mod permits;
 mod pod_scopes;
+pub mod policies;
 pub mod queue;
 mod readiness;
 mod reconcile;

@@ -17,6 +17,7 @@ use tracing::{debug, info, warn};
 
 use portwise_core::{
     plan::{self, Triggers},
+    policy::{NotChosen, Policy},
     reconcile::{self as decision, Decision, Once, Release, Requeue, Serve},
 };
 
@@ -74,6 +75,7 @@ pub(crate) async fn reconcile(
         debug!(namespace = %ns, "pods of the namespace not listed yet");
         return Ok(None);
     }
+    let objects = ctx.book.objects(&svc);
     let decided = {
         let node_known = |node: &str| ctx.node_known(node);
         let pods_in_group = |group: &str| ctx.pods_in_group(&ns, group);
@@ -88,6 +90,7 @@ pub(crate) async fn reconcile(
                 .our_endpoints
                 .get(&ObjectRef::new(&svc.name_any()).within(&ns))
                 .is_some(),
+            objects: &objects,
         })
     };
 
@@ -141,21 +144,41 @@ pub(crate) async fn reconcile(
             Ok(requeue)
         }
         Decision::Hold(hold) => {
-            // Nothing is judged, written or released: a typo must not
-            // change what the Service publishes. Warned once per name.
-            let name = hold.unknown.name.clone();
+            // Nothing is judged, written or released: a typo, or a policy
+            // object that cannot decide yet, must not change what the
+            // Service publishes. Warned once per name and cause.
+            let said = hold.why.to_string();
             let fresh = ctx.table.update(&svc, |row| {
-                row.warned.policy.replace(name.clone()).as_ref() != Some(&name)
+                row.chosen = None;
+                row.warned.policy.replace(said.clone()).as_ref() != Some(&said)
             });
             if fresh {
-                warn!(namespace = %ns, service = %svc.name_any(), policy = %name, "{}", hold.unknown);
-                ctx.events
-                    .publish(&svc, Reason::PolicyUnknown, format!("{}", hold.unknown))
-                    .await;
+                let reason = match &hold.why {
+                    NotChosen::Unknown(_) => Reason::PolicyUnknown,
+                    NotChosen::NotReady { .. } => Reason::PolicyNotReady,
+                };
+                warn!(namespace = %ns, service = %svc.name_any(), policy = %hold.why.name(), "{said}");
+                ctx.events.publish(&svc, reason, said).await;
             }
             Ok(requeue)
         }
         Decision::Serve(serve) => {
+            // Said once per change of policy; `membership` from the start
+            // is not news.
+            let policy = serve.policy.clone();
+            let changed = ctx.table.update(&svc, |row| {
+                let before = row.chosen.replace(policy.clone());
+                before.as_ref() != Some(&policy) && (before.is_some() || policy != Policy::Default)
+            });
+            if changed {
+                ctx.events
+                    .publish(
+                        &svc,
+                        Reason::PolicyChosen,
+                        format!("decided by {}", policy.label()),
+                    )
+                    .await;
+            }
             let mut profile = Profile::new(started, asked, queued);
             if !self::serve(&ctx, &svc, serve, &mut profile, slot).await? {
                 return Ok(None);

@@ -53,6 +53,8 @@ pub(crate) struct Row {
     pub(crate) asked: Option<Instant>,
     /// Warnings sent once per transition.
     pub(crate) warned: Warned,
+    /// The policy that last decided it (a change raises `PolicyChosen`).
+    pub(crate) chosen: Option<portwise_core::policy::Policy>,
     /// What the shadow last reported.
     pub(crate) shadow_report: Option<ShadowReport>,
     /// Its legacy Endpoints object is known to be gone: a steady state
@@ -68,8 +70,8 @@ pub(crate) struct Row {
 pub(crate) struct Warned {
     pub(crate) selector: bool,
     pub(crate) external_name: bool,
-    /// The unknown policy name warned about (another wrong name warns
-    /// again).
+    /// Why no policy could decide it, as warned (another cause or name
+    /// warns again).
     pub(crate) policy: Option<String>,
     /// The unknown shadow name warned about.
     pub(crate) shadow: Option<String>,

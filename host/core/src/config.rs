@@ -152,6 +152,82 @@ pub struct Config {
     /// nothing: how a new checker is tried before it decides.
     #[serde(default)]
     pub shadow: Option<ShadowSpec>,
+    /// Whether teams' `MembershipPolicy` objects decide the Services of
+    /// their namespace, and within which limits. Absent: the objects are
+    /// not read (the resource need not even be installed), and only this
+    /// file's expressions run, as before.
+    #[serde(default)]
+    pub membership_policies: Option<PolicyLimits>,
+}
+
+/// `membershipPolicies: {checkers, maxProbeTimeout, moduleRepositories,
+/// maxPerNamespace}`: what a team's `MembershipPolicy` may ask portwise to
+/// run. A policy object outside them is not accepted (its status says
+/// which field and why), so a team can only ever make portwise run what
+/// the operator allowed here.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct PolicyLimits {
+    /// The checkers a policy object may use, by keyword. The constants and
+    /// the combinators (`all`, `any`, `not`, `perPort`, `stable`) run
+    /// nothing of their own and are always allowed. Default: every
+    /// built-in check (`podReady`, `notTerminating`, `portNames`,
+    /// `tcpDial`, `httpGet`, `grpc`); `wasm` only when listed.
+    #[serde(default = "default_policy_checkers")]
+    pub checkers: Vec<String>,
+    /// The longest probe timeout a policy object may ask for.
+    #[serde(default = "default_policy_probe_timeout", with = "duration_str")]
+    pub max_probe_timeout: Duration,
+    /// Where a policy object's `wasm` modules may come from:
+    /// `REGISTRY/REPOSITORY` prefixes, matched whole path segment by
+    /// segment (`registry.example/team-a` admits
+    /// `oci://registry.example/team-a/check@sha256:…`, not
+    /// `…/team-ab/…`). A policy object's module is always an `oci://`
+    /// reference pinned by digest, and `moduleSignatures` apply to it.
+    #[serde(default)]
+    pub module_repositories: Vec<String>,
+    /// How many policy objects of one namespace are read; past that, the
+    /// newest are not accepted.
+    #[serde(default = "default_policies_per_namespace")]
+    pub max_per_namespace: usize,
+}
+
+/// The checker keywords [`PolicyLimits::checkers`] may list: the checks
+/// that read a pod, open a connection or run a guest.
+pub const LIMITABLE_CHECKERS: [&str; 7] = [
+    "podReady",
+    "notTerminating",
+    "portNames",
+    "tcpDial",
+    "httpGet",
+    "grpc",
+    "wasm",
+];
+
+fn default_policy_checkers() -> Vec<String> {
+    LIMITABLE_CHECKERS[..6]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+}
+
+fn default_policy_probe_timeout() -> Duration {
+    Duration::from_secs(5)
+}
+
+fn default_policies_per_namespace() -> usize {
+    16
+}
+
+impl Default for PolicyLimits {
+    fn default() -> Self {
+        PolicyLimits {
+            checkers: default_policy_checkers(),
+            max_probe_timeout: default_policy_probe_timeout(),
+            module_repositories: Vec::new(),
+            max_per_namespace: default_policies_per_namespace(),
+        }
+    }
 }
 
 /// `podAddresses: {cidrs: [CIDR, ...], hostNetwork: BOOL}`.
@@ -493,6 +569,7 @@ impl Config {
             policy_scopes: BTreeMap::new(),
             policy_annotation: default_policy_annotation(),
             shadow: None,
+            membership_policies: None,
         }
     }
 

@@ -35,7 +35,7 @@ use crate::{
     config::Config,
     membership::Subject,
     plan::{self, Plan},
-    policy::{self, Policy, UnknownPolicy},
+    policy::{self, NotChosen, Policy, PolicyObject},
 };
 
 /// What [`decide`] reads.
@@ -54,6 +54,9 @@ pub struct Input<'a> {
     /// A v1 Endpoints object of ours exists for this Service (written with
     /// `publishLegacyEndpoints`, possibly by an earlier process).
     pub has_our_endpoints: bool,
+    /// The `MembershipPolicy` objects of the Service's namespace
+    /// (`membershipPolicies`; none when they are not read).
+    pub objects: &'a [PolicyObject],
 }
 
 /// What to do for one Service.
@@ -64,16 +67,17 @@ pub enum Decision {
     Release(Release),
     /// Ours: judge, plan, apply, then re-check after `resyncPeriod`.
     Serve(Serve),
-    /// Ours, but its annotation names a policy the file does not have:
-    /// change nothing (what is published stays), warn, and wait for the
-    /// Service to change.
+    /// Ours, but no policy can decide it (its annotation names none, or
+    /// the policy object that would cannot yet): change nothing (what is
+    /// published stays), warn, and wait for the Service (or the policy) to
+    /// change.
     Hold(Hold),
 }
 
 /// A Service held as it is.
 #[derive(Clone, Debug)]
 pub struct Hold {
-    pub unknown: UnknownPolicy,
+    pub why: NotChosen,
     pub warnings: Warnings,
 }
 
@@ -107,7 +111,7 @@ pub struct Warnings {
     pub external_name: Once,
     /// `SelectorIgnored`: a served Service that has a `spec.selector`.
     pub selector: Once,
-    /// `PolicyUnknown`: its annotation names a policy the file lacks.
+    /// `PolicyUnknown` / `PolicyNotReady`: no policy can decide it.
     pub unknown_policy: Once,
 }
 
@@ -226,11 +230,11 @@ pub fn decide(input: &Input) -> Decision {
     let has_selector = spec
         .and_then(|s| s.selector.as_ref())
         .is_some_and(|s| !s.is_empty());
-    let policy = match policy::choose(svc, cfg) {
+    let policy = match policy::choose(svc, cfg, input.objects) {
         Ok(p) => p,
-        Err(unknown) => {
+        Err(why) => {
             return Decision::Hold(Hold {
-                unknown,
+                why,
                 warnings: Warnings {
                     external_name: Once::Rearm,
                     selector: Once::Keep,

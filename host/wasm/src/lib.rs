@@ -739,6 +739,19 @@ impl portwise_checkers::WasmCheckers for WasmRuntime {
             Ok(Arc::new(checker) as Arc<dyn Checker>)
         })
     }
+
+    fn pull<'a>(
+        &'a self,
+        specs: &'a [&'a WasmSpec],
+    ) -> BoxFuture<'a, Vec<(String, portwise_checkers::ProviderError)>> {
+        Box::pin(async move {
+            WasmRuntime::pull(self, specs)
+                .await
+                .into_iter()
+                .filter_map(|(module, r)| r.err().map(|e| (module, e.into())))
+                .collect()
+        })
+    }
 }
 
 #[cfg(test)]

@@ -10,6 +10,21 @@ use portwise_tests::*;
 
 pub(crate) const POLICY: &str = "portwise.io/membership";
 
+/// Pods a, b and c of group `g` at the first three of `ips`: a and b
+/// ready, c not.
+pub(crate) async fn group_of_three(ns: &TestNs, ips: &[PodIps]) -> Result<()> {
+    for (i, name) in ["a", "b", "c"].iter().enumerate() {
+        ns.create_pod(
+            pod(name)
+                .annotation(GROUP_KEY, "g")
+                .ready(i < 2)
+                .ips(ips[i].v4()),
+        )
+        .await?;
+    }
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn services_with_the_same_port_name_are_decided_by_their_own_policies() -> Result<()> {
     let cp = ControlPlane::shared().await?;
@@ -25,15 +40,7 @@ async fn services_with_the_same_port_name_are_decided_by_their_own_policies() ->
         }
         ns.create_service(svc).await?;
     }
-    for (i, name) in ["a", "b", "c"].iter().enumerate() {
-        ns.create_pod(
-            pod(name)
-                .annotation(GROUP_KEY, "g")
-                .ready(i < 2)
-                .ips(ips[i].v4()),
-        )
-        .await?;
-    }
+    group_of_three(&ns, &ips).await?;
     let cfg = config_with(
         "podReady",
         "policies:\n  dial: {tcpDial: {timeout: 1s}}\n  everyone: notTerminating\n",

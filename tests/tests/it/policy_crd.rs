@@ -2,8 +2,8 @@
 //! apiserver: the checked-in CRD, applied as the kustomize base ships it,
 //! is established, explains itself, prints its columns, refuses what its
 //! schema rules out (naming the field) and keeps a status written through
-//! the status subresource. Nothing here runs portwise: this release
-//! installs the resource and does not act on it yet.
+//! the status subresource. Nothing here runs portwise: what portwise does
+//! with the objects is `policy_objects`'.
 
 use std::{path::Path, time::Duration};
 

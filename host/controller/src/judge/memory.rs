@@ -29,6 +29,9 @@ pub(crate) struct Basis {
     pub(crate) service_rv: String,
     pub(crate) pod_rv: String,
     pub(crate) target: u16,
+    /// The build of a policy object's checker that judged (0 for the
+    /// config file's policies, built once).
+    pub(crate) revision: u64,
 }
 
 /// What the judge remembers of one subject.

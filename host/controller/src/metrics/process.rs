@@ -37,6 +37,8 @@ impl BuildInfo {
 #[derive(Clone, Debug)]
 pub struct Process {
     leader: Gauge,
+    reload_ok: Gauge,
+    reload_at: Gauge<f64, AtomicU64>,
     cold_start: MetricFamily<StageLabels, Gauge<f64, AtomicU64>>,
 }
 
@@ -44,8 +46,24 @@ impl Process {
     pub(super) fn register(registry: &mut Registry, build: BuildInfo) -> Self {
         let process = Process {
             leader: Gauge::default(),
+            reload_ok: Gauge::default(),
+            reload_at: Gauge::default(),
             cold_start: MetricFamily::default(),
         };
+        // Named as Prometheus' and Alertmanager's own, so the alerts
+        // written for those fit.
+        process.reload_ok.set(1);
+        registry.register(
+            "config_last_reload_successful",
+            "1 when the last change of the config file was applied (or none came since the start), 0 while it is refused and the previous config keeps running",
+            process.reload_ok.clone(),
+        );
+        registry.register_with_unit(
+            "config_last_reload_success_timestamp",
+            "When the running config was loaded (the start, or the last change applied), in seconds since the Unix epoch",
+            Unit::Seconds,
+            process.reload_at.clone(),
+        );
         // A gauge per stage, set once: how long this process took to get
         // there, which a log line alone would make every reader parse.
         registry.register_with_unit(
@@ -77,6 +95,17 @@ impl Process {
                 stage: stage.as_str(),
             })
             .set(after.as_secs_f64());
+    }
+
+    /// Records a config load: applied (`true`, now) or refused.
+    pub fn set_config_loaded(&self, applied: bool) {
+        self.reload_ok.set(i64::from(applied));
+        if applied {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default();
+            self.reload_at.set(now.as_secs_f64());
+        }
     }
 
     /// Sets whether this replica currently leads.

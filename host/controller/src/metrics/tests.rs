@@ -42,6 +42,11 @@ fn every_family_is_declared_with_its_final_name() {
         ("portwise_cold_start_seconds", "gauge"),
         ("portwise_writes", "counter"),
         ("portwise_leader", "gauge"),
+        ("portwise_config_last_reload_successful", "gauge"),
+        (
+            "portwise_config_last_reload_success_timestamp_seconds",
+            "gauge",
+        ),
         ("portwise_endpoints_added_per_sync", "histogram"),
         ("portwise_endpoints_removed_per_sync", "histogram"),
         ("portwise_endpoints_desired", "gauge"),

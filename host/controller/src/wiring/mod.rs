@@ -85,6 +85,7 @@ mod caches;
 mod informers;
 mod judges;
 mod keyed;
+mod policies;
 mod reconciles;
 mod release;
 mod terms;
@@ -109,9 +110,14 @@ pub(crate) async fn run(
     let started = std::time::Instant::now();
     let config = Arc::new(config);
     let table = Arc::new(ServiceTable::default());
+    let book = Arc::new(crate::policies::Book::default());
     let (judge, shadows) = judges::build(&config, &opts, &table).await?;
+    let judge = judge.with_book(book.clone());
 
     let gate = SyncGate::default();
+    // Registered before any watch can open the gate: reconciles wait for
+    // the policy objects too (`policies::keep`).
+    let policies_read = config.membership_policies.as_ref().map(|_| gate.register());
     let queue = Queue::new();
     let triggers = Triggers {
         queue: queue.clone(),
@@ -127,6 +133,10 @@ pub(crate) async fn run(
         &table,
         &release_tx,
     );
+    let policy_watch = policies_read.as_ref().map(|_| {
+        let list_cfg = watcher::Config::default().any_semantic().streaming_lists();
+        policies::watch(&client, &opts.namespaces, &list_cfg)
+    });
     let ctx = context(
         &client,
         &config,
@@ -134,7 +144,7 @@ pub(crate) async fn run(
         (judge, shadows),
         caches,
         &triggers,
-        table,
+        (table, book),
     );
 
     // The supervisor: every task is stopped with the controller, so that an
@@ -145,6 +155,27 @@ pub(crate) async fn run(
     background::spawn(&mut tasks, &ctx, &opts, watching.services_gone);
     for stream in watching.streams {
         tasks.spawn(stream);
+    }
+    if let (Some(mut watch), Some(token), Some(limits)) = (
+        policy_watch,
+        policies_read,
+        config.membership_policies.clone(),
+    ) {
+        tasks.spawn(std::mem::replace(
+            &mut watch.stream,
+            future::pending().boxed(),
+        ));
+        tasks.spawn(policies::keep(
+            ctx.clone(),
+            watch,
+            policies::Keeper {
+                client: client.clone(),
+                limits,
+                wasm: opts.wasm.clone(),
+                triggers: triggers.clone(),
+                token,
+            },
+        ));
     }
     // Services that leave the cache but not the cluster are released
     // there ([`release_gone`]).
@@ -193,7 +224,7 @@ fn context(
     (judge, shadows): (Judge, Option<Arc<Shadows>>),
     caches: Caches,
     triggers: &Triggers,
-    table: Arc<ServiceTable>,
+    (table, book): (Arc<ServiceTable>, Arc<crate::policies::Book>),
 ) -> Arc<Context> {
     let reporter = Reporter {
         controller: config.managed_by.clone(),
@@ -226,5 +257,6 @@ fn context(
         metrics: opts.metrics.clone(),
         leader: opts.leader.clone(),
         table,
+        book,
     })
 }

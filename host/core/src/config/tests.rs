@@ -772,3 +772,58 @@ fn pod_addresses_parse_and_bad_cidrs_name_their_index() {
         "unknown field `cidr`",
     );
 }
+
+/// `membershipPolicies` (issue 48): its defaults, and every limit checked
+/// where it is written. Fails when a key is not validated (a misspelt
+/// checker would silently allow nothing, an empty repository list with
+/// `wasm` would accept no module).
+#[test]
+fn membership_policies_defaults_and_errors_name_their_field() {
+    let base = "serviceKey: {label: app.example.com/group}\n";
+    let cfg = Config::from_yaml(&format!("{base}membershipPolicies: {{}}\n")).unwrap();
+    let limits = cfg.membership_policies.expect("read");
+    assert_eq!(limits, PolicyLimits::default());
+    assert!(!limits.checkers.iter().any(|c| c == "wasm"));
+    assert_eq!(limits.max_probe_timeout, Duration::from_secs(5));
+    assert!(
+        Config::from_yaml(base)
+            .unwrap()
+            .membership_policies
+            .is_none()
+    );
+    for (yaml, at) in [
+        ("{checkers: [podready]}", "membershipPolicies.checkers[0]"),
+        ("{checkers: [all]}", "membershipPolicies.checkers[0]"),
+        (
+            "{maxProbeTimeout: 2m}",
+            "membershipPolicies.maxProbeTimeout",
+        ),
+        (
+            "{checkers: [wasm]}",
+            "membershipPolicies.moduleRepositories",
+        ),
+        (
+            "{checkers: [wasm], moduleRepositories: [oci://r.example/a]}",
+            "membershipPolicies.moduleRepositories[0]",
+        ),
+        (
+            "{moduleRepositories: ['r.example/a@sha256:00']}",
+            "membershipPolicies.moduleRepositories[0]",
+        ),
+        ("{maxPerNamespace: 0}", "membershipPolicies.maxPerNamespace"),
+        ("{budget: 3}", "membershipPolicies"),
+    ] {
+        let err = Config::from_yaml(&format!("{base}membershipPolicies: {yaml}\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(at), "{yaml}: {err}");
+    }
+    let ok = Config::from_yaml(&format!(
+        "{base}membershipPolicies: {{checkers: [podReady, wasm], moduleRepositories: [registry.example:5000/team-a]}}\n"
+    ))
+    .unwrap();
+    assert_eq!(
+        ok.membership_policies.unwrap().module_repositories,
+        ["registry.example:5000/team-a"]
+    );
+}

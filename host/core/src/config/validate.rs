@@ -9,7 +9,8 @@
 use std::{collections::BTreeMap, time::Duration};
 
 use super::{
-    CheckerExpr, Config, ConfigError, HttpGetSpec, KeySource, Scheme, WasmLimits,
+    CheckerExpr, Config, ConfigError, HttpGetSpec, KeySource, LIMITABLE_CHECKERS, OCI_SCHEME,
+    OciRef, PolicyLimits, Scheme, WasmLimits,
     syntax::{
         check_dns_label, check_dns_subdomain, check_label_value, check_module_file_name,
         check_qualified_name, validate_path,
@@ -198,8 +199,49 @@ impl Config {
                 "shadow.expressions",
             )?;
         }
+        if let Some(limits) = &self.membership_policies {
+            check_policy_limits(&root.field("membershipPolicies"), limits)?;
+        }
         Ok(())
     }
+}
+
+/// `membershipPolicies`: keywords it can limit, a probe timeout in range,
+/// repositories that are `REGISTRY/REPOSITORY` (and some when `wasm` is
+/// allowed: else no module could ever be accepted), a budget of at least one.
+fn check_policy_limits(at: &FieldPath, limits: &PolicyLimits) -> Result<(), Issue> {
+    for (i, c) in limits.checkers.iter().enumerate() {
+        if !LIMITABLE_CHECKERS.contains(&c.as_str()) {
+            return Err(at.field("checkers").index(i).issue(format!(
+                "{c:?} is not a checker to allow: one of {} (constants and combinators are always allowed)",
+                LIMITABLE_CHECKERS.join(", ")
+            )));
+        }
+    }
+    check_timeout(limits.max_probe_timeout).map_err(|m| at.field("maxProbeTimeout").issue(m))?;
+    let repos = at.field("moduleRepositories");
+    if limits.checkers.iter().any(|c| c == "wasm") && limits.module_repositories.is_empty() {
+        return Err(repos.issue(
+            "list at least one REGISTRY/REPOSITORY: `checkers` allows wasm, and a policy object's module must come from one of them",
+        ));
+    }
+    for (i, r) in limits.module_repositories.iter().enumerate() {
+        // Read as a reference pinned by any digest: a repository is what
+        // stays of it, without a tag (or a digest of its own).
+        let pinned = format!("{OCI_SCHEME}{r}@sha256:{}", "0".repeat(64));
+        let whole = OciRef::parse(&pinned).ok().filter(|o| o.tag.is_none());
+        if whole.is_none() {
+            return Err(repos.index(i).issue(format!(
+                "{r:?} is not REGISTRY/REPOSITORY (e.g. registry.example/team-a, no scheme, tag or digest)"
+            )));
+        }
+    }
+    if limits.max_per_namespace == 0 {
+        return Err(at
+            .field("maxPerNamespace")
+            .issue("must be at least 1; to read no policy objects, leave membershipPolicies out"));
+    }
+    Ok(())
 }
 
 /// Each scope names an expression of `named` and lists at least one

@@ -105,6 +105,7 @@ fn run_with_endpoints(
         node_known: &|_| true,
         owned: &owned_fn,
         has_our_endpoints,
+        objects: &[],
     });
     Run {
         decision,
@@ -380,6 +381,7 @@ fn group_without_pods_is_served_empty() {
         node_known: &|_| true,
         owned: &Vec::new,
         has_our_endpoints: false,
+        objects: &[],
     });
     let Decision::Serve(s) = d else {
         panic!("expected Serve");
@@ -432,6 +434,7 @@ fn pods_that_are_not_judged_are_counted_by_reason() {
         node_known: &|n| n != "gone",
         owned: &Vec::new,
         has_our_endpoints: false,
+        objects: &[],
     });
     let Decision::Serve(s) = d else {
         panic!("expected Serve");
@@ -475,7 +478,7 @@ fn the_policy_annotation_picks_the_expression_or_holds_the_service() {
     let Decision::Hold(hold) = &r.decision else {
         panic!("expected Hold, got {:?}", r.decision);
     };
-    assert_eq!(hold.unknown.name, "strcit");
+    assert_eq!(hold.why.name(), "strcit");
     assert_eq!(hold.warnings.unknown_policy, Once::Raise);
     assert!(r.groups_looked_up.is_empty(), "nothing judged");
     assert_eq!(r.owned_looked_up, 0, "nothing released");

@@ -64,7 +64,7 @@ pub(super) async fn check_live(
         .collect();
     // As the controller sees them: a pod on a Node that is gone is not
     // judged (unless the Service publishes not-ready addresses).
-    let nodes: Option<HashSet<String>> = match Api::<Node>::all(client)
+    let nodes: Option<HashSet<String>> = match Api::<Node>::all(client.clone())
         .list_metadata(&Default::default())
         .await
     {
@@ -89,7 +89,39 @@ pub(super) async fn check_live(
         .partition(|(_, why)| why.is_none());
     let pods: Vec<Arc<Pod>> = pods.into_iter().map(|(p, _)| p).collect();
 
-    let all_exprs = cfg.all_wasm_specs();
+    // The namespace's MembershipPolicies, read as the controller reads
+    // them, when the file lets them decide.
+    let objects = match &cfg.membership_policies {
+        Some(limits) => {
+            let listed = Api::<portwise_api::MembershipPolicy>::namespaced(client.clone(), ns)
+                .list(&Default::default())
+                .await
+                .with_context(|| format!("cannot list MembershipPolicies in {ns}"))?;
+            portwise_controller::policies::read_objects(&listed.items, limits, &svc)
+        }
+        None => Vec::new(),
+    };
+    let views: Vec<_> = objects.iter().map(|(view, _)| view.clone()).collect();
+    let policy = match portwise_core::policy::choose(&svc, &cfg, &views) {
+        Ok(p) => p,
+        Err(why) => {
+            println!("Service {ns}/{name}: {why}; portwise judges none of its pods");
+            return Ok(ExitCode::FAILURE);
+        }
+    };
+    let live_expr = match &policy {
+        Policy::Default => &cfg.membership,
+        Policy::Named(n) => &cfg.policies[n],
+        Policy::Object(n) => objects
+            .iter()
+            .find_map(|(view, expr)| (view.name == *n).then_some(expr.as_ref()).flatten())
+            .context("the chosen MembershipPolicy has no expression")?,
+    };
+
+    let mut all_exprs = cfg.all_wasm_specs();
+    if matches!(policy, Policy::Object(_)) {
+        all_exprs.extend(live_expr.wasm_specs());
+    }
     let pulls = all_exprs.iter().any(|s| s.oci().is_some());
     let runtime = match (&cfg.modules_dir, pulls) {
         (None, false) => None,
@@ -121,21 +153,16 @@ pub(super) async fn check_live(
         wasm: runtime.as_ref().map(|r| r as &dyn WasmCheckers),
         ..BuildContext::default()
     };
-    let policy = match portwise_core::policy::choose(&svc, &cfg) {
-        Ok(p) => p,
-        Err(unknown) => {
-            println!("Service {ns}/{name}: {unknown}; portwise judges none of its pods");
-            return Ok(ExitCode::FAILURE);
-        }
-    };
-    let live_expr = match &policy {
-        Policy::Default => &cfg.membership,
-        Policy::Named(n) => &cfg.policies[n],
-    };
     let live = portwise_checkers::build_at(live_expr, &ctx, &policy.label())
         .await
         .map_err(|e| anyhow::anyhow!("{e}"))?;
-    println!("Service {ns}/{name} is decided by {}", policy.label());
+    match &policy {
+        Policy::Object(n) => println!(
+            "Service {ns}/{name} is decided by {} (MembershipPolicy {ns}/{n})",
+            policy.label()
+        ),
+        _ => println!("Service {ns}/{name} is decided by {}", policy.label()),
+    }
     let pick = shadow::pick(&svc, cfg.shadow.as_ref());
     let shadow_expr = match (&pick, &cfg.shadow) {
         (Pick::Default, Some(sh)) => sh.membership.as_ref(),

@@ -21,6 +21,7 @@ mod bench;
 mod budget;
 mod check;
 mod live;
+mod reload;
 mod report;
 mod run;
 

@@ -114,7 +114,7 @@ fn lease_duration(s: &str) -> Result<Duration, String> {
 /// The WebAssembly runtime's limits: the flags as every expression's
 /// defaults, and a memory ceiling that fits the largest per-expression
 /// `limits.memoryMiB` (the pooling allocator sizes its slots once, at start).
-fn runtime_limits(config: &Config, args: &RunArgs) -> Limits {
+pub(super) fn runtime_limits(config: &Config, args: &RunArgs) -> Limits {
     let default = (args.guest_memory_mib * 1024 * 1024) as usize;
     let largest = largest_memory_limit(&config.all_wasm_specs());
     Limits {
@@ -183,47 +183,6 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         let _ = server_stop_rx.await;
     }));
 
-    let wasm_specs = config.all_wasm_specs();
-    let pulls = wasm_specs.iter().any(|s| s.oci().is_some());
-    let wasm = if config.modules_dir.is_some() || pulls {
-        Some(Arc::new(
-            WasmRuntime::new(WasmConfig {
-                supply: Arc::new(portwise_supply::Supplier),
-                oci: oci_config(&config),
-                probes: Default::default(),
-                modules_dir: config.modules_dir.clone(),
-                expressions: Some(wasm_specs.iter().map(|s| (*s).clone()).collect()),
-                cache_dir: Some(args.cache_dir.clone().unwrap_or_else(default_cache_dir)),
-                watch: true,
-                limits: runtime_limits(&config, &args),
-            })
-            .await
-            .context("cannot start the WebAssembly runtime")?,
-        ))
-    } else {
-        None
-    };
-
-    let mut module_reports = None;
-    if let Some(rt) = &wasm {
-        // Every replica reports its own modules, leading or not.
-        module_reports = Some(report_wasm(
-            rt.clone(),
-            metrics.clone(),
-            unfenced.clone(),
-            config.managed_by.clone(),
-        ));
-        // oci:// modules, before the checker tree that uses them is built;
-        // failures went to the Events and metrics above, and a checker on
-        // a module that did not pull is refused with the reason.
-        for (module, result) in rt.pull(&wasm_specs).await {
-            match result {
-                Ok(info) => info!(%module, sha256 = %info.sha256, "pulled module serving"),
-                Err(e) => error!(%module, "{e}"),
-            }
-        }
-    }
-
     let identity = ops::leader::identity(args.identity.as_deref());
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let elector = match timings {
@@ -250,7 +209,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         .map(|e| portwise_controller::Tenure::new(e.subscribe_term()));
     let client = match &tenure {
         Some(t) => connect(&client_opts.clone().fenced(t.clone())).await?,
-        None => unfenced,
+        None => unfenced.clone(),
     };
 
     match &elector {
@@ -258,37 +217,91 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         None => metrics.process.set_leader(true),
     }
 
-    let check_timeout = config.check_timeout(args.check_timeout, Limits::default().call_timeout)?;
-    let opts = RunOptions {
-        namespaces: args.namespaces.clone(),
-        check_timeout,
-        metrics: metrics.clone(),
-        leader: tenure,
-        ready: Some(readiness.clone()),
-        instance: Some(identity),
-        wasm: wasm.clone().map(|w| w as Arc<dyn WasmCheckers>),
-        reconcile_concurrency: args.reconcile_concurrency,
-        pod_watch_namespaces: args.pod_watch_namespaces,
-    };
-
     tokio::spawn(async move {
         wait_for_signal().await;
         info!("shutting down");
         let _ = shutdown_tx.send(true);
     });
-    let mut rx = shutdown_rx.clone();
-    let shutdown = async move {
-        let _ = rx.wait_for(|s| *s).await;
+    // The config file is read again when it changes: a valid new one is
+    // applied by running the controller again on it (the caches are
+    // listed again, every Service judged afresh, and only what changes is
+    // written; the Lease, the metrics and the HTTP endpoints stay); an
+    // invalid one is refused and the running one keeps running.
+    let mut changes = super::reload::changes(&args.config)?;
+    metrics.process.set_config_loaded(true);
+    let mut config = config;
+    let mut prepared = wasm_for(&config, &args, &metrics, &unfenced).await?;
+    let result = loop {
+        let (wasm, module_reports) = prepared;
+        let check_timeout =
+            config.check_timeout(args.check_timeout, Limits::default().call_timeout)?;
+        let opts = RunOptions {
+            namespaces: args.namespaces.clone(),
+            check_timeout,
+            metrics: metrics.clone(),
+            leader: tenure.clone(),
+            ready: Some(readiness.clone()),
+            instance: Some(identity.clone()),
+            wasm: wasm.clone().map(|w| w as Arc<dyn WasmCheckers>),
+            reconcile_concurrency: args.reconcile_concurrency,
+            pod_watch_namespaces: args.pod_watch_namespaces,
+        };
+        let (stop_tx, mut stop_rx) = watch::channel(false);
+        let mut rx = shutdown_rx.clone();
+        let shutdown = async move {
+            tokio::select! {
+                _ = rx.wait_for(|s| *s) => {}
+                _ = stop_rx.wait_for(|s| *s) => {}
+            }
+        };
+        let run = controller::run(client.clone(), config.clone(), opts, shutdown);
+        tokio::pin!(run);
+        let next = loop {
+            tokio::select! {
+                result = &mut run => break Err(result),
+                Some(()) = changes.recv() => {
+                    match super::reload::load(&args, Limits::default().call_timeout) {
+                        Ok(new) if new == config => metrics.process.set_config_loaded(true),
+                        // Its modules are loaded before the running
+                        // controller stops: one that does not load
+                        // refuses the file, as it would at start.
+                        Ok(new) => match wasm_for(&new, &args, &metrics, &unfenced).await {
+                            Ok(next) => {
+                                info!(config = %args.config.display(), "the config file changed: applying it");
+                                let _ = stop_tx.send(true);
+                                if let Err(e) = (&mut run).await {
+                                    break Err(Err(e));
+                                }
+                                metrics.process.set_config_loaded(true);
+                                break Ok((new, next));
+                            }
+                            Err(e) => refused(&metrics, &unfenced, &config, e).await,
+                        },
+                        Err(e) => refused(&metrics, &unfenced, &config, e).await,
+                    }
+                }
+            }
+        };
+        match next {
+            Ok((new, next)) => {
+                drop((wasm, module_reports));
+                config = new;
+                prepared = next;
+            }
+            Err(result) => {
+                if result.is_err()
+                    && let Some(reports) = &module_reports
+                {
+                    // A module that failed to load is the usual reason to
+                    // stop here: its Event is what `kubectl describe pod`
+                    // shows, so let it out.
+                    reports.flush(Duration::from_secs(5)).await;
+                }
+                break result;
+            }
+        }
     };
-    let result = controller::run(client, config, opts, shutdown).await;
     readiness.set_ready(false);
-    if result.is_err()
-        && let Some(reports) = &module_reports
-    {
-        // A module that failed to load is the usual reason to stop here:
-        // its Event is what `kubectl describe pod` shows, so let it out.
-        reports.flush(Duration::from_secs(5)).await;
-    }
     if let Some(e) = elector
         && let Err(err) = e.release().await
     {
@@ -303,6 +316,80 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             Err(e.into())
         }
     }
+}
+
+/// A changed config file that does not load: said, counted, and raised on
+/// portwise's Pod; the running one keeps running.
+async fn refused(
+    metrics: &portwise_controller::metrics::Metrics,
+    client: &kube::Client,
+    running: &Config,
+    e: anyhow::Error,
+) {
+    let why = format!("{e:#}; the running configuration is kept");
+    error!("{why}");
+    metrics.process.set_config_loaded(false);
+    super::reload::report_refused(client, &running.managed_by, &why).await;
+}
+
+/// The WebAssembly runtime a config needs (none without modules), its
+/// modules reported on, its `oci://` modules pulled.
+async fn wasm_for(
+    config: &Config,
+    args: &RunArgs,
+    metrics: &portwise_controller::metrics::Metrics,
+    client: &kube::Client,
+) -> anyhow::Result<(
+    Option<Arc<WasmRuntime>>,
+    Option<super::report::ModuleReports>,
+)> {
+    let wasm_specs = config.all_wasm_specs();
+    let pulls = wasm_specs.iter().any(|s| s.oci().is_some());
+    // Teams' policy objects may name modules later, when the file allows.
+    let objects_run_wasm = config
+        .membership_policies
+        .as_ref()
+        .is_some_and(|l| l.checkers.iter().any(|c| c == "wasm"));
+    let wasm = if config.modules_dir.is_some() || pulls || objects_run_wasm {
+        Some(Arc::new(
+            WasmRuntime::new(WasmConfig {
+                supply: Arc::new(portwise_supply::Supplier),
+                oci: oci_config(config),
+                probes: Default::default(),
+                modules_dir: config.modules_dir.clone(),
+                expressions: Some(wasm_specs.iter().map(|s| (*s).clone()).collect()),
+                cache_dir: Some(args.cache_dir.clone().unwrap_or_else(default_cache_dir)),
+                watch: true,
+                limits: runtime_limits(config, args),
+            })
+            .await
+            .context("cannot start the WebAssembly runtime")?,
+        ))
+    } else {
+        None
+    };
+
+    let mut module_reports = None;
+    if let Some(rt) = &wasm {
+        // Every replica reports its own modules, leading or not.
+        module_reports = Some(report_wasm(
+            rt.clone(),
+            metrics.clone(),
+            client.clone(),
+            config.managed_by.clone(),
+        ));
+        // oci:// modules, before the checker tree that uses them is built;
+        // failures went to the Events and metrics above, and a checker on
+        // a module that did not pull is refused with the reason.
+        for (module, result) in rt.pull(&wasm_specs).await {
+            match result {
+                Ok(info) => info!(%module, sha256 = %info.sha256, "pulled module serving"),
+                Err(e) => error!(%module, "{e}"),
+            }
+        }
+    }
+
+    Ok((wasm, module_reports))
 }
 
 async fn wait_for_signal() {

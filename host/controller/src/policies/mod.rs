@@ -1,0 +1,191 @@
+//! Teams' `MembershipPolicy` objects (issue 48): what the controller knows
+//! of each ([`Book`]), how one is read and built (`read.rs`), and the status
+//! written back (`status.rs`). The watch and the task that keeps the book
+//! are the wiring's (`wiring/policies.rs`).
+//!
+//! Why a book beside the judge's checkers: the config file's policies are
+//! built once, at start; a policy object comes, changes and goes while
+//! portwise runs, and its checker is rebuilt on every edit of its spec.
+//! The book holds each object's latest build under a revision, so that a
+//! verdict reached with an older build is never reused
+//! (`crate::judge::memory::Basis`), and the core chooses among the
+//! objects through the same view the status counts with
+//! ([`Book::objects`]).
+//!
+//! Only the config file's `membershipPolicies` turns this on: without it,
+//! the objects are not watched and the book stays empty, so nothing a team
+//! writes can make portwise run anything.
+
+use std::{
+    collections::BTreeMap,
+    sync::{
+        Arc, RwLock,
+        atomic::{AtomicU64, Ordering},
+    },
+};
+
+use k8s_openapi::api::core::v1::Service;
+use kube::{
+    ResourceExt,
+    core::{Selector, SelectorExt},
+};
+
+use portwise_checkers::Checker;
+use portwise_core::policy::{PolicyObject, Standing};
+
+pub(crate) mod read;
+pub(crate) mod status;
+
+/// Every policy object's standing and latest build, by namespace and name.
+#[derive(Default)]
+pub struct Book {
+    entries: RwLock<BTreeMap<(String, String), Entry>>,
+    revisions: AtomicU64,
+}
+
+/// One policy object, as last read.
+#[derive(Clone, Debug)]
+pub(crate) struct Entry {
+    pub(crate) uid: String,
+    /// The `metadata.generation` read.
+    pub(crate) generation: i64,
+    pub(crate) created: i64,
+    /// `spec.services.selector`, when it has one and it parsed.
+    pub(crate) selector: Option<Selector>,
+    /// What the `Accepted` condition says.
+    pub(crate) accepted: Verdict,
+    /// What the `ModulesReady` condition says (`None` while not accepted).
+    pub(crate) modules: Option<Verdict>,
+    /// The checker built from the spec, and its revision.
+    pub(crate) checker: Option<(Arc<dyn Checker>, u64)>,
+}
+
+/// A condition's outcome: `Ok` with a note, or the reason and message of a
+/// refusal.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    Ok(String),
+    Refused {
+        reason: &'static str,
+        message: String,
+    },
+}
+
+impl Entry {
+    /// Whether it can decide, as the core's choice reads it.
+    pub(crate) fn standing(&self) -> Standing {
+        match (&self.accepted, &self.modules, &self.checker) {
+            (Verdict::Refused { message, .. }, _, _) => {
+                Standing::NotReady(format!("not accepted: {message}"))
+            }
+            (_, Some(Verdict::Refused { message, .. }), _) => {
+                Standing::NotReady(format!("modules not ready: {message}"))
+            }
+            (_, _, Some(_)) => Standing::Ready,
+            _ => Standing::NotReady("not read yet".into()),
+        }
+    }
+}
+
+impl Book {
+    /// A new revision number for a build.
+    pub(crate) fn next_revision(&self) -> u64 {
+        self.revisions.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    pub(crate) fn get(&self, ns: &str, name: &str) -> Option<Entry> {
+        let entries = self.entries.read().expect("policy book poisoned");
+        entries.get(&(ns.to_owned(), name.to_owned())).cloned()
+    }
+
+    pub(crate) fn set(&self, ns: &str, name: &str, entry: Entry) {
+        let mut entries = self.entries.write().expect("policy book poisoned");
+        entries.insert((ns.to_owned(), name.to_owned()), entry);
+    }
+
+    pub(crate) fn remove(&self, ns: &str, name: &str) -> Option<Entry> {
+        let mut entries = self.entries.write().expect("policy book poisoned");
+        entries.remove(&(ns.to_owned(), name.to_owned()))
+    }
+
+    /// The checker of `ns`'s object `name`, with its revision, if built.
+    pub(crate) fn checker(&self, ns: &str, name: &str) -> Option<(Arc<dyn Checker>, u64)> {
+        self.get(ns, name).and_then(|e| e.checker)
+    }
+
+    /// The objects of `svc`'s namespace as the core chooses among them,
+    /// each saying whether its selector matches `svc`.
+    pub(crate) fn objects(&self, svc: &Service) -> Vec<PolicyObject> {
+        let ns = svc.namespace().unwrap_or_default();
+        let labels = svc.labels();
+        let entries = self.entries.read().expect("policy book poisoned");
+        entries
+            .range((ns.clone(), String::new())..)
+            .take_while(|((n, _), _)| *n == ns)
+            .map(|((_, name), e)| PolicyObject {
+                name: name.clone(),
+                created: e.created,
+                selects: e.selector.as_ref().is_some_and(|s| s.matches(labels)),
+                standing: e.standing(),
+            })
+            .collect()
+    }
+}
+
+/// A namespace's policy objects as the controller reads them, for
+/// `portwise check --live`: each as the core chooses among them for `svc`,
+/// with its accepted expression (`None` when not accepted; why is its
+/// standing). Modules are not pulled here: the caller builds the one that
+/// decides.
+pub fn read_objects(
+    objects: &[portwise_api::MembershipPolicy],
+    limits: &portwise_core::config::PolicyLimits,
+    svc: &Service,
+) -> Vec<(PolicyObject, Option<portwise_core::config::CheckerExpr>)> {
+    let created = |o: &portwise_api::MembershipPolicy| {
+        o.creation_timestamp()
+            .map(|t| t.0.as_second())
+            .unwrap_or(i64::MAX)
+    };
+    let names: Vec<(i64, String)> = objects.iter().map(|o| (created(o), o.name_any())).collect();
+    let pairs: Vec<(i64, &str)> = names.iter().map(|(t, n)| (*t, n.as_str())).collect();
+    let over = portwise_core::policy::over_budget(&pairs, limits.max_per_namespace);
+    objects
+        .iter()
+        .map(|o| {
+            let name = o.name_any();
+            let (standing, selects, expr) = if over.contains(&name.as_str()) {
+                (
+                    Standing::NotReady(format!(
+                        "not accepted: more than {} MembershipPolicies in the namespace",
+                        limits.max_per_namespace
+                    )),
+                    false,
+                    None,
+                )
+            } else {
+                match read::accept(&o.spec, limits) {
+                    Ok(a) => (
+                        Standing::Ready,
+                        a.selector.as_ref().is_some_and(|s| s.matches(svc.labels())),
+                        Some(a.membership),
+                    ),
+                    Err(Verdict::Refused { message, .. }) | Err(Verdict::Ok(message)) => (
+                        Standing::NotReady(format!("not accepted: {message}")),
+                        false,
+                        None,
+                    ),
+                }
+            };
+            (
+                PolicyObject {
+                    name,
+                    created: created(o),
+                    selects,
+                    standing,
+                },
+                expr,
+            )
+        })
+        .collect()
+}

@@ -1,0 +1,328 @@
+//! Teams' MembershipPolicy objects deciding their Services (issue 48), on
+//! the real apiserver with the checked-in CRD: a Service names a policy of
+//! its own namespace (or a policy's selector picks it), the same name in
+//! another namespace decides nothing there, an edit judges afresh without
+//! a restart, and a spec that is invalid or past the operator's limits is
+//! refused in status, naming the field, while what is published stays.
+
+use std::{path::Path, time::Duration};
+
+use anyhow::{Context, Result, ensure};
+use kube::{Api, api::PostParams};
+use portwise_api::{CONDITION_ACCEPTED, MembershipPolicy};
+use portwise_tests::*;
+use serde_json::{Value, json};
+
+use crate::policies::{POLICY, group_of_three};
+
+const CRD: &str = "deploy/kustomize/membershippolicies.portwise.io.yaml";
+
+async fn installed() -> Result<&'static ControlPlane> {
+    let cp = ControlPlane::shared().await?;
+    install_crds(cp, Path::new(CRD), "the MembershipPolicy CRD").await?;
+    Ok(cp)
+}
+
+/// Creates (or replaces the spec of) policy `name` in `ns`.
+async fn put_policy(ns: &TestNs, name: &str, spec: Value) -> Result<()> {
+    let api: Api<MembershipPolicy> = ns.api();
+    let obj: MembershipPolicy = serde_json::from_value(json!({
+        "apiVersion": "portwise.io/v1alpha1",
+        "kind": "MembershipPolicy",
+        "metadata": {"name": name, "namespace": ns.name()},
+        "spec": spec,
+    }))?;
+    if let Some(mut current) = api.get_opt(name).await? {
+        // Replaced whole: a merge patch would merge an expression's map
+        // with the one it replaces.
+        current.spec = obj.spec;
+        api.replace(name, &PostParams::default(), &current).await?;
+    } else {
+        api.create(&PostParams::default(), &obj).await?;
+    }
+    Ok(())
+}
+
+/// Waits until policy `name`'s status describes its current generation
+/// and `Accepted` is `accepted`; returns the status.
+async fn status_of(
+    ns: &TestNs,
+    name: &str,
+    accepted: &str,
+) -> Result<portwise_api::MembershipPolicyStatus> {
+    let api: Api<MembershipPolicy> = ns.api();
+    wait_for(SETTLE, || async {
+        let p = api.get(name).await?;
+        let status = p.status.clone().context("no status yet")?;
+        ensure!(
+            status.observed_generation == p.metadata.generation,
+            "status of generation {:?}, object at {:?}",
+            status.observed_generation,
+            p.metadata.generation
+        );
+        let cond = status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == CONDITION_ACCEPTED)
+            .context("no Accepted condition")?;
+        ensure!(
+            cond.status == accepted,
+            "Accepted={}: {}",
+            cond.status,
+            cond.message
+        );
+        Ok(status)
+    })
+    .await
+}
+
+fn condition<'a>(
+    status: &'a portwise_api::MembershipPolicyStatus,
+    type_: &str,
+) -> Option<&'a k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
+    status.conditions.iter().find(|c| c.type_ == type_)
+}
+
+/// A team's policy decides the Services that name it or that its selector
+/// picks, in its namespace; the same name in another namespace decides
+/// nothing there (held, and said so), and the file's `membership` still
+/// decides the rest. Fails when objects are not read, when a name resolves
+/// across namespaces, or when the status is not written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_policy_object_decides_services_of_its_own_namespace_only() -> Result<()> {
+    let cp = installed().await?;
+    let team = TestNs::new(cp, "mpol-team").await?;
+    let other = TestNs::new(cp, "mpol-other").await?;
+    // a, b ready, c not; only a listens on 8080.
+    let ips: Vec<_> = (0..4).map(|_| next_ips()).collect();
+    let _listener = TcpListener::start(ips[0].v4, 8080).await?;
+    team.create_service(
+        service("named")
+            .annotation(GROUP_KEY, "g")
+            .annotation(POLICY, "strict")
+            .port("http", 8080),
+    )
+    .await?;
+    team.create_service(
+        service("labelled")
+            .annotation(GROUP_KEY, "g")
+            .label("tier", "web")
+            .port("http", 8080),
+    )
+    .await?;
+    team.create_service(
+        service("plain")
+            .annotation(GROUP_KEY, "g")
+            .port("http", 8080),
+    )
+    .await?;
+    group_of_three(&team, &ips).await?;
+    other
+        .create_service(
+            service("named")
+                .annotation(GROUP_KEY, "g")
+                .annotation(POLICY, "strict")
+                .port("http", 8080),
+        )
+        .await?;
+    other
+        .create_pod(pod("d").annotation(GROUP_KEY, "g").ips(ips[3].v4()))
+        .await?;
+    put_policy(
+        &team,
+        "strict",
+        json!({"membership": {"tcpDial": {"timeout": "1s"}}}),
+    )
+    .await?;
+    put_policy(
+        &team,
+        "everyone",
+        json!({"membership": "notTerminating",
+               "services": {"selector": {"matchLabels": {"tier": "web"}}}}),
+    )
+    .await?;
+
+    let cfg = config_with("podReady", "membershipPolicies: {}\n");
+    let mut pw = Portwise::builder(cp)
+        .namespace(team.name())
+        .namespace(other.name())
+        .config(&cfg)
+        .binary()
+        .start()
+        .await?;
+    // `strict` dials: a alone. `everyone` (by its selector) takes c, not
+    // ready but not terminating. `plain`: the file's podReady.
+    expect_endpoints(&team, "named", by_port([(("http", V4), &["a"][..])])).await?;
+    expect_endpoints(
+        &team,
+        "labelled",
+        by_port([(("http", V4), &["a", "b", "c"][..])]),
+    )
+    .await?;
+    expect_endpoints(&team, "plain", by_port([(("http", V4), &["a", "b"][..])])).await?;
+    let chosen = newest_event_message(&team, "named", "PolicyChosen").await?;
+    ensure!(chosen.contains("membershippolicy/strict"), "{chosen}");
+
+    // The other namespace has no `strict`: held, said, nothing published.
+    let held = newest_event_message(&other, "named", "PolicyUnknown").await?;
+    ensure!(
+        held.contains("\"strict\"") && held.contains("MembershipPolicy of this namespace"),
+        "{held}"
+    );
+    stays_for(Duration::from_secs(3), || async {
+        let published = endpoints_by_port(&other, "named").await?;
+        ensure!(published.is_empty(), "{published:?}");
+        Ok(())
+    })
+    .await?;
+
+    for (name, services) in [("strict", 1), ("everyone", 1)] {
+        let status = status_of(&team, name, "True").await?;
+        ensure!(
+            status.services == Some(services),
+            "{name}: {:?} Services",
+            status.services
+        );
+        let modules = condition(&status, "ModulesReady").context("no ModulesReady")?;
+        ensure!(modules.status == "True", "{name}: {modules:?}");
+    }
+    // kubectl shows the columns from the status.
+    let out = kubectl(
+        cp,
+        &["get", "membershippolicies", "-n", team.name(), "strict"],
+        None,
+    )
+    .await?;
+    ensure!(
+        out.lines().nth(1).is_some_and(
+            |l| l.split_whitespace().take(3).collect::<Vec<_>>() == ["strict", "True", "1"]
+        ),
+        "{out}"
+    );
+    pw.check_running()?;
+    Ok(())
+}
+
+/// An edit judges afresh without a restart; a spec that is invalid, or
+/// valid but past the operator's limits, is refused in status naming the
+/// field, and what is published stays as it was (held, not judged by
+/// `membership`), even when a pod changes. Fails when an edit needs a
+/// restart, when a refused policy falls back to `membership`, or when the
+/// message does not name the field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_edit_judges_afresh_and_a_refused_spec_changes_nothing_published() -> Result<()> {
+    let cp = installed().await?;
+    let ns = TestNs::new(cp, "mpol-edit").await?;
+    let ips: Vec<_> = (0..3).map(|_| next_ips()).collect();
+    let _listener = TcpListener::start(ips[0].v4, 8080).await?;
+    ns.create_service(
+        service("web")
+            .annotation(GROUP_KEY, "g")
+            .annotation(POLICY, "team")
+            .port("http", 8080),
+    )
+    .await?;
+    group_of_three(&ns, &ips).await?;
+    put_policy(&ns, "team", json!({"membership": "podReady"})).await?;
+    // The operator allows podReady and tcpDial, up to 2s.
+    let cfg = config_with(
+        "notTerminating",
+        "membershipPolicies: {checkers: [podReady, tcpDial], maxProbeTimeout: 2s}\n",
+    );
+    let mut pw = Portwise::spawn_binary(&ns, &cfg).await?;
+    expect_endpoints(&ns, "web", by_port([(("http", V4), &["a", "b"][..])])).await?;
+
+    // An edit: judged afresh with the new spec, no restart.
+    put_policy(
+        &ns,
+        "team",
+        json!({"membership": {"tcpDial": {"timeout": "1s"}}}),
+    )
+    .await?;
+    expect_endpoints(&ns, "web", by_port([(("http", V4), &["a"][..])])).await?;
+    status_of(&ns, "team", "True").await?;
+
+    // Invalid: refused naming the field; nothing published changes, even
+    // when a pod changes (`membership` here would publish a, b and c).
+    put_policy(
+        &ns,
+        "team",
+        json!({"membership": {"tcpDial": {"timeout": "0s"}}}),
+    )
+    .await?;
+    let status = status_of(&ns, "team", "False").await?;
+    let accepted = condition(&status, CONDITION_ACCEPTED).unwrap();
+    ensure!(
+        accepted.reason == "Invalid"
+            && accepted
+                .message
+                .starts_with("spec.membership.tcpDial.timeout: must be greater than 0"),
+        "{accepted:?}"
+    );
+    let held = newest_event_message(&ns, "web", "PolicyNotReady").await?;
+    ensure!(held.contains("spec.membership.tcpDial.timeout"), "{held}");
+    let writes = WriteCounter::start(&ns).await?;
+    ns.set_ready("b", false).await?;
+    stays_for(Duration::from_secs(4), || async {
+        expect_eq(
+            endpoints_by_port(&ns, "web").await?,
+            by_port([(("http", V4), &["a"][..])]),
+        )
+    })
+    .await?;
+    writes
+        .expect(0, "a Service held by a refused policy")
+        .await?;
+
+    // Valid, but past the operator's limits: refused, naming the field.
+    put_policy(
+        &ns,
+        "team",
+        json!({"membership": {"all": ["podReady", {"httpGet": {"path": "/"}}]}}),
+    )
+    .await?;
+    let status = status_of(&ns, "team", "False").await?;
+    let accepted = condition(&status, CONDITION_ACCEPTED).unwrap();
+    ensure!(
+        accepted.reason == "NotAllowed"
+            && accepted
+                .message
+                .starts_with("spec.membership.all[1].httpGet: httpGet is not allowed"),
+        "{accepted:?}"
+    );
+    put_policy(
+        &ns,
+        "team",
+        json!({"membership": {"tcpDial": {"timeout": "3s"}}}),
+    )
+    .await?;
+    let status = status_of(&ns, "team", "False").await?;
+    let accepted = condition(&status, CONDITION_ACCEPTED).unwrap();
+    ensure!(
+        accepted.message.starts_with(
+            "spec.membership.tcpDial.timeout: 3s is above the operator's maximum of 2s"
+        ),
+        "{accepted:?}"
+    );
+    stays_for(Duration::from_secs(2), || async {
+        expect_eq(
+            endpoints_by_port(&ns, "web").await?,
+            by_port([(("http", V4), &["a"][..])]),
+        )
+    })
+    .await?;
+
+    // Fixed: judged again by the policy (b is not ready any more).
+    put_policy(
+        &ns,
+        "team",
+        json!({"membership": {"any": ["podReady", {"tcpDial": {"timeout": "2s"}}]}}),
+    )
+    .await?;
+    status_of(&ns, "team", "True").await?;
+    expect_endpoints(&ns, "web", by_port([(("http", V4), &["a"][..])])).await?;
+    ns.set_ready("c", true).await?;
+    expect_endpoints(&ns, "web", by_port([(("http", V4), &["a", "c"][..])])).await?;
+    pw.check_running()?;
+    Ok(())
+}
