@@ -986,3 +986,136 @@ async fn rotated_registry_credentials_reach_the_next_pull_without_a_new_pod() ->
     pw.check_running()?;
     Ok(())
 }
+
+/// Issue 48: a team's MembershipPolicy with a guest pulled from the
+/// registry by digest decides its Service (ModulesReady True); one from a
+/// repository the operator did not allow is refused in `Accepted`, and one
+/// whose digest the registry does not have fails `ModulesReady` with the
+/// pull error, its Service held as it was. Fails when a policy object's
+/// modules are not pulled after start (the first Service would be held).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_policy_objects_guest_is_pulled_from_the_registry_and_decides() -> Result<()> {
+    if portwise_tests::deferred::skip(
+        &["registry"],
+        "oci::a_policy_objects_guest_is_pulled_from_the_registry_and_decides",
+    ) {
+        return Ok(());
+    }
+    let Setup {
+        ns,
+        reg,
+        work,
+        auth,
+    } = setup("oci-mpol").await?;
+    let cp = ns.cp();
+    install_crds(
+        cp,
+        Path::new("deploy/kustomize/membershippolicies.portwise.io.yaml"),
+        "the MembershipPolicy CRD",
+    )
+    .await?;
+    let wasm = std::fs::read(guests_dir().join("ready-role.wasm"))?;
+    let digest = reg.push("team/ready-role", "v1", &wasm).await?;
+    let outside = reg.push("other/ready-role", "v1", &wasm).await?;
+    let ips: Vec<_> = (0..2).map(|_| next_ips()).collect();
+    let (a, b) = (ips[0].v4, ips[1].v4);
+    let http_a = HttpListener::start(a, 8080).await?;
+    http_a.set_body(r#"{"role": "primary"}"#);
+    let http_b = HttpListener::start(b, 8080).await?;
+    http_b.set_body(r#"{"role": "replica"}"#);
+    for svc in ["guarded", "outside", "missing"] {
+        ns.create_service(
+            service(svc)
+                .annotation(GROUP_KEY, "g")
+                .annotation(crate::policies::POLICY, svc)
+                .port("http", 8080),
+        )
+        .await?;
+    }
+    for (name, ip) in [("a", &ips[0]), ("b", &ips[1])] {
+        ns.create_pod(pod(name).annotation(GROUP_KEY, "g").ips(ip.v4()))
+            .await?;
+    }
+    let policy = |module: String| {
+        serde_json::json!({
+            "apiVersion": "portwise.io/v1alpha1",
+            "kind": "MembershipPolicy",
+            "metadata": {"namespace": ns.name()},
+            "spec": {"membership": {"wasm": {"module": module, "config": {"roles": ["primary"]}}}},
+        })
+    };
+    let api: kube::Api<portwise_api::MembershipPolicy> = ns.api();
+    for (name, module) in [
+        ("guarded", reg.module("team/ready-role", &digest)),
+        ("outside", reg.module("other/ready-role", &outside)),
+        ("missing", reg.module("team/ready-role", &"0".repeat(64))),
+    ] {
+        let mut obj: portwise_api::MembershipPolicy = serde_json::from_value(policy(module))?;
+        obj.metadata.name = Some(name.into());
+        api.create(&Default::default(), &obj).await?;
+    }
+    let config = config_with(
+        "podReady",
+        &format!(
+            "registryAuth: {}\nregistryCA: {}\n\
+             membershipPolicies: {{checkers: [podReady, wasm], moduleRepositories: ['{}/team']}}\n",
+            auth.display(),
+            reg.ca_file().display(),
+            reg.host()
+        ),
+    );
+    let cache = work.path().join("cache");
+    let mut pw = Portwise::builder(cp)
+        .namespace(ns.name())
+        .config(&config)
+        .binary()
+        .args(&["--cache-dir", &cache.display().to_string()])
+        .start()
+        .await?;
+    // The guest: a plays `primary`, b does not.
+    wait_for(Duration::from_secs(90), || async {
+        expect_eq(members(&ns, "guarded", "http", V4).await?, names(&["a"]))
+    })
+    .await?;
+    let condition = |p: &portwise_api::MembershipPolicy, t: &str| {
+        p.status
+            .as_ref()
+            .and_then(|s| s.conditions.iter().find(|c| c.type_ == t).cloned())
+    };
+    wait_for(SETTLE, || async {
+        let p = api.get("guarded").await?;
+        let ready = condition(&p, "ModulesReady").context("no ModulesReady yet")?;
+        ensure!(ready.status == "True", "{ready:?}");
+        let p = api.get("outside").await?;
+        let accepted = condition(&p, "Accepted").context("no Accepted yet")?;
+        ensure!(
+            accepted.status == "False"
+                && accepted.reason == "NotAllowed"
+                && accepted
+                    .message
+                    .starts_with("spec.membership.wasm.module: ")
+                && accepted
+                    .message
+                    .contains("is not a repository the operator allows"),
+            "{accepted:?}"
+        );
+        let p = api.get("missing").await?;
+        let ready = condition(&p, "ModulesReady").context("no ModulesReady yet")?;
+        ensure!(
+            ready.status == "False" && ready.reason == "PullFailed",
+            "{ready:?}"
+        );
+        Ok(())
+    })
+    .await?;
+    // Held, not judged by `membership` (which would publish a and b).
+    for held in ["outside", "missing"] {
+        ensure!(
+            endpoints_by_port(&ns, held).await?.is_empty(),
+            "{held} published"
+        );
+        newest_event_message(&ns, held, "PolicyNotReady").await?;
+    }
+    pw.check_running()?;
+    Ok(())
+}
