@@ -62,7 +62,13 @@ pub(super) fn watch(client: &Client, namespaces: &[String], cfg: &watcher::Confi
                     let _ = tx.send(Change::Deleted(Arc::new(p)));
                 }
                 Ok(_) => {}
-                Err(e) => warn!(error = %e, "membershippolicy watch"),
+                // Reconciles wait for the first list (never judge a
+                // Service by `membership` that an unseen policy selects):
+                // say what to fix.
+                Err(e) => {
+                    warn!(error = %e, "cannot watch MembershipPolicies (is the CRD installed, \
+                    and may portwise list them?); reconciles wait for their first list")
+                }
             }
             future::ready(())
         })
