@@ -237,3 +237,70 @@ async fn helm_uninstall_leaves_the_slices_and_a_reinstall_adopts_them_without_a_
 
     uninstall_with_shop(node, &shop)
 }
+
+/// Issue 48 on the real node: the chart installs the MembershipPolicy CRD
+/// and, with `config.membershipPolicies` set, a team's policy in the shop's
+/// namespace decides the shop once the Service names it: b, which answers
+/// the dial but whose pod does not list `http`, leaves http, and
+/// kube-proxy routes http to a alone. The policy's status, written by the
+/// in-cluster leader under the chart's RBAC, says Accepted and one Service.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_teams_membership_policy_decides_a_service_on_the_real_node() -> Result<()> {
+    let node = RealNode::shared().await?;
+    helm_install(
+        node,
+        "portwise",
+        &[
+            "--set-json",
+            DIAL_MEMBERSHIP,
+            "--set-json",
+            "config.membershipPolicies={}",
+        ],
+    )?;
+    two_ready_one_leader(node, "portwise").await?;
+    let shop = shop(node, "shop-policy").await?;
+    shop.expect(node, &["a", "b"], &["a", "c"]).await?;
+
+    let ports = "app.example.com/ports";
+    for (pod, listed) in [("a", "http,https"), ("c", "https")] {
+        node.kubectl(&[
+            "-n",
+            &shop.ns,
+            "annotate",
+            "pod",
+            pod,
+            &format!("{ports}={listed}"),
+        ])?;
+    }
+    node.apply(&format!(
+        "apiVersion: portwise.io/v1alpha1\nkind: MembershipPolicy\n\
+         metadata: {{name: tagged, namespace: {}}}\n\
+         spec:\n  membership: {{all: [{{tcpDial: {{timeout: 1s}}}}, {{portNames: {{annotation: {ports}}}}}]}}\n",
+        shop.ns
+    ))?;
+    node.kubectl(&[
+        "-n",
+        &shop.ns,
+        "annotate",
+        "service",
+        "shop",
+        "portwise.io/membership=tagged",
+    ])?;
+    shop.expect(node, &["a"], &["a", "c"]).await?;
+    portwise_tests::wait_for(Duration::from_secs(60), || async {
+        let columns = node.kubectl(&[
+            "-n",
+            &shop.ns,
+            "get",
+            "membershippolicy",
+            "tagged",
+            "-o",
+            r#"jsonpath={.status.conditions[?(@.type=="Accepted")].status} {.status.services}"#,
+        ])?;
+        ensure!(columns.trim() == "True 1", "status: {columns:?}");
+        Ok(())
+    })
+    .await?;
+
+    uninstall_with_shop(node, &shop)
+}
