@@ -186,6 +186,52 @@ async fn a_policy_object_decides_services_of_its_own_namespace_only() -> Result<
         let modules = condition(&status, "ModulesReady").context("no ModulesReady")?;
         ensure!(modules.status == "True", "{name}: {modules:?}");
     }
+    // `check --live` reads the namespace's policies as the controller
+    // does and names the object that decides, with its verdicts; for the
+    // other namespace, why none can.
+    let live = |target: String| {
+        let cfg = cfg.clone();
+        async move {
+            run_binary_to_exit_on(
+                cp,
+                &[
+                    "check",
+                    "--live",
+                    "--config",
+                    "{config}",
+                    "--service",
+                    &target,
+                ],
+                &cfg,
+                Duration::from_secs(60),
+            )
+            .await
+        }
+    };
+    let out = live(format!("{}/named", team.name())).await?;
+    ensure!(
+        out.code == Some(0)
+            && out.stdout.contains(&format!(
+                "is decided by membershippolicy/strict (MembershipPolicy {}/strict)",
+                team.name()
+            )),
+        "exit {:?}: {}{}",
+        out.code,
+        out.stdout,
+        out.stderr
+    );
+    let out = live(format!("{}/named", other.name())).await?;
+    ensure!(
+        out.code == Some(1)
+            && out
+                .stdout
+                .contains("neither a MembershipPolicy of this namespace"),
+        "exit {:?}: {}{}",
+        out.code,
+        out.stdout,
+        out.stderr
+    );
+
     // kubectl shows the columns from the status.
     let out = kubectl(
         cp,
