@@ -1,5 +1,6 @@
 //! Check permits (`maxConcurrentChecks`) handed out fairly between shares
-//! (a Service's namespace).
+//! (a Service's namespace), each share holding at most its cap
+//! (`maxConcurrentChecksPerNamespace`).
 //!
 //! Why not a semaphore: tokio's is first come, first served, so a tenant
 //! whose Services ask for hundreds of probes that never answer (a
@@ -8,7 +9,9 @@
 //! time out: minutes. Here a freed permit goes to the next share in turn,
 //! round robin over the shares with waiters, first come first served
 //! within one; a share that asks for a thousand permits gets every other
-//! one while another waits, never all of them.
+//! one while another waits, never all of them. The cap bounds a share even
+//! when nobody else waits, so that a namespace's hung probes leave the
+//! rest of the pool free for the next namespace that needs it at once.
 
 use std::{
     collections::{HashMap, VecDeque},
@@ -26,25 +29,59 @@ pub(crate) struct FairPermits {
 #[derive(Debug)]
 struct State {
     free: usize,
+    /// The most permits one share holds at once.
+    cap: usize,
+    /// Permits held, per share (shares holding none are left out).
+    held: HashMap<String, usize>,
     /// Waiters per share, oldest first.
     waiting: HashMap<String, VecDeque<oneshot::Sender<Permit>>>,
     /// Shares with waiters, in turn order.
     turns: VecDeque<String>,
 }
 
-/// One permit; given back when dropped (to the next waiter in turn).
+impl State {
+    fn below_cap(&self, share: &str) -> bool {
+        self.held.get(share).copied().unwrap_or(0) < self.cap
+    }
+
+    fn take(&mut self, share: &str) {
+        *self.held.entry(share.to_owned()).or_default() += 1;
+    }
+
+    fn put(&mut self, share: &str) {
+        if let Some(n) = self.held.get_mut(share) {
+            *n -= 1;
+            if *n == 0 {
+                self.held.remove(share);
+            }
+        }
+    }
+}
+
+/// One permit of a share; given back when dropped (to the next waiter in
+/// turn).
 #[derive(Debug)]
 pub(crate) struct Permit {
     /// `None` only for a permit that was never handed to anyone.
     pool: Option<Arc<FairPermits>>,
+    share: String,
 }
 
 impl FairPermits {
-    /// A pool of `permits` (at least one).
+    /// A pool of `permits` (at least one) without a cap: a share may hold
+    /// them all while nobody else waits.
     pub(crate) fn new(permits: usize) -> Arc<Self> {
+        Self::capped(permits, permits)
+    }
+
+    /// A pool of `permits` (at least one) of which one share holds at most
+    /// `cap` (at least one) at once.
+    pub(crate) fn capped(permits: usize, cap: usize) -> Arc<Self> {
         Arc::new(FairPermits {
             state: Mutex::new(State {
                 free: permits.max(1),
+                cap: cap.max(1),
+                held: HashMap::new(),
                 waiting: HashMap::new(),
                 turns: VecDeque::new(),
             }),
@@ -60,12 +97,14 @@ impl FairPermits {
     pub(crate) async fn acquire(self: &Arc<Self>, share: &str) -> Permit {
         let granted = {
             let mut s = self.state();
-            // A freed permit goes to a waiter if there is one, so free
-            // permits mean nobody waits.
-            if s.free > 0 {
+            // A freed permit goes to a waiter below its cap if there is
+            // one, so a free permit means nobody who may take it waits.
+            if s.free > 0 && s.below_cap(share) {
                 s.free -= 1;
+                s.take(share);
                 return Permit {
                     pool: Some(self.clone()),
+                    share: share.to_owned(),
                 };
             }
             let (tx, rx) = oneshot::channel();
@@ -89,32 +128,54 @@ impl FairPermits {
         self.state().free
     }
 
-    /// Gives a permit back: to the next share's oldest waiter still
-    /// waiting, or to the pool.
-    fn give_back(self: &Arc<Self>) {
+    /// Gives back a permit of `share`: to the oldest waiter of the next
+    /// share in turn that is below its cap, or to the pool.
+    fn give_back(self: &Arc<Self>, share: &str) {
+        let mut s = self.state();
+        s.put(share);
+        s.free += 1;
+        drop(s);
+        self.hand_out();
+    }
+
+    /// Hands free permits to waiters below their cap, in turn.
+    fn hand_out(self: &Arc<Self>) {
         loop {
-            let next = {
+            let (next, share) = {
                 let mut s = self.state();
-                let Some(share) = s.turns.pop_front() else {
-                    s.free += 1;
+                if s.free == 0 {
+                    return;
+                }
+                // The first share in turn that may take one more; shares
+                // at their cap keep their place.
+                let Some(at) = s.turns.iter().position(|t| s.below_cap(t)) else {
                     return;
                 };
+                let share = s.turns.remove(at).expect("a position in turns");
                 let queue = s.waiting.get_mut(&share).expect("a share in turn waits");
                 let tx = queue.pop_front().expect("a share in turn waits");
                 if queue.is_empty() {
                     s.waiting.remove(&share);
                 } else {
-                    s.turns.push_back(share);
+                    s.turns.push_back(share.clone());
                 }
-                tx
+                s.free -= 1;
+                s.take(&share);
+                (tx, share)
             };
             // Sent outside the lock: a permit that comes back (its waiter
             // was dropped) must not give itself back from inside it.
             match next.send(Permit {
                 pool: Some(self.clone()),
+                share: share.clone(),
             }) {
-                Ok(()) => return,
-                Err(mut unclaimed) => unclaimed.pool = None,
+                Ok(()) => continue,
+                Err(mut unclaimed) => {
+                    unclaimed.pool = None;
+                    let mut s = self.state();
+                    s.put(&share);
+                    s.free += 1;
+                }
             }
         }
     }
@@ -123,7 +184,7 @@ impl FairPermits {
 impl Drop for Permit {
     fn drop(&mut self) {
         if let Some(pool) = self.pool.take() {
-            pool.give_back();
+            pool.give_back(&self.share);
         }
     }
 }
@@ -184,5 +245,29 @@ mod tests {
             .expect("the dropped waiter's turn passed on");
         drop((b, w));
         assert_eq!(pool.available(), 2, "every permit back in the pool");
+    }
+
+    /// A share at its cap waits even with permits free, and the permits it
+    /// cannot take go to another share at once; its next permit comes when
+    /// one of its own is back. Fails without the cap (the noisy share would
+    /// hold all four).
+    #[tokio::test]
+    async fn a_share_holds_at_most_its_cap() {
+        let pool = FairPermits::capped(4, 2);
+        let held = [pool.acquire("noisy").await, pool.acquire("noisy").await];
+        let mut third = Box::pin(pool.acquire("noisy"));
+        assert!(granted(&mut third).await.is_none(), "noisy is at its cap");
+        assert_eq!(pool.available(), 2);
+        let quiet = [pool.acquire("quiet").await, pool.acquire("quiet").await];
+        assert_eq!(pool.available(), 0);
+        drop(quiet);
+        assert!(granted(&mut third).await.is_none(), "still at its cap");
+        assert_eq!(pool.available(), 2);
+        let [first, _second] = held;
+        drop(first);
+        assert!(
+            granted(&mut third).await.is_some(),
+            "one of its own came back"
+        );
     }
 }

@@ -93,6 +93,10 @@ pub struct Config {
     /// Global bound on checks in flight.
     #[serde(default = "default_max_concurrent_checks")]
     pub max_concurrent_checks: usize,
+    /// The most of `maxConcurrentChecks` one namespace's checks hold at
+    /// once (default: all of them, shared fairly with whoever waits).
+    #[serde(default)]
+    pub max_concurrent_checks_per_namespace: Option<usize>,
     /// Migration cleanup of the native controllers' leftovers.
     #[serde(default = "yes")]
     pub native_cleanup: bool,
@@ -190,6 +194,11 @@ pub struct PolicyLimits {
     /// newest are not accepted.
     #[serde(default = "default_policies_per_namespace")]
     pub max_per_namespace: usize,
+    /// How many distinct modules the policy objects of one namespace may
+    /// name together; a policy that would take its namespace past it is
+    /// not accepted.
+    #[serde(default = "default_modules_per_namespace")]
+    pub max_modules_per_namespace: usize,
 }
 
 /// The checker keywords [`PolicyLimits::checkers`] may list: the checks
@@ -219,6 +228,10 @@ fn default_policies_per_namespace() -> usize {
     16
 }
 
+fn default_modules_per_namespace() -> usize {
+    4
+}
+
 impl Default for PolicyLimits {
     fn default() -> Self {
         PolicyLimits {
@@ -226,6 +239,7 @@ impl Default for PolicyLimits {
             max_probe_timeout: default_policy_probe_timeout(),
             module_repositories: Vec::new(),
             max_per_namespace: default_policies_per_namespace(),
+            max_modules_per_namespace: default_modules_per_namespace(),
         }
     }
 }
@@ -555,6 +569,7 @@ impl Config {
             abstain_limit: None,
             max_endpoints_per_slice: default_max_endpoints_per_slice(),
             max_concurrent_checks: default_max_concurrent_checks(),
+            max_concurrent_checks_per_namespace: None,
             native_cleanup: true,
             publish_legacy_endpoints: false,
             disable_node_lookups: false,

@@ -270,10 +270,12 @@ async fn an_edit_judges_afresh_and_a_refused_spec_changes_nothing_published() ->
     .await?;
     group_of_three(&ns, &ips).await?;
     put_policy(&ns, "team", json!({"membership": "podReady"})).await?;
-    // The operator allows podReady and tcpDial, up to 2s.
+    // The operator allows podReady, tcpDial (up to 2s) and one module per
+    // namespace, from registry.invalid/team.
     let cfg = config_with(
         "notTerminating",
-        "membershipPolicies: {checkers: [podReady, tcpDial], maxProbeTimeout: 2s}\n",
+        "membershipPolicies: {checkers: [podReady, tcpDial, wasm], maxProbeTimeout: 2s, \
+         moduleRepositories: [registry.invalid/team], maxModulesPerNamespace: 1}\n",
     );
     let mut pw = Portwise::spawn_binary(&ns, &cfg).await?;
     expect_endpoints(&ns, "web", by_port([(("http", V4), &["a", "b"][..])])).await?;
@@ -369,6 +371,32 @@ async fn an_edit_judges_afresh_and_a_refused_spec_changes_nothing_published() ->
     expect_endpoints(&ns, "web", by_port([(("http", V4), &["a"][..])])).await?;
     ns.set_ready("c", true).await?;
     expect_endpoints(&ns, "web", by_port([(("http", V4), &["a", "c"][..])])).await?;
+
+    // The namespace's module budget: a first module is accepted (its pull
+    // fails: no such registry), a second one takes the namespace past
+    // the operator's one and is refused; the first one gone, it is read
+    // again and accepted.
+    let module = |hex: char| {
+        json!({"membership": {"wasm": {"module":
+            format!("oci://registry.invalid/team/check@sha256:{}", hex.to_string().repeat(64))}}})
+    };
+    put_policy(&ns, "first-module", module('1')).await?;
+    let status = status_of(&ns, "first-module", "True").await?;
+    let modules = condition(&status, "ModulesReady").context("no ModulesReady")?;
+    ensure!(
+        modules.status == "False" && modules.reason == "PullFailed",
+        "{modules:?}"
+    );
+    put_policy(&ns, "second-module", module('2')).await?;
+    let status = status_of(&ns, "second-module", "False").await?;
+    let accepted = condition(&status, CONDITION_ACCEPTED).unwrap();
+    ensure!(
+        accepted.reason == "NotAllowed" && accepted.message.contains("maxModulesPerNamespace"),
+        "{accepted:?}"
+    );
+    let api: Api<MembershipPolicy> = ns.api();
+    api.delete("first-module", &Default::default()).await?;
+    status_of(&ns, "second-module", "True").await?;
     pw.check_running()?;
     Ok(())
 }

@@ -58,6 +58,8 @@ pub(crate) struct Entry {
     pub(crate) modules: Option<Verdict>,
     /// The checker built from the spec, and its revision.
     pub(crate) checker: Option<(Arc<dyn Checker>, u64)>,
+    /// The modules its accepted spec names (the namespace's module budget).
+    pub(crate) named_modules: Vec<String>,
 }
 
 /// A condition's outcome: `Ok` with a note, or the reason and message of a
@@ -106,6 +108,18 @@ impl Book {
     pub(crate) fn remove(&self, ns: &str, name: &str) -> Option<Entry> {
         let mut entries = self.entries.write().expect("policy book poisoned");
         entries.remove(&(ns.to_owned(), name.to_owned()))
+    }
+
+    /// The modules named by the accepted objects of `ns` other than
+    /// `except`.
+    pub(crate) fn modules_in(&self, ns: &str, except: &str) -> std::collections::BTreeSet<String> {
+        let entries = self.entries.read().expect("policy book poisoned");
+        entries
+            .range((ns.to_owned(), String::new())..)
+            .take_while(|((n, _), _)| n == ns)
+            .filter(|((_, name), _)| name != except)
+            .flat_map(|(_, e)| e.named_modules.iter().cloned())
+            .collect()
     }
 
     /// The checker of `ns`'s object `name`, with its revision, if built.

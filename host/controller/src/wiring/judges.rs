@@ -37,11 +37,23 @@ pub(super) async fn build(
         config.abstain_limit(),
         opts.metrics.clone(),
         table.clone(),
-    );
+    )
+    // No namespace holds more than its cap of the live checks' permits.
+    .sharing_permits(crate::permits::FairPermits::capped(
+        config.max_concurrent_checks,
+        config
+            .max_concurrent_checks_per_namespace
+            .unwrap_or(config.max_concurrent_checks),
+    ));
     // maxConcurrentChecks bounds the live checks; the shadows share a pool
     // of the same size of their own, so a slow shadow never takes a live
     // check's place.
-    let shadow_permits = crate::permits::FairPermits::new(config.max_concurrent_checks);
+    let shadow_permits = crate::permits::FairPermits::capped(
+        config.max_concurrent_checks,
+        config
+            .max_concurrent_checks_per_namespace
+            .unwrap_or(config.max_concurrent_checks),
+    );
     let shadows = Shadows::build(config, &build_ctx, table.clone(), |checker| {
         crate::shadow::shadow_judge(
             checker,

@@ -166,14 +166,9 @@ async fn read_one(
     if let Some(p) = &previous
         && p.uid == uid
         && p.generation == generation
-        && !(again
-            && matches!(
-                p.accepted,
-                Verdict::Refused {
-                    reason: reason::TOO_MANY,
-                    ..
-                }
-            ))
+        // A refusal may depend on the namespace's other objects (its
+        // budgets): read it again when one goes.
+        && !(again && matches!(p.accepted, Verdict::Refused { .. }))
     {
         return false;
     }
@@ -189,6 +184,7 @@ async fn read_one(
         accepted: Verdict::Ok(String::new()),
         modules: None,
         checker: None,
+        named_modules: Vec::new(),
     };
     let in_ns: Vec<(i64, String)> = store
         .state()
@@ -216,6 +212,27 @@ async fn read_one(
         match read::accept(&obj.spec, &keeper.limits) {
             Err(refused) => entry.accepted = refused,
             Ok(accepted) => {
+                let mine: Vec<String> = accepted
+                    .membership
+                    .wasm_specs()
+                    .iter()
+                    .map(|s| s.module.clone())
+                    .collect();
+                let mut all = ctx.book.modules_in(&ns, &name);
+                all.extend(mine.iter().cloned());
+                let most = keeper.limits.max_modules_per_namespace;
+                if all.len() > most {
+                    entry.accepted = Verdict::Refused {
+                        reason: reason::NOT_ALLOWED,
+                        message: format!(
+                            "spec.membership: with this policy's modules, namespace {ns}'s                              policies would name {} modules; the operator allows {most}                              (membershipPolicies.maxModulesPerNamespace)",
+                            all.len()
+                        ),
+                    };
+                    ctx.book.set(&ns, &name, entry);
+                    return true;
+                }
+                entry.named_modules = mine;
                 entry.accepted = Verdict::Ok(accepted.note);
                 entry.selector = accepted.selector;
                 match read::build(

@@ -811,6 +811,10 @@ fn membership_policies_defaults_and_errors_name_their_field() {
             "membershipPolicies.moduleRepositories[0]",
         ),
         ("{maxPerNamespace: 0}", "membershipPolicies.maxPerNamespace"),
+        (
+            "{maxModulesPerNamespace: 0}",
+            "membershipPolicies.maxModulesPerNamespace",
+        ),
         ("{budget: 3}", "membershipPolicies"),
     ] {
         let err = Config::from_yaml(&format!("{base}membershipPolicies: {yaml}\n"))
@@ -826,4 +830,23 @@ fn membership_policies_defaults_and_errors_name_their_field() {
         ok.membership_policies.unwrap().module_repositories,
         ["registry.example:5000/team-a"]
     );
+}
+
+/// `maxConcurrentChecksPerNamespace`: a share of `maxConcurrentChecks`.
+#[test]
+fn checks_per_namespace_are_a_share_of_the_pool() {
+    let base = "serviceKey: {label: app.example.com/group}\nmaxConcurrentChecks: 8\n";
+    let cfg = Config::from_yaml(&format!("{base}maxConcurrentChecksPerNamespace: 2\n")).unwrap();
+    assert_eq!(cfg.max_concurrent_checks_per_namespace, Some(2));
+    for bad in ["0", "9"] {
+        let err = Config::from_yaml(&format!("{base}maxConcurrentChecksPerNamespace: {bad}\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains(
+                "maxConcurrentChecksPerNamespace: must be between 1 and maxConcurrentChecks (8)"
+            ),
+            "{bad}: {err}"
+        );
+    }
 }

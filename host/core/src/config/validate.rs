@@ -141,6 +141,14 @@ impl Config {
                 .field("maxConcurrentChecks")
                 .issue("must be at least 1"));
         }
+        if let Some(cap) = self.max_concurrent_checks_per_namespace
+            && !(1..=self.max_concurrent_checks).contains(&cap)
+        {
+            return Err(root.field("maxConcurrentChecksPerNamespace").issue(format!(
+                "must be between 1 and maxConcurrentChecks ({}), got {cap}",
+                self.max_concurrent_checks
+            )));
+        }
         if let Some(dir) = &self.modules_dir
             && dir.as_os_str().is_empty()
         {
@@ -235,6 +243,11 @@ fn check_policy_limits(at: &FieldPath, limits: &PolicyLimits) -> Result<(), Issu
                 "{r:?} is not REGISTRY/REPOSITORY (e.g. registry.example/team-a, no scheme, tag or digest)"
             )));
         }
+    }
+    if limits.max_modules_per_namespace == 0 {
+        return Err(at
+            .field("maxModulesPerNamespace")
+            .issue("must be at least 1; to allow no modules, leave wasm out of checkers"));
     }
     if limits.max_per_namespace == 0 {
         return Err(at
