@@ -156,19 +156,12 @@ pub fn read_objects(
     limits: &portwise_core::config::PolicyLimits,
     svc: &Service,
 ) -> Vec<(PolicyObject, Option<portwise_core::config::CheckerExpr>)> {
-    let created = |o: &portwise_api::MembershipPolicy| {
-        o.creation_timestamp()
-            .map(|t| t.0.as_second())
-            .unwrap_or(i64::MAX)
-    };
-    let names: Vec<(i64, String)> = objects.iter().map(|o| (created(o), o.name_any())).collect();
-    let pairs: Vec<(i64, &str)> = names.iter().map(|(t, n)| (*t, n.as_str())).collect();
-    let over = portwise_core::policy::over_budget(&pairs, limits.max_per_namespace);
+    let over = past_budget(objects.iter(), limits.max_per_namespace);
     objects
         .iter()
         .map(|o| {
             let name = o.name_any();
-            let (standing, selects, expr) = if over.contains(&name.as_str()) {
+            let (standing, selects, expr) = if over.contains(&name) {
                 (
                     Standing::NotReady(format!(
                         "not accepted: more than {} MembershipPolicies in the namespace",
@@ -201,5 +194,27 @@ pub fn read_objects(
                 expr,
             )
         })
+        .collect()
+}
+
+/// When `obj` was created, in seconds (an object without the time sorts
+/// last: the newest).
+pub(crate) fn created(obj: &portwise_api::MembershipPolicy) -> i64 {
+    obj.creation_timestamp()
+        .map(|t| t.0.as_second())
+        .unwrap_or(i64::MAX)
+}
+
+/// The names of a namespace's `objects` past `max` (the newest), as
+/// [`portwise_core::policy::over_budget`] picks them.
+pub(crate) fn past_budget<'a>(
+    objects: impl Iterator<Item = &'a portwise_api::MembershipPolicy>,
+    max: usize,
+) -> Vec<String> {
+    let names: Vec<(i64, String)> = objects.map(|o| (created(o), o.name_any())).collect();
+    let pairs: Vec<(i64, &str)> = names.iter().map(|(t, n)| (*t, n.as_str())).collect();
+    portwise_core::policy::over_budget(&pairs, max)
+        .into_iter()
+        .map(str::to_owned)
         .collect()
 }

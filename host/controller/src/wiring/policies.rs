@@ -172,10 +172,7 @@ async fn read_one(
     {
         return false;
     }
-    let created = obj
-        .creation_timestamp()
-        .map(|t| t.0.as_second())
-        .unwrap_or(i64::MAX);
+    let created = crate::policies::created(obj);
     let mut entry = Entry {
         uid,
         generation,
@@ -186,21 +183,13 @@ async fn read_one(
         checker: None,
         named_modules: Vec::new(),
     };
-    let in_ns: Vec<(i64, String)> = store
-        .state()
+    let max = keeper.limits.max_per_namespace;
+    let state = store.state();
+    let in_ns = state
         .iter()
         .filter(|o| o.namespace().as_deref() == Some(&ns))
-        .map(|o| {
-            let t = o
-                .creation_timestamp()
-                .map(|t| t.0.as_second())
-                .unwrap_or(i64::MAX);
-            (t, o.name_any())
-        })
-        .collect();
-    let pairs: Vec<(i64, &str)> = in_ns.iter().map(|(t, n)| (*t, n.as_str())).collect();
-    let max = keeper.limits.max_per_namespace;
-    if policy::over_budget(&pairs, max).contains(&name.as_str()) {
+        .map(|o| o.as_ref());
+    if crate::policies::past_budget(in_ns, max).contains(&name) {
         entry.accepted = Verdict::Refused {
             reason: reason::TOO_MANY,
             message: format!(
