@@ -36,7 +36,7 @@ use std::{
 use anyhow::{Context, Result, bail, ensure};
 use serde::Deserialize;
 
-use crate::{ControlPlane, built_tool, cilium};
+use crate::{ControlPlane, built_tool, cilium, free_port};
 
 /// The annotation that marks a Service global (Cilium's
 /// `annotation.GlobalService`), so that ClusterMesh exports it.
@@ -119,13 +119,6 @@ fn etcd_url(cp: &ControlPlane) -> Result<String> {
         .find_map(|l| l.strip_prefix("ETCD_URL="))
         .map(|v| v.trim_matches('"').to_string())
         .with_context(|| format!("no ETCD_URL in {}", path.display()))
-}
-
-/// A TCP port free on 127.0.0.1 now.
-fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
 }
 
 /// Every key under `prefix` in the etcd at `url`, with its value.

@@ -699,20 +699,31 @@ impl Drop for Portwise {
 }
 
 /// A port on 127.0.0.1 that was free a moment ago, for a server another
-/// process binds later.
+/// process binds later; never the same port twice in one test process.
 ///
 /// Drawn below Linux's ephemeral range (32768-60999), not with `bind(:0)`:
 /// a port from that range can be taken as the source port of any outgoing
 /// connection before the server binds it (kube-proxy's metrics port was,
 /// in a cold CI run: `bind: address already in use`).
+///
+/// Every port handed out is remembered: a port is only free until its
+/// server binds it, so two draws a moment apart (Traefik's two entry
+/// points, in a CI run) could both get it and the second server fail.
 pub fn free_port() -> Result<u16> {
-    for _ in 0..1000 {
+    static HANDED_OUT: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
+    for _ in 0..10_000 {
         let port = fastrand::u16(20000..32000);
-        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+        if !handed_out.contains(&port) && std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            handed_out.insert(port);
             return Ok(port);
         }
     }
-    Err(anyhow!("no free port in 20000-31999 on 127.0.0.1"))
+    Err(anyhow!(
+        "no free port in 20000-31999 on 127.0.0.1 ({} handed out already)",
+        handed_out.len()
+    ))
 }
 
 /// Where `guests/build` puts the example guests: `$PORTWISE_GUESTS_DIR`,
