@@ -94,9 +94,12 @@ pub struct MembershipPolicySpec {
     pub membership: serde_json::Value,
 
     /// An optional second expression, in the same language, judged next to
-    /// `membership` on the same pods: its differences are reported (metrics,
-    /// `portwise check --live`), nothing it decides is published. For trying
-    /// a new checker on real traffic before it goes live.
+    /// `membership` on the same pods of the Services this policy decides:
+    /// its differences are reported (the portwise_shadow_differences metric,
+    /// ShadowDiffers Events on the Service, `portwise check --live`),
+    /// nothing it decides is published. For trying a new checker on real
+    /// traffic before it goes live: promote it by moving it to
+    /// `membership`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "expression")]
     pub shadow: Option<serde_json::Value>,

@@ -55,6 +55,9 @@ pub struct Judge {
     abstain_limit: Duration,
     /// The policy objects' checkers.
     book: Arc<crate::policies::Book>,
+    /// Which of an object's checkers it judges with: the shadows' judge of
+    /// policy objects reads their `spec.shadow`.
+    side: crate::policies::Side,
 }
 
 impl Judge {
@@ -80,6 +83,7 @@ impl Judge {
             id: Id::Live,
             abstain_limit,
             book: Arc::default(),
+            side: crate::policies::Side::Membership,
         }
     }
 
@@ -87,6 +91,14 @@ impl Judge {
     /// `book`.
     pub(crate) fn with_book(mut self, book: Arc<crate::policies::Book>) -> Self {
         self.book = book;
+        self
+    }
+
+    /// Judges Services decided by policy objects with the objects'
+    /// `spec.shadow` checkers of `book` (a shadow's judge).
+    pub(crate) fn with_shadows_of(mut self, book: Arc<crate::policies::Book>) -> Self {
+        self.book = book;
+        self.side = crate::policies::Side::Shadow;
         self
     }
 
@@ -127,7 +139,7 @@ impl Judge {
         let (checker, revision) = match policy {
             Policy::Object(name) => self
                 .book
-                .checker(&svc.namespace().unwrap_or_default(), name)
+                .checker(&svc.namespace().unwrap_or_default(), name, self.side)
                 .map_or((None, 0), |(c, r)| (Some(c), r)),
             _ => (self.checkers.get(policy).cloned(), 0),
         };

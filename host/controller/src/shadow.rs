@@ -19,11 +19,12 @@ use std::{
 use k8s_openapi::api::core::v1::Service;
 use kube::ResourceExt;
 
-use portwise_checkers::{BuildContext, Checker};
+use portwise_checkers::BuildContext;
 use portwise_core::{
     config::{CheckerExpr, Config, ShadowSpec},
     membership::Subject,
     plan::Judged,
+    policy::Policy,
     shadow::{self, Pick},
 };
 
@@ -32,19 +33,27 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use crate::{
     error::Error,
     events::{Events, Reason},
-    judge::Judge,
+    judge::{Checkers, Judge},
     metrics::Metrics,
+    policies::Book,
     table::{ServiceTable, ShadowReport},
 };
 
 /// Shortest gap between two shadow Events of one Service.
 pub(crate) const EVENT_INTERVAL: Duration = Duration::from_secs(60);
 
-/// The configured shadows, built once at start like the live checker.
+/// The configured shadows, built once at start like the live checker, and
+/// the policy objects' (`spec.shadow`), which the book builds as objects
+/// come and change.
 pub(crate) struct Shadows {
-    spec: ShadowSpec,
+    /// The config file's `shadow`, if it has one.
+    spec: Option<ShadowSpec>,
     default: Option<Judge>,
     named: BTreeMap<String, Judge>,
+    /// Judges a Service with the `spec.shadow` of the policy object that
+    /// decides it; `None` when the file lets no object decide.
+    objects: Option<Judge>,
+    book: Arc<Book>,
     /// Where each Service's verdicts, last report and warning are kept.
     table: Arc<ServiceTable>,
     /// Not Service memory but the runner's own bookkeeping, so it is
@@ -74,20 +83,34 @@ pub(crate) struct Outlets {
 
 impl Shadows {
     /// Builds every shadow expression of the configuration; `None` when the
-    /// file has no `shadow`.
+    /// file has no `shadow` and lets no policy object decide (an object
+    /// may bring its own).
     pub(crate) async fn build(
         config: &Config,
         ctx: &BuildContext<'_>,
-        table: Arc<ServiceTable>,
-        judge: impl Fn(Arc<dyn Checker>) -> Judge,
+        (table, book): (Arc<ServiceTable>, Arc<Book>),
+        judge: impl Fn(Checkers) -> Judge,
     ) -> Result<Option<Self>, Error> {
-        let Some(spec) = &config.shadow else {
-            return Ok(None);
+        let objects = config.membership_policies.as_ref().map(|_| {
+            judge(Checkers::new())
+                .with_shadows_of(book.clone())
+                .for_shadow("spec.shadow")
+        });
+        let empty = ShadowSpec {
+            membership: None,
+            expressions: BTreeMap::new(),
+            scopes: BTreeMap::new(),
+            annotation: String::new(),
+        };
+        let spec = match (&config.shadow, &objects) {
+            (None, None) => return Ok(None),
+            (Some(spec), _) => spec,
+            (None, Some(_)) => &empty,
         };
         let make = async |expr: &CheckerExpr, at: &str| -> Result<Judge, Error> {
             portwise_checkers::build_at(expr, ctx, at)
                 .await
-                .map(|checker| judge(checker).for_shadow(at))
+                .map(|checker| judge(Judge::single(checker)).for_shadow(at))
                 .map_err(Error::Build)
         };
         let default = match &spec.membership {
@@ -100,23 +123,35 @@ impl Shadows {
             named.insert(name.clone(), judge);
         }
         Ok(Some(Shadows {
-            spec: spec.clone(),
+            spec: config.shadow.clone(),
             default,
             named,
+            objects,
+            book,
             table,
             queued: Mutex::default(),
         }))
     }
 
-    /// The shadow `svc` gets, and its judge.
-    pub(crate) fn for_service(&self, svc: &Service) -> (Pick, Option<&Judge>) {
-        let pick = shadow::pick(svc, Some(&self.spec));
-        let judge = match &pick {
-            Pick::Default => self.default.as_ref(),
-            Pick::Named(name) => self.named.get(name),
-            Pick::Off | Pick::Unknown(_) => None,
+    /// The shadow `svc` gets, its judge, and the policy that judge judges
+    /// as: the policy object that decides `svc`, when its `spec.shadow` is
+    /// the pick.
+    pub(crate) fn for_service(&self, svc: &Service) -> (Pick, Option<&Judge>, Policy) {
+        let ns = svc.namespace().unwrap_or_default();
+        let object = self
+            .table
+            .read(svc, |row| match row.and_then(|r| r.chosen.clone()) {
+                Some(Policy::Object(name)) if self.book.has_shadow(&ns, &name) => Some(name),
+                _ => None,
+            });
+        let pick = shadow::pick(svc, self.spec.as_ref(), object.as_deref());
+        let (judge, policy) = match &pick {
+            Pick::Default => (self.default.as_ref(), Policy::Default),
+            Pick::Named(name) => (self.named.get(name), Policy::Default),
+            Pick::Object(name) => (self.objects.as_ref(), Policy::Object(name.clone())),
+            Pick::Off | Pick::Unknown(_) => (None, Policy::Default),
         };
-        (pick, judge)
+        (pick, judge, policy)
     }
 
     /// Hands `svc`'s live verdicts to its shadow, off the reconcile: a run
@@ -176,7 +211,7 @@ impl Shadows {
     async fn observe(&self, outlets: &Outlets, svc: &Arc<Service>, live: &[Judged]) {
         let (events, metrics) = (outlets.events.as_ref(), &outlets.metrics);
         let (ns, name) = (svc.namespace().unwrap_or_default(), svc.name_any());
-        let (pick, judge) = self.for_service(svc);
+        let (pick, judge, policy) = self.for_service(svc);
         if let Pick::Unknown(wanted) = &pick {
             let first = self
                 .table
@@ -186,13 +221,22 @@ impl Shadows {
                 .unwrap_or(false);
             if first {
                 // Only the shadows this namespace may pick.
-                let known = shadow::names_for(&self.spec, svc);
+                let known = self
+                    .spec
+                    .as_ref()
+                    .map(|spec| shadow::names_for(spec, svc))
+                    .unwrap_or_default();
+                let annotation = self
+                    .spec
+                    .as_ref()
+                    .map_or(portwise_core::config::DEFAULT_SHADOW_ANNOTATION, |s| {
+                        s.annotation.as_str()
+                    });
                 events.publish(
                     svc,
                     Reason::ShadowUnknown,
                     format!(
-                        "annotation {} names shadow {wanted:?}, which the configuration does not have (it has: {}); no shadow is judged",
-                        self.spec.annotation,
+                        "annotation {annotation} names shadow {wanted:?}, which the configuration does not have (it has: {}); no shadow is judged",
                         if known.is_empty() { "none".to_string() } else { known.join(", ") }
                     ),
                 )
@@ -215,9 +259,7 @@ impl Shadows {
                 address: j.address,
             })
             .collect();
-        let shadowed = judge
-            .judge(svc, subjects, &portwise_core::policy::Policy::Default)
-            .await;
+        let shadowed = judge.judge(svc, subjects, &policy).await;
         let diffs = shadow::differences(live, &shadowed);
         metrics.services.set_shadow(
             &ns,
@@ -269,7 +311,7 @@ impl Shadows {
 /// A judge for a shadow: like the live one, but its checks stay out of the
 /// live check metrics.
 pub(crate) fn shadow_judge(
-    checker: Arc<dyn Checker>,
+    checkers: Checkers,
     config: &Config,
     check_timeout: Duration,
     metrics: Metrics,
@@ -277,7 +319,7 @@ pub(crate) fn shadow_judge(
     table: Arc<ServiceTable>,
 ) -> Judge {
     Judge::new(
-        Judge::single(checker),
+        checkers,
         config.max_concurrent_checks,
         check_timeout,
         config.resync_period,

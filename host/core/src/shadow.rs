@@ -4,7 +4,9 @@
 //!
 //! The workflow this serves: name the new checker as a shadow, watch the
 //! differences on real traffic without publishing anything, then promote it
-//! by moving it to `membership` (a config change).
+//! by moving it to `membership` (a config change, or an edit of the team's
+//! `MembershipPolicy`: its `spec.shadow` is the shadow of the Services it
+//! decides).
 
 use std::{collections::BTreeMap, fmt, net::IpAddr};
 
@@ -25,6 +27,9 @@ pub enum Pick {
     Default,
     /// `shadow.expressions.<name>`, chosen by the annotation.
     Named(String),
+    /// The `spec.shadow` of the `MembershipPolicy` that decides the
+    /// Service, named here.
+    Object(String),
     /// The annotation names an expression the file does not have.
     Unknown(String),
 }
@@ -36,27 +41,43 @@ impl Pick {
             Pick::Off => "none".into(),
             Pick::Default => "shadow.membership".into(),
             Pick::Named(n) | Pick::Unknown(n) => format!("shadow.expressions.{n}"),
+            Pick::Object(n) => format!(
+                "{}/spec.shadow",
+                crate::policy::Policy::Object(n.clone()).label()
+            ),
         }
     }
 }
 
-/// The annotation's value picks a named shadow; `none` opts out of the
-/// default; absent or empty, the default applies (if there is one).
-pub fn pick(service: &Service, spec: Option<&ShadowSpec>) -> Pick {
-    let Some(spec) = spec else {
-        return Pick::Off;
-    };
-    match crate::align::picked_by_annotation(&service.metadata, &spec.annotation) {
-        Some("none") => Pick::Off,
-        Some(name)
+/// The annotation's value picks a named shadow; `none` opts out of every
+/// shadow; absent or empty, the deciding policy object's `spec.shadow`
+/// applies (`object`: its name, when it has one), else the file's default
+/// (if there is one).
+///
+/// Why the object's shadow beats the operator's default: it is the team's
+/// own trial of its own policy, and more specific; a Service that names an
+/// operator shadow still gets that one, as it asked.
+pub fn pick(service: &Service, spec: Option<&ShadowSpec>, object: Option<&str>) -> Pick {
+    let annotation = spec.map_or(crate::config::DEFAULT_SHADOW_ANNOTATION, |s| {
+        s.annotation.as_str()
+    });
+    let picked = crate::align::picked_by_annotation(&service.metadata, annotation);
+    match (picked, spec) {
+        (Some("none"), _) => Pick::Off,
+        (Some(name), Some(spec))
             if spec.expressions.contains_key(name)
                 && crate::policy::may_pick(&spec.scopes, name, service) =>
         {
             Pick::Named(name.to_string())
         }
-        Some(name) => Pick::Unknown(name.to_string()),
-        None if spec.membership.is_some() => Pick::Default,
-        None => Pick::Off,
+        (Some(name), Some(_)) => Pick::Unknown(name.to_string()),
+        // No operator shadows: the annotation can only say `none`, and
+        // without an object shadow there is nothing to name.
+        (Some(name), None) if object.is_some() => Pick::Unknown(name.to_string()),
+        (Some(_), None) => Pick::Off,
+        (None, _) if object.is_some() => Pick::Object(object.unwrap_or_default().to_string()),
+        (None, Some(spec)) if spec.membership.is_some() => Pick::Default,
+        (None, _) => Pick::Off,
     }
 }
 
@@ -227,20 +248,46 @@ mod tests {
     #[test]
     fn the_annotation_picks_and_none_opts_out() {
         let s = spec(true, &["next"]);
-        assert_eq!(pick(&svc(None), Some(&s)), Pick::Default);
-        assert_eq!(pick(&svc(Some(" ")), Some(&s)), Pick::Default);
+        assert_eq!(pick(&svc(None), Some(&s), None), Pick::Default);
+        assert_eq!(pick(&svc(Some(" ")), Some(&s), None), Pick::Default);
         assert_eq!(
-            pick(&svc(Some("next")), Some(&s)),
+            pick(&svc(Some("next")), Some(&s), None),
             Pick::Named("next".into())
         );
-        assert_eq!(pick(&svc(Some("none")), Some(&s)), Pick::Off);
+        assert_eq!(pick(&svc(Some("none")), Some(&s), None), Pick::Off);
         assert_eq!(
-            pick(&svc(Some("nxet")), Some(&s)),
+            pick(&svc(Some("nxet")), Some(&s), None),
             Pick::Unknown("nxet".into())
         );
         let no_default = spec(false, &["next"]);
-        assert_eq!(pick(&svc(None), Some(&no_default)), Pick::Off);
-        assert_eq!(pick(&svc(Some("next")), None), Pick::Off);
+        assert_eq!(pick(&svc(None), Some(&no_default), None), Pick::Off);
+        assert_eq!(pick(&svc(Some("next")), None, None), Pick::Off);
+    }
+
+    #[test]
+    fn a_deciding_objects_shadow_beats_the_default_not_the_annotation() {
+        let s = spec(true, &["next"]);
+        let team = Some("team");
+        let object = Pick::Object("team".into());
+        assert_eq!(pick(&svc(None), Some(&s), team), object);
+        assert_eq!(pick(&svc(None), None, team), object);
+        assert_eq!(object.label(), "membershippolicy/team/spec.shadow");
+        // The Service's own choice stands.
+        assert_eq!(
+            pick(&svc(Some("next")), Some(&s), team),
+            Pick::Named("next".into())
+        );
+        assert_eq!(pick(&svc(Some("none")), Some(&s), team), Pick::Off);
+        assert_eq!(pick(&svc(Some("none")), None, team), Pick::Off);
+        // A name nobody has is reported, with or without operator shadows.
+        assert_eq!(
+            pick(&svc(Some("nxet")), None, team),
+            Pick::Unknown("nxet".into())
+        );
+        assert_eq!(
+            pick(&svc(Some("nxet")), Some(&s), team),
+            Pick::Unknown("nxet".into())
+        );
     }
 
     fn judged(port: &str, pod: &str, family: Family, decision: Decision) -> Judged {

@@ -400,3 +400,105 @@ async fn an_edit_judges_afresh_and_a_refused_spec_changes_nothing_published() ->
     pw.check_running()?;
     Ok(())
 }
+
+/// `portwise_shadow_differences` of Service `web` on port `http` under
+/// shadow `shadow`, awaited until it is `want`.
+async fn await_shadow(pw: &Portwise, ns: &TestNs, shadow: &str, want: Option<f64>) -> Result<()> {
+    wait_for(Duration::from_secs(20), || async {
+        let got = pw.scrape().await?.value(
+            "portwise_shadow_differences",
+            &[
+                ("namespace", ns.name()),
+                ("service", "web"),
+                ("shadow", shadow),
+                ("port", "http"),
+            ],
+        )?;
+        ensure!(got == want, "{shadow}: {got:?}, want {want:?}");
+        Ok(())
+    })
+    .await
+}
+
+/// A policy's `spec.shadow` is judged beside its `spec.membership` for the
+/// Services it decides, ahead of the operator's default shadow; its
+/// differences show as the metric, an Event and in `check --live`, and it
+/// publishes nothing. Dropped from the spec, it stops, and the operator's
+/// default applies again. Fails when an object's shadow is not judged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_policys_shadow_reports_its_differences_and_publishes_nothing() -> Result<()> {
+    const OBJECT_SHADOW: &str = "membershippolicy/team/spec.shadow";
+    let cp = installed().await?;
+    let ns = TestNs::new(cp, "mpol-shadow").await?;
+    // a and b ready, c not; only a listens on 8080.
+    let ips: Vec<_> = (0..3).map(|_| next_ips()).collect();
+    let _listener = TcpListener::start(ips[0].v4, 8080).await?;
+    ns.create_service(
+        service("web")
+            .annotation(GROUP_KEY, "g")
+            .annotation(POLICY, "team")
+            .port("http", 8080),
+    )
+    .await?;
+    group_of_three(&ns, &ips).await?;
+    // Live: ready pods (a, b). The team's shadow: who answers on the port
+    // (a): b differs.
+    put_policy(
+        &ns,
+        "team",
+        json!({"membership": "podReady", "shadow": {"tcpDial": {"timeout": "1s"}}}),
+    )
+    .await?;
+    // The operator's default shadow agrees with podReady everywhere.
+    let cfg = config_with(
+        "podReady",
+        "membershipPolicies: {checkers: [podReady, tcpDial]}\nshadow: {membership: podReady}\n",
+    );
+    let pw = Portwise::spawn_binary(&ns, &cfg).await?;
+    expect_endpoints(&ns, "web", by_port([(("http", V4), &["a", "b"][..])])).await?;
+    status_of(&ns, "team", "True").await?;
+
+    let writes = WriteCounter::start(&ns).await?;
+    await_shadow(&pw, &ns, OBJECT_SHADOW, Some(1.0)).await?;
+    let event = newest_event_message(&ns, "web", "ShadowDiffers").await?;
+    ensure!(
+        event.contains(&format!(
+            "{OBJECT_SHADOW} differs from the live membership on 1 of 3 verdicts"
+        )) && event.contains("http b (IPv4): live include, shadow exclude"),
+        "{event}"
+    );
+    let out = run_binary_to_exit_on(
+        cp,
+        &[
+            "check",
+            "--live",
+            "--config",
+            "{config}",
+            "--service",
+            &format!("{}/web", ns.name()),
+        ],
+        &cfg,
+        Duration::from_secs(60),
+    )
+    .await?;
+    ensure!(
+        out.code == Some(0)
+            && out
+                .stdout
+                .contains(&format!("live membership against {OBJECT_SHADOW}")),
+        "exit {:?}: {}{}",
+        out.code,
+        out.stdout,
+        out.stderr
+    );
+
+    // The shadow gone from the spec: the operator's default applies.
+    put_policy(&ns, "team", json!({"membership": "podReady"})).await?;
+    await_shadow(&pw, &ns, "shadow.membership", Some(0.0)).await?;
+    await_shadow(&pw, &ns, OBJECT_SHADOW, None).await?;
+
+    // Through all of it the live membership held and nothing was written.
+    expect_endpoints(&ns, "web", by_port([(("http", V4), &["a", "b"][..])])).await?;
+    writes.expect(0, "shadow changes").await?;
+    Ok(())
+}

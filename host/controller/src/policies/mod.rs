@@ -43,6 +43,15 @@ pub struct Book {
     revisions: AtomicU64,
 }
 
+/// Which of an object's expressions a judge reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Side {
+    /// `spec.membership`: what is published.
+    Membership,
+    /// `spec.shadow`: judged beside it, never published.
+    Shadow,
+}
+
 /// One policy object, as last read.
 #[derive(Clone, Debug)]
 pub(crate) struct Entry {
@@ -58,6 +67,9 @@ pub(crate) struct Entry {
     pub(crate) modules: Option<Verdict>,
     /// The checker built from the spec, and its revision.
     pub(crate) checker: Option<(Arc<dyn Checker>, u64)>,
+    /// The checker built from `spec.shadow`, when it has one (same
+    /// revision).
+    pub(crate) shadow: Option<Arc<dyn Checker>>,
     /// The modules its accepted spec names (the namespace's module budget).
     pub(crate) named_modules: Vec<String>,
 }
@@ -122,9 +134,25 @@ impl Book {
             .collect()
     }
 
-    /// The checker of `ns`'s object `name`, with its revision, if built.
-    pub(crate) fn checker(&self, ns: &str, name: &str) -> Option<(Arc<dyn Checker>, u64)> {
-        self.get(ns, name).and_then(|e| e.checker)
+    /// The checker of `ns`'s object `name` (its `spec.membership`, or its
+    /// `spec.shadow` for `Side::Shadow`), with its revision, if built.
+    pub(crate) fn checker(
+        &self,
+        ns: &str,
+        name: &str,
+        side: Side,
+    ) -> Option<(Arc<dyn Checker>, u64)> {
+        let entry = self.get(ns, name)?;
+        let (checker, revision) = entry.checker?;
+        match side {
+            Side::Membership => Some((checker, revision)),
+            Side::Shadow => entry.shadow.map(|s| (s, revision)),
+        }
+    }
+
+    /// Whether `ns`'s object `name` has a built shadow.
+    pub(crate) fn has_shadow(&self, ns: &str, name: &str) -> bool {
+        self.checker(ns, name, Side::Shadow).is_some()
     }
 
     /// The objects of `svc`'s namespace as the core chooses among them,
@@ -146,16 +174,25 @@ impl Book {
     }
 }
 
+/// An accepted policy object's expressions.
+#[derive(Clone, Debug)]
+pub struct Expressions {
+    /// `spec.membership`.
+    pub membership: portwise_core::config::CheckerExpr,
+    /// `spec.shadow`, when it has one.
+    pub shadow: Option<portwise_core::config::CheckerExpr>,
+}
+
 /// A namespace's policy objects as the controller reads them, for
 /// `portwise check --live`: each as the core chooses among them for `svc`,
-/// with its accepted expression (`None` when not accepted; why is its
-/// standing). Modules are not pulled here: the caller builds the one that
-/// decides.
+/// with its accepted expressions (`None` when not accepted; why is its
+/// standing). Modules are not pulled here: the caller builds the ones that
+/// decide.
 pub fn read_objects(
     objects: &[portwise_api::MembershipPolicy],
     limits: &portwise_core::config::PolicyLimits,
     svc: &Service,
-) -> Vec<(PolicyObject, Option<portwise_core::config::CheckerExpr>)> {
+) -> Vec<(PolicyObject, Option<Expressions>)> {
     let over = past_budget(objects.iter(), limits.max_per_namespace);
     objects
         .iter()
@@ -175,7 +212,10 @@ pub fn read_objects(
                     Ok(a) => (
                         Standing::Ready,
                         a.selector.as_ref().is_some_and(|s| s.matches(svc.labels())),
-                        Some(a.membership),
+                        Some(Expressions {
+                            membership: a.membership,
+                            shadow: a.shadow,
+                        }),
                     ),
                     Err(Verdict::Refused { message, .. }) | Err(Verdict::Ok(message)) => (
                         Standing::NotReady(format!("not accepted: {message}")),

@@ -38,9 +38,26 @@ pub(crate) mod reason {
 #[derive(Debug)]
 pub(crate) struct Accepted {
     pub(crate) membership: CheckerExpr,
+    pub(crate) shadow: Option<CheckerExpr>,
     pub(crate) selector: Option<Selector>,
-    /// What the `Accepted` condition's message adds.
-    pub(crate) note: String,
+}
+
+impl Accepted {
+    /// The modules its expressions name, `spec.membership`'s first.
+    pub(crate) fn modules(&self) -> Vec<String> {
+        let mut names: Vec<String> = Vec::new();
+        for spec in self
+            .membership
+            .wasm_specs()
+            .into_iter()
+            .chain(self.shadow.iter().flat_map(|s| s.wasm_specs()))
+        {
+            if !names.contains(&spec.module) {
+                names.push(spec.module.clone());
+            }
+        }
+        names
+    }
 }
 
 fn refused(reason: &'static str, message: impl ToString) -> Verdict {
@@ -63,16 +80,17 @@ pub(crate) fn accept(
     limits
         .admit(&membership, "spec.membership")
         .map_err(|e| refused(reason::NOT_ALLOWED, e))?;
-    let mut note = String::new();
-    if let Some(shadow) = &spec.shadow {
-        let expr = CheckerExpr::from_json(shadow, "spec.shadow", true)
-            .map_err(|e| refused(reason::INVALID, e))?;
-        limits
-            .admit(&expr, "spec.shadow")
-            .map_err(|e| refused(reason::NOT_ALLOWED, e))?;
-        note =
-            "spec.shadow is valid; this release does not judge a policy object's shadow yet".into();
-    }
+    let shadow = match &spec.shadow {
+        Some(shadow) => {
+            let expr = CheckerExpr::from_json(shadow, "spec.shadow", true)
+                .map_err(|e| refused(reason::INVALID, e))?;
+            limits
+                .admit(&expr, "spec.shadow")
+                .map_err(|e| refused(reason::NOT_ALLOWED, e))?;
+            Some(expr)
+        }
+        None => None,
+    };
     let selector = match &spec.services {
         Some(s) => Some(
             Selector::try_from(s.selector.clone())
@@ -82,19 +100,30 @@ pub(crate) fn accept(
     };
     Ok(Accepted {
         membership,
+        shadow,
         selector,
-        note,
     })
 }
 
-/// Builds the accepted expression's checker (`ModulesReady`): its `oci://`
-/// modules pulled first.
+/// The checkers built from an accepted spec.
+pub(crate) struct Built {
+    pub(crate) membership: Arc<dyn Checker>,
+    pub(crate) shadow: Option<Arc<dyn Checker>>,
+}
+
+/// Builds the accepted expressions' checkers (`ModulesReady`): their
+/// `oci://` modules pulled first. A shadow that does not build fails the
+/// whole: the team asked for it, and a shadow silently missing would read
+/// as one that agrees.
 pub(crate) async fn build(
-    expr: &CheckerExpr,
+    accepted: &Accepted,
     wasm: Option<&dyn WasmCheckers>,
     resync_period: Duration,
-) -> Result<Arc<dyn Checker>, Verdict> {
-    let specs = expr.wasm_specs();
+) -> Result<Built, Verdict> {
+    let mut specs = accepted.membership.wasm_specs();
+    if let Some(shadow) = &accepted.shadow {
+        specs.extend(shadow.wasm_specs());
+    }
     if !specs.is_empty() {
         let Some(wasm) = wasm else {
             return Err(refused(
@@ -118,7 +147,16 @@ pub(crate) async fn build(
         stable_ttl: BuildContext::stable_ttl_for(resync_period),
         stable_spacing: BuildContext::stable_spacing_for(resync_period),
     };
-    portwise_checkers::build_at(expr, &ctx, "spec.membership")
+    let membership = portwise_checkers::build_at(&accepted.membership, &ctx, "spec.membership")
         .await
-        .map_err(|e| refused(reason::LOAD_FAILED, e))
+        .map_err(|e| refused(reason::LOAD_FAILED, e))?;
+    let shadow = match &accepted.shadow {
+        Some(expr) => Some(
+            portwise_checkers::build_at(expr, &ctx, "spec.shadow")
+                .await
+                .map_err(|e| refused(reason::LOAD_FAILED, e))?,
+        ),
+        None => None,
+    };
+    Ok(Built { membership, shadow })
 }

@@ -130,6 +130,7 @@ mod tests {
             accepted,
             modules,
             checker: None,
+            shadow: None,
             named_modules: Vec::new(),
         }
     }

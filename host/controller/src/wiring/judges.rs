@@ -3,13 +3,15 @@
 
 use super::*;
 
-/// The live judge, with a checker per policy (`membership` included), and
-/// the shadows if the configuration has any. Both keep their verdicts in
+/// The live judge, with a checker per policy (`membership` included) and
+/// the policy objects' of `book`, and the shadows if the configuration has
+/// any or lets objects bring theirs. Both keep their verdicts in
 /// `table`.
 pub(super) async fn build(
     config: &Config,
     opts: &RunOptions,
     table: &Arc<ServiceTable>,
+    book: &Arc<crate::policies::Book>,
 ) -> Result<(Judge, Option<Arc<Shadows>>), Error> {
     let build_ctx = BuildContext {
         wasm: opts.wasm.as_deref(),
@@ -44,7 +46,8 @@ pub(super) async fn build(
         config
             .max_concurrent_checks_per_namespace
             .unwrap_or(config.max_concurrent_checks),
-    ));
+    ))
+    .with_book(book.clone());
     // maxConcurrentChecks bounds the live checks; the shadows share a pool
     // of the same size of their own, so a slow shadow never takes a live
     // check's place.
@@ -54,16 +57,21 @@ pub(super) async fn build(
             .max_concurrent_checks_per_namespace
             .unwrap_or(config.max_concurrent_checks),
     );
-    let shadows = Shadows::build(config, &build_ctx, table.clone(), |checker| {
-        crate::shadow::shadow_judge(
-            checker,
-            config,
-            opts.check_timeout,
-            opts.metrics.clone(),
-            shadow_permits.clone(),
-            table.clone(),
-        )
-    })
+    let shadows = Shadows::build(
+        config,
+        &build_ctx,
+        (table.clone(), book.clone()),
+        |checkers| {
+            crate::shadow::shadow_judge(
+                checkers,
+                config,
+                opts.check_timeout,
+                opts.metrics.clone(),
+                shadow_permits.clone(),
+                table.clone(),
+            )
+        },
+    )
     .await?
     .map(Arc::new);
     Ok((judge, shadows))

@@ -111,8 +111,7 @@ pub(crate) async fn run(
     let config = Arc::new(config);
     let table = Arc::new(ServiceTable::default());
     let book = Arc::new(crate::policies::Book::default());
-    let (judge, shadows) = judges::build(&config, &opts, &table).await?;
-    let judge = judge.with_book(book.clone());
+    let (judge, shadows) = judges::build(&config, &opts, &table, &book).await?;
 
     let gate = SyncGate::default();
     // Registered before any watch can open the gate: reconciles wait for

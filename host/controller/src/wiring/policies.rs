@@ -181,6 +181,7 @@ async fn read_one(
         accepted: Verdict::Ok(String::new()),
         modules: None,
         checker: None,
+        shadow: None,
         named_modules: Vec::new(),
     };
     let max = keeper.limits.max_per_namespace;
@@ -201,12 +202,7 @@ async fn read_one(
         match read::accept(&obj.spec, &keeper.limits) {
             Err(refused) => entry.accepted = refused,
             Ok(accepted) => {
-                let mine: Vec<String> = accepted
-                    .membership
-                    .wasm_specs()
-                    .iter()
-                    .map(|s| s.module.clone())
-                    .collect();
+                let mine = accepted.modules();
                 let mut all = ctx.book.modules_in(&ns, &name);
                 all.extend(mine.iter().cloned());
                 let most = keeper.limits.max_modules_per_namespace;
@@ -214,7 +210,9 @@ async fn read_one(
                     entry.accepted = Verdict::Refused {
                         reason: reason::NOT_ALLOWED,
                         message: format!(
-                            "spec.membership: with this policy's modules, namespace {ns}'s                              policies would name {} modules; the operator allows {most}                              (membershipPolicies.maxModulesPerNamespace)",
+                            "spec: with this policy's modules, namespace {ns}'s policies would name {} \
+                             modules; the operator allows {most} \
+                             (membershipPolicies.maxModulesPerNamespace)",
                             all.len()
                         ),
                     };
@@ -222,18 +220,14 @@ async fn read_one(
                     return true;
                 }
                 entry.named_modules = mine;
-                entry.accepted = Verdict::Ok(accepted.note);
-                entry.selector = accepted.selector;
-                match read::build(
-                    &accepted.membership,
-                    keeper.wasm.as_deref(),
-                    ctx.config.resync_period,
-                )
-                .await
+                entry.selector = accepted.selector.clone();
+                entry.accepted = Verdict::Ok(String::new());
+                match read::build(&accepted, keeper.wasm.as_deref(), ctx.config.resync_period).await
                 {
-                    Ok(checker) => {
+                    Ok(built) => {
                         entry.modules = Some(Verdict::Ok(String::new()));
-                        entry.checker = Some((checker, ctx.book.next_revision()));
+                        entry.checker = Some((built.membership, ctx.book.next_revision()));
+                        entry.shadow = built.shadow;
                     }
                     Err(refused) => entry.modules = Some(refused),
                 }

@@ -109,18 +109,26 @@ pub(super) async fn check_live(
             return Ok(ExitCode::FAILURE);
         }
     };
-    let live_expr = match &policy {
-        Policy::Default => &cfg.membership,
-        Policy::Named(n) => &cfg.policies[n],
-        Policy::Object(n) => objects
-            .iter()
-            .find_map(|(view, expr)| (view.name == *n).then_some(expr.as_ref()).flatten())
-            .context("the chosen MembershipPolicy has no expression")?,
+    let deciding = match &policy {
+        Policy::Object(n) => Some(
+            objects
+                .iter()
+                .find_map(|(view, exprs)| (view.name == *n).then_some(exprs.as_ref()).flatten())
+                .context("the chosen MembershipPolicy has no expression")?,
+        ),
+        _ => None,
     };
+    let live_expr = match (&policy, deciding) {
+        (_, Some(exprs)) => &exprs.membership,
+        (Policy::Named(n), None) => &cfg.policies[n],
+        _ => &cfg.membership,
+    };
+    let object_shadow = deciding.and_then(|e| e.shadow.as_ref());
 
     let mut all_exprs = cfg.all_wasm_specs();
-    if matches!(policy, Policy::Object(_)) {
-        all_exprs.extend(live_expr.wasm_specs());
+    if let Some(exprs) = deciding {
+        all_exprs.extend(exprs.membership.wasm_specs());
+        all_exprs.extend(object_shadow.iter().flat_map(|s| s.wasm_specs()));
     }
     let pulls = all_exprs.iter().any(|s| s.oci().is_some());
     let runtime = match (&cfg.modules_dir, pulls) {
@@ -163,8 +171,13 @@ pub(super) async fn check_live(
         ),
         _ => println!("Service {ns}/{name} is decided by {}", policy.label()),
     }
-    let pick = shadow::pick(&svc, cfg.shadow.as_ref());
+    let object = match (&policy, object_shadow) {
+        (Policy::Object(n), Some(_)) => Some(n.as_str()),
+        _ => None,
+    };
+    let pick = shadow::pick(&svc, cfg.shadow.as_ref(), object);
     let shadow_expr = match (&pick, &cfg.shadow) {
+        (Pick::Object(_), _) => object_shadow,
         (Pick::Default, Some(sh)) => sh.membership.as_ref(),
         (Pick::Named(n), Some(sh)) => sh.expressions.get(n),
         _ => None,
