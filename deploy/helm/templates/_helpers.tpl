@@ -89,9 +89,8 @@ does not set it. With the defaults it is .Values.config as is.
 {{- end }}
 
 {{/*
-The checksum/config pod annotation: what portwise reads once at start, the
-config file and the chart's signing keys. With the defaults it is the
-checksum of the config file alone.
+The checksum/config pod annotation (reloadConfig: false): the config file
+and the chart's signing keys, so that a change of either rolls the pods.
 */}}
 {{- define "portwise.configChecksum" -}}
 {{- $text := include "portwise.config" . }}

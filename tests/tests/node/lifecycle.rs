@@ -1,5 +1,5 @@
-//! What happens to a running installation: its modules updated in place,
-//! `helm upgrade` and `helm rollback`, the leader lost, and the workload's
+//! What happens to a running installation: its modules and config updated
+//! in place (`helm upgrade` and `helm rollback`), the leader lost, and the workload's
 //! own rollout. Each is watched in the slices, in the apiserver's audit log
 //! (portwise's writes) and in traffic from a client pod.
 
@@ -189,11 +189,29 @@ async fn modules_from_the_chart_decide_a_port_and_reload_in_place() -> Result<()
     uninstall_with_shop(node, &shop)
 }
 
-/// `helm upgrade` with a changed config rolls the pods while traffic keeps
-/// flowing and the unchanged slices get no write; `helm rollback` restores
-/// the previous config the same way.
+/// How many times each of `pods` has logged applying a changed config file.
+fn reloads(node: &RealNode, pods: &[String]) -> Result<Vec<usize>> {
+    pods.iter()
+        .map(|pod| {
+            let logs = node.kubectl(&["-n", SYSTEM_NS, "logs", pod])?;
+            Ok(logs
+                .lines()
+                .filter(|l| l.contains("the config file changed: applying it"))
+                .count())
+        })
+        .collect()
+}
+
+/// `helm upgrade` with a changed config reloads it in both running pods
+/// (the kubelet updates the directory mount, portwise applies it): no pod
+/// restarts, traffic keeps flowing and the unchanged slices get no write.
+/// An invalid config is refused in place (a Warning Event on the pods) and
+/// the running one keeps publishing; `helm rollback` restores the first
+/// config the same way; `reloadConfig=false` rolls the pods instead.
+/// Fails when the chart mounts the file with `subPath` (the kubelet never
+/// updates it) or rolls the pods on a config change.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn helm_upgrade_and_rollback_roll_the_pods_without_a_write_or_a_failed_connection()
+async fn helm_upgrade_and_rollback_reload_the_config_in_place_without_a_write_or_a_failed_connection()
 -> Result<()> {
     let node = RealNode::shared().await?;
     let (shop, _, _) = installed_shop(node, "shop-upgrade").await?;
@@ -213,30 +231,65 @@ async fn helm_upgrade_and_rollback_roll_the_pods_without_a_write_or_a_failed_con
         "revision 1's config: {}",
         config()?
     );
-
-    for (what, args) in [
-        (
+    let upgrade = |set: &'static str| {
+        vec![
             "upgrade",
-            vec![
-                "upgrade",
-                "portwise",
-                "deploy/helm",
-                "-n",
-                SYSTEM_NS,
-                "--reuse-values",
-                "--set",
-                "config.resyncPeriod=20s",
-                "--wait",
-            ],
+            "portwise",
+            "deploy/helm",
+            "-n",
+            SYSTEM_NS,
+            "--reuse-values",
+            "--set",
+            set,
+            "--wait",
+        ]
+    };
+    let refused_events = || {
+        node.kubectl(&[
+            "-n",
+            SYSTEM_NS,
+            "get",
+            "events",
+            "--field-selector",
+            "reason=ConfigReloadFailed",
+            "-o",
+            "jsonpath={range .items[*]}{.involvedObject.name}{\"\\n\"}{end}",
+        ])
+    };
+
+    // (what, helm's arguments, what the pods do: reload, refuse or roll)
+    #[derive(PartialEq, Debug)]
+    enum Then {
+        Reload,
+        Refuse,
+        Roll,
+    }
+    for (what, args, then) in [
+        ("upgrade", upgrade("config.resyncPeriod=20s"), Then::Reload),
+        (
+            "an invalid config",
+            upgrade("config.maxEndpointsPerSlice=5000"),
+            Then::Refuse,
         ),
         (
             "rollback",
             vec!["rollback", "portwise", "1", "-n", SYSTEM_NS, "--wait"],
+            Then::Reload,
+        ),
+        (
+            "reloadConfig=false",
+            upgrade("reloadConfig=false"),
+            Then::Roll,
         ),
     ] {
         let pods = portwise_pods(node)?;
+        let names: Vec<String> = pods
+            .iter()
+            .map(|p| p.trim_start_matches("pod/").to_string())
+            .collect();
+        let before = reloads(node, &names)?;
         let writes = slice_writes_by(&node.audit_log(), PORTWISE_SA)?.len();
-        // About 20 s of traffic, one connection every 50 ms, across the roll.
+        // About 20 s of traffic, one connection every 50 ms, across it.
         let traffic = node.traffic(
             (&shop.ns, "client"),
             (&shop.ip, 80),
@@ -245,37 +298,74 @@ async fn helm_upgrade_and_rollback_roll_the_pods_without_a_write_or_a_failed_con
         )?;
         tokio::time::sleep(Duration::from_secs(2)).await;
         node.helm(&args)?;
-        node.kubectl(&[
-            "-n",
-            SYSTEM_NS,
-            "rollout",
-            "status",
-            "deployment/portwise",
-            "--timeout=120s",
-        ])?;
+        match then {
+            // The kubelet updates the mounted file within its sync period
+            // (10 s on this node); both replicas apply it.
+            Then::Reload => {
+                portwise_tests::wait_for(Duration::from_secs(90), || async {
+                    let now = reloads(node, &names)?;
+                    ensure!(
+                        now.iter().zip(&before).all(|(n, b)| *n == b + 1),
+                        "reloads logged by {names:?}: {before:?} -> {now:?}"
+                    );
+                    Ok(())
+                })
+                .await?
+            }
+            Then::Refuse => {
+                portwise_tests::wait_for(Duration::from_secs(90), || async {
+                    let events = refused_events()?;
+                    ensure!(
+                        names.iter().all(|n| events.lines().any(|l| l == n)),
+                        "ConfigReloadFailed on {events:?}, want every one of {names:?}"
+                    );
+                    Ok(())
+                })
+                .await?
+            }
+            Then::Roll => {
+                node.kubectl(&[
+                    "-n",
+                    SYSTEM_NS,
+                    "rollout",
+                    "status",
+                    "deployment/portwise",
+                    "--timeout=120s",
+                ])?;
+            }
+        }
         two_ready_one_leader(node, "portwise").await?;
         let answers = traffic.finish()?;
         ensure!(
             answers.refused == 0 && answers.failed == 0 && answers.pods() == ["a", "b"],
-            "traffic across helm {what}: {answers:?}"
+            "traffic across {what}: {answers:?}"
         );
         let now = portwise_pods(node)?;
-        ensure!(
-            now.iter().all(|p| !pods.contains(p)),
-            "helm {what} did not roll the pods: {pods:?} -> {now:?}"
-        );
+        if then == Then::Roll {
+            ensure!(
+                now.iter().all(|p| !pods.contains(p)),
+                "{what} did not roll the pods: {pods:?} -> {now:?}"
+            );
+        } else {
+            ensure!(
+                now == pods,
+                "{what} restarted the pods: {pods:?} -> {now:?}"
+            );
+        }
         let after = slice_writes_by(&node.audit_log(), PORTWISE_SA)?;
         ensure!(
             after.len() == writes,
-            "helm {what} wrote unchanged slices: {:?}",
+            "{what} wrote unchanged slices: {:?}",
             &after[writes..]
         );
+        if what == "rollback" {
+            ensure!(
+                config()?.contains("resyncPeriod: 30s"),
+                "helm rollback did not restore the config: {}",
+                config()?
+            );
+        }
     }
-    ensure!(
-        config()?.contains("resyncPeriod: 30s"),
-        "helm rollback did not restore the config: {}",
-        config()?
-    );
     let history = node.helm(&["history", "portwise", "-n", SYSTEM_NS])?;
     ensure!(history.contains("Rollback to 1"), "helm history: {history}");
 

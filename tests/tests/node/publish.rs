@@ -105,7 +105,7 @@ async fn in_cluster_portwise_publishes_each_ports_members_and_kube_proxy_routes_
         "check",
         "--live",
         "--config",
-        "/etc/portwise/config.yaml",
+        "/etc/portwise/config/config.yaml",
         "--service",
         "shop-publish/shop",
     ])?;

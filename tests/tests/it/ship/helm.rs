@@ -238,9 +238,9 @@ fn remove_path(obj: &mut Value, path: &[&str]) {
     }
 }
 
-/// The base's generated config ConfigMap is `portwise-config-<hash>` (its
-/// name rolls the pods); the chart's is `portwise-config` with a
-/// `checksum/config` pod annotation for the same effect.
+/// An overlay's generated config ConfigMap may be `portwise-config-<hash>`
+/// (an overlay that replaces the base's without `disableNameSuffixHash`);
+/// the chart's and the base's are `portwise-config`.
 fn unhash(name: &str) -> String {
     match name.rsplit_once('-') {
         Some((stem, hash)) if stem.ends_with("-config") && hash.len() == 10 => stem.to_string(),
@@ -630,7 +630,7 @@ fn helm_chart_refuses_mistakes_and_renders_its_extras() -> Result<()> {
             && notes.stdout.contains("rollout status deployment/portwise")
             && notes
                 .stdout
-                .contains("check --live --config /etc/portwise/config.yaml"),
+                .contains("check --live --config /etc/portwise/config/config.yaml"),
         "the install notes do not say how to check the install:\n{}",
         notes.stdout
     );
@@ -1110,14 +1110,38 @@ async fn helm_chart_values_render_what_they_promise() -> Result<()> {
             }
         }
 
-        // A config change rolls the pods.
-        let checksum = |objs: &BTreeMap<String, Value>| -> Result<Value> {
-            Ok(object(objs, "Deployment/portwise-system/portwise")?["spec"]["template"]["metadata"]
-                ["annotations"]["checksum/config"]
-                .clone())
+        // A config change is reloaded in place: the pod template does not
+        // change (so nothing rolls), and the file is a directory mount (a
+        // subPath mount is never updated by the kubelet).
+        let pod_template = |objs: &BTreeMap<String, Value>| -> Result<Value> {
+            Ok(object(objs, "Deployment/portwise-system/portwise")?["spec"]["template"].clone())
         };
-        ensure!(checksum(&defaults)?.is_string());
-        ensure!(checksum(&defaults)? != checksum(&legacy)?, "the config changed, the pod template did not");
+        let annotation = |objs: &BTreeMap<String, Value>, key: &str| -> Result<Value> {
+            Ok(pod_template(objs)?["metadata"]["annotations"][key].clone())
+        };
+        expect_eq(pod_template(&defaults)?, pod_template(&legacy)?)?;
+        ensure!(pod_template(&defaults)?["metadata"]["annotations"].is_null());
+        let mounts = &pod_template(&defaults)?["spec"]["containers"][0]["volumeMounts"];
+        let config_mount = mounts
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|m| m["name"] == "config")
+            .context("no config mount")?;
+        expect_eq(config_mount, &json!({"name": "config", "mountPath": "/etc/portwise/config", "readOnly": true}))?;
+        let args = &pod_template(&defaults)?["spec"]["containers"][0]["args"];
+        ensure!(
+            args.as_array().into_iter().flatten().any(|a| a == "--config=/etc/portwise/config/config.yaml"),
+            "{args}"
+        );
+        // reloadConfig=false: a config change rolls the pods.
+        let rolled = rendered(&["--set", "reloadConfig=false"])?;
+        let rolled_legacy = rendered(&["--set", "reloadConfig=false", "--set", "config.publishLegacyEndpoints=true"])?;
+        ensure!(annotation(&rolled, "checksum/config")?.is_string());
+        ensure!(
+            annotation(&rolled, "checksum/config")? != annotation(&rolled_legacy, "checksum/config")?,
+            "the config changed, the pod template did not"
+        );
 
         // Modules: a file's base64 given with --set-file (wrapped, as
         // `base64` prints it) lands byte for byte in binaryData; an existing
@@ -1209,9 +1233,10 @@ async fn helm_chart_values_render_what_they_promise() -> Result<()> {
             parsed.module_signatures.map(|s| s.keys),
             Some(vec![PathBuf::from("/etc/portwise/signing/backup.pub"), PathBuf::from("/etc/portwise/signing/release.pub")]),
         )?;
-        // Both roll the pods: the config file, and a rotated key alone
-        // (same file names, so the same config file).
-        ensure!(checksum(&oci)? != checksum(&defaults)?, "registry values changed the config, the pod template did not");
+        // The config file is reloaded; a rotated key alone (same file
+        // names, so the same config file) rolls the pods.
+        let keys_checksum = |objs: &BTreeMap<String, Value>| annotation(objs, "checksum/signing-keys");
+        ensure!(keys_checksum(&oci)?.is_string(), "no checksum/signing-keys with signing keys");
         let mut rotated_args = oci_args.clone();
         rotated_args.extend([
             "--set-file".to_string(),
@@ -1223,7 +1248,7 @@ async fn helm_chart_values_render_what_they_promise() -> Result<()> {
             &object(&rotated, "ConfigMap/portwise-system/portwise-signing-keys")?["data"]["release.pub"],
             &json!(ROTATED_PUB),
         )?;
-        ensure!(checksum(&rotated)? != checksum(&oci)?, "a signing key changed, the pod template did not");
+        ensure!(keys_checksum(&rotated)? != keys_checksum(&oci)?, "a signing key changed, the pod template did not");
         // None of it by default.
         let cfg = config(&defaults)?;
         for k in ["registryAuth", "registryCA", "moduleSignatures"] {
