@@ -188,40 +188,55 @@ pub struct Expressions {
 /// with its accepted expressions (`None` when not accepted; why is its
 /// standing). Modules are not pulled here: the caller builds the ones that
 /// decide.
+///
+/// `objects` in the order of a list (by name), the order in which the
+/// controller reads them when it starts: the namespace's budgets refuse
+/// what they refuse there (the newest past `maxPerNamespace`; whichever
+/// object would take the namespace past `maxModulesPerNamespace`).
 pub fn read_objects(
     objects: &[portwise_api::MembershipPolicy],
     limits: &portwise_core::config::PolicyLimits,
     svc: &Service,
 ) -> Vec<(PolicyObject, Option<Expressions>)> {
     let over = past_budget(objects.iter(), limits.max_per_namespace);
+    let mut modules = std::collections::BTreeSet::new();
     objects
         .iter()
         .map(|o| {
             let name = o.name_any();
+            let not_accepted = |message: String| (Standing::NotReady(format!("not accepted: {message}")), false, None);
             let (standing, selects, expr) = if over.contains(&name) {
-                (
-                    Standing::NotReady(format!(
-                        "not accepted: more than {} MembershipPolicies in the namespace",
-                        limits.max_per_namespace
-                    )),
-                    false,
-                    None,
-                )
+                not_accepted(format!(
+                    "more than {} MembershipPolicies in the namespace",
+                    limits.max_per_namespace
+                ))
             } else {
                 match read::accept(&o.spec, limits) {
-                    Ok(a) => (
-                        Standing::Ready,
-                        a.selector.as_ref().is_some_and(|s| s.matches(svc.labels())),
-                        Some(Expressions {
-                            membership: a.membership,
-                            shadow: a.shadow,
-                        }),
-                    ),
-                    Err(Verdict::Refused { message, .. }) | Err(Verdict::Ok(message)) => (
-                        Standing::NotReady(format!("not accepted: {message}")),
-                        false,
-                        None,
-                    ),
+                    Ok(a) => {
+                        let mut with = modules.clone();
+                        with.extend(a.modules());
+                        if with.len() > limits.max_modules_per_namespace {
+                            not_accepted(format!(
+                                "with this policy's modules, the namespace's policies would name {} \
+                                 modules; the operator allows {} (membershipPolicies.maxModulesPerNamespace)",
+                                with.len(),
+                                limits.max_modules_per_namespace
+                            ))
+                        } else {
+                            modules = with;
+                            (
+                                Standing::Ready,
+                                a.selector.as_ref().is_some_and(|s| s.matches(svc.labels())),
+                                Some(Expressions {
+                                    membership: a.membership,
+                                    shadow: a.shadow,
+                                }),
+                            )
+                        }
+                    }
+                    Err(Verdict::Refused { message, .. }) | Err(Verdict::Ok(message)) => {
+                        not_accepted(message)
+                    }
                 }
             };
             (
@@ -257,4 +272,67 @@ pub(crate) fn past_budget<'a>(
         .into_iter()
         .map(str::to_owned)
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy(
+        name: &str,
+        created: &str,
+        membership: serde_json::Value,
+    ) -> portwise_api::MembershipPolicy {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "portwise.io/v1alpha1",
+            "kind": "MembershipPolicy",
+            "metadata": {"name": name, "namespace": "team", "creationTimestamp": created},
+            "spec": {"membership": membership},
+        }))
+        .unwrap()
+    }
+
+    fn module(hex: char) -> serde_json::Value {
+        serde_json::json!({"wasm": {"module":
+            format!("oci://registry.example/team/check@sha256:{}", hex.to_string().repeat(64))}})
+    }
+
+    /// `check --live` refuses what the controller's budgets refuse: past
+    /// `maxModulesPerNamespace`, the policy that would take the namespace
+    /// over is not accepted; one naming a module already counted is.
+    #[test]
+    fn check_live_applies_the_namespaces_module_budget() {
+        let limits = portwise_core::config::PolicyLimits {
+            checkers: vec!["podReady".into(), "wasm".into()],
+            module_repositories: vec!["registry.example/team".into()],
+            max_modules_per_namespace: 1,
+            ..Default::default()
+        };
+        let objects = [
+            policy("a", "2026-01-01T00:00:00Z", module('1')),
+            policy("b", "2026-01-02T00:00:00Z", module('2')),
+            policy(
+                "c",
+                "2026-01-03T00:00:00Z",
+                serde_json::json!({"all": ["podReady", module('1')]}),
+            ),
+        ];
+        let read = read_objects(&objects, &limits, &Service::default());
+        let standing: Vec<_> = read
+            .iter()
+            .map(|(o, _)| (o.name.as_str(), o.standing.clone()))
+            .collect();
+        assert_eq!(standing[0], ("a", Standing::Ready));
+        assert_eq!(standing[2], ("c", Standing::Ready));
+        match &standing[1] {
+            ("b", Standing::NotReady(why)) => {
+                assert!(
+                    why.contains("maxModulesPerNamespace") && why.contains("would name 2"),
+                    "{why}"
+                )
+            }
+            other => panic!("b: {other:?}"),
+        }
+        assert!(read[1].1.is_none(), "a refused policy has no expressions");
+    }
 }
