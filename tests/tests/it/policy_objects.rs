@@ -502,3 +502,140 @@ async fn a_policys_shadow_reports_its_differences_and_publishes_nothing() -> Res
     writes.expect(0, "shadow changes").await?;
     Ok(())
 }
+
+/// With `membershipPolicies` set, a portwise that may not list the
+/// policies judges nothing (a Service a policy selects is never judged by
+/// `membership` first), is not ready, and says what to fix; granted the
+/// list, it goes on by itself. Run as a ServiceAccount with the base's
+/// ClusterRole less its MembershipPolicy rules. Fails when reconciles do
+/// not wait for the policies' first list.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_portwise_that_cannot_list_policies_judges_nothing_and_says_why() -> Result<()> {
+    use k8s_openapi::api::{
+        core::v1::ServiceAccount,
+        rbac::v1::{ClusterRole, ClusterRoleBinding},
+    };
+    let cp = installed().await?;
+    let ns = TestNs::new(cp, "mpol-denied").await?;
+    let n = ns.name();
+    // The base's ClusterRole, as kubectl reads it, without portwise.io.
+    // kubectl prints one JSON object per document.
+    let printed = kubectl(
+        cp,
+        &[
+            "create",
+            "--dry-run=client",
+            "-o",
+            "json",
+            "-f",
+            "deploy/kustomize/rbac.yaml",
+        ],
+        None,
+    )
+    .await?;
+    let documents = serde_json::Deserializer::from_str(&printed)
+        .into_iter::<Value>()
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut role: ClusterRole = serde_json::from_value(
+        documents
+            .into_iter()
+            .find(|o| o["kind"] == "ClusterRole")
+            .context("no ClusterRole in deploy/kustomize/rbac.yaml")?,
+    )?;
+    let before = role.rules.as_ref().map_or(0, Vec::len);
+    role.rules
+        .get_or_insert_default()
+        .retain(|r| !r.api_groups.iter().flatten().any(|g| g == "portwise.io"));
+    ensure!(
+        role.rules.as_ref().map_or(0, Vec::len) < before,
+        "the base's ClusterRole has no portwise.io rule to take away"
+    );
+    let name = format!("{n}-portwise");
+    role.metadata = kube::api::ObjectMeta {
+        name: Some(name.clone()),
+        ..Default::default()
+    };
+    let roles: Api<ClusterRole> = Api::all(ns.client());
+    roles.create(&PostParams::default(), &role).await?;
+    let sa: ServiceAccount = serde_json::from_value(json!({"metadata": {"name": "pw"}}))?;
+    ns.api::<ServiceAccount>()
+        .create(&PostParams::default(), &sa)
+        .await?;
+    let bind = |role: &str, binding: &str| -> Result<ClusterRoleBinding> {
+        Ok(serde_json::from_value(json!({
+            "metadata": {"name": binding},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+            "subjects": [{"kind": "ServiceAccount", "name": "pw", "namespace": n}],
+        }))?)
+    };
+    let bindings: Api<ClusterRoleBinding> = Api::all(ns.client());
+    bindings
+        .create(&PostParams::default(), &bind(&name, &name)?)
+        .await?;
+    let token = service_account_token(cp, n, "pw", "1h").await?;
+    let dir = tempfile::Builder::new()
+        .prefix("portwise-denied-")
+        .tempdir()?;
+    let kubeconfig = token_kubeconfig(cp, &dir.path().join("kubeconfig"), &token)?;
+
+    ns.create_service(service("web").annotation(GROUP_KEY, "g").port("http", 8080))
+        .await?;
+    ns.create_pod(pod("a").annotation(GROUP_KEY, "g").ips(next_ips().v4()))
+        .await?;
+    let pw = Portwise::builder(cp)
+        .binary()
+        .namespace(n)
+        .config(&config_with(
+            "podReady",
+            "membershipPolicies: {checkers: [podReady]}\n",
+        ))
+        .identity(&kubeconfig)
+        .start()
+        .await?;
+    pw.wait_for_log(
+        "cannot watch MembershipPolicies (is the CRD installed, and may portwise list them?)",
+        SETTLE,
+    )
+    .await?;
+    stays_for(Duration::from_secs(4), || async {
+        let slices = slices_managed_by(&ns, "web", None).await?;
+        ensure!(
+            slices.is_empty(),
+            "published before the policies were listed: {slices:?}"
+        );
+        Ok(())
+    })
+    .await?;
+    let (status, _) = pw.get("/readyz").await?;
+    ensure!(
+        status != 200,
+        "/readyz answered {status} before the policies were listed"
+    );
+
+    // Granted: the watch's next try lists them, and the Service is judged.
+    let reader = format!("{n}-policy-reader");
+    let reader_role: ClusterRole = serde_json::from_value(json!({
+        "metadata": {"name": reader},
+        "rules": [{"apiGroups": ["portwise.io"], "resources": ["membershippolicies"],
+                   "verbs": ["get", "list", "watch"]}],
+    }))?;
+    roles.create(&PostParams::default(), &reader_role).await?;
+    bindings
+        .create(&PostParams::default(), &bind(&reader, &reader)?)
+        .await?;
+    wait_for(Duration::from_secs(60), || async {
+        expect_eq(
+            endpoints_by_port(&ns, "web").await?,
+            by_port([(("http", V4), &["a"][..])]),
+        )
+    })
+    .await?;
+    let (status, _) = pw.get("/readyz").await?;
+    ensure!(status == 200, "/readyz answered {status} once listed");
+    // Cluster-scoped: not removed with the test's namespace.
+    for name in [&name, &reader] {
+        bindings.delete(name, &Default::default()).await?;
+        roles.delete(name, &Default::default()).await?;
+    }
+    Ok(())
+}
