@@ -9,7 +9,9 @@
 //! about 25 CPU-s on the agent's Go build cache, so deferred only with
 //! `cilium`) the ClusterMesh tests, pilot-discovery (`istiod`) the istiod
 //! tests, Traefik (`traefik`) the Traefik tests and egctl with Envoy
-//! (`envoy-gateway`) the Envoy Gateway tests, so on a machine that
+//! (`envoy-gateway`) the Envoy Gateway tests, the arm64 cross build
+//! (`arm64`, `deploy/build-binary --arch arm64`) `ship::arm64`, so on a
+//! machine that
 //! has not built them yet `./test` does not build them before the suite:
 //! it lists them in `PORTWISE_DEFERRED`, builds
 //! them after the suite for the next run, and prints which tests did not

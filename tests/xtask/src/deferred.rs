@@ -1,6 +1,6 @@
 //! `build-deferred [--detach] BUILD...`: builds what a cold `./test`
-//! deferred (the deferrable Go tools, `tests/go-tools/build NAME`, and the
-//! image), so that the next run has it.
+//! deferred (the deferrable Go tools, `tests/go-tools/build NAME`, the
+//! image and the arm64 binary), so that the next run has it.
 //!
 //! `--detach` returns at once and builds in a session of its own at the
 //! lowest CPU priority, logging to `$PORTWISE_CACHE/logs/deferred-build.log`.
@@ -22,14 +22,28 @@ use std::{
 
 use crate::{Paths, Result, image, proc};
 
-/// The builds `./test` may defer: the deferrable Go tools and the image.
+/// The builds `./test` may defer: the deferrable Go tools, the image and
+/// the arm64 binary (`deploy/build-binary --arch arm64`, ship::arm64's).
 pub fn deferrable(paths: &Paths) -> Result<Vec<String>> {
     let mut builds = proc::lines(
         paths.root.join("tests/go-tools/build"),
         &["--list", "deferrable"],
     )?;
     builds.push("image".to_owned());
+    if paths.root.join(ARM64_BUILD).is_file() {
+        builds.push("arm64".to_owned());
+    }
     Ok(builds)
+}
+
+/// The script that builds the arm64 binary (and, with `--core-tests`, the
+/// core crate's tests for arm64).
+pub const ARM64_BUILD: &str = "deploy/build-binary";
+
+/// Whether the arm64 build's dependencies are compiled (what costs a cold
+/// cross build); a changed crate is then rebuilt by the test that needs it.
+pub fn arm64_cached(paths: &Paths) -> bool {
+    proc::succeeds(paths.root.join(ARM64_BUILD), &["--arch", "arm64", "--cached"]).unwrap_or(false)
 }
 
 pub fn run(paths: &Paths, args: &[String]) -> Result<u8> {
@@ -58,6 +72,12 @@ pub fn run(paths: &Paths, args: &[String]) -> Result<u8> {
             let dir = paths.cache.join("image-build");
             image::start(paths, &dir)?;
             image::wait(&dir).map_err(|e| eprintln!("{e}")).is_ok()
+        } else if b == "arm64" {
+            Command::new(paths.root.join(ARM64_BUILD))
+                .args(["--arch", "arm64", "--core-tests"])
+                .stdout(Stdio::null())
+                .status()?
+                .success()
         } else {
             Command::new(paths.root.join("tests/go-tools/build"))
                 .arg(b)

@@ -54,6 +54,8 @@ pub fn run(paths: &Paths, args: &[String]) -> Result<u8> {
     let plan = deferral::plan(&ask, &mut |build| {
         if build == "image" {
             image_cached(paths, &image_dir)
+        } else if build == "arm64" {
+            deferred::arm64_cached(paths)
         } else {
             // --cached waits for a build in progress (an earlier run's
             // deferred one).

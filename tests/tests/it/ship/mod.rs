@@ -8,6 +8,7 @@
 //! ServiceAccount test uses that Lease.
 
 mod alerts;
+mod arm64;
 mod ha;
 mod helm;
 mod image;
