@@ -83,6 +83,23 @@ fn condition<'a>(
     status.conditions.iter().find(|c| c.type_ == type_)
 }
 
+/// Service `web` of `ns` (port `http`, 8080) naming policy `team`, over
+/// pods a and b (ready) and c (not); only a listens on 8080, for as long
+/// as the listener returned lives.
+async fn team_web(ns: &TestNs) -> Result<TcpListener> {
+    let ips: Vec<_> = (0..3).map(|_| next_ips()).collect();
+    let listener = TcpListener::start(ips[0].v4, 8080).await?;
+    ns.create_service(
+        service("web")
+            .annotation(GROUP_KEY, "g")
+            .annotation(POLICY, "team")
+            .port("http", 8080),
+    )
+    .await?;
+    group_of_three(ns, &ips).await?;
+    Ok(listener)
+}
+
 /// A team's policy decides the Services that name it or that its selector
 /// picks, in its namespace; the same name in another namespace decides
 /// nothing there (held, and said so), and the file's `membership` still
@@ -259,16 +276,7 @@ async fn a_policy_object_decides_services_of_its_own_namespace_only() -> Result<
 async fn an_edit_judges_afresh_and_a_refused_spec_changes_nothing_published() -> Result<()> {
     let cp = installed().await?;
     let ns = TestNs::new(cp, "mpol-edit").await?;
-    let ips: Vec<_> = (0..3).map(|_| next_ips()).collect();
-    let _listener = TcpListener::start(ips[0].v4, 8080).await?;
-    ns.create_service(
-        service("web")
-            .annotation(GROUP_KEY, "g")
-            .annotation(POLICY, "team")
-            .port("http", 8080),
-    )
-    .await?;
-    group_of_three(&ns, &ips).await?;
+    let _listener = team_web(&ns).await?;
     put_policy(&ns, "team", json!({"membership": "podReady"})).await?;
     // The operator allows podReady, tcpDial (up to 2s) and one module per
     // namespace, from registry.invalid/team.
@@ -430,17 +438,7 @@ async fn a_policys_shadow_reports_its_differences_and_publishes_nothing() -> Res
     const OBJECT_SHADOW: &str = "membershippolicy/team/spec.shadow";
     let cp = installed().await?;
     let ns = TestNs::new(cp, "mpol-shadow").await?;
-    // a and b ready, c not; only a listens on 8080.
-    let ips: Vec<_> = (0..3).map(|_| next_ips()).collect();
-    let _listener = TcpListener::start(ips[0].v4, 8080).await?;
-    ns.create_service(
-        service("web")
-            .annotation(GROUP_KEY, "g")
-            .annotation(POLICY, "team")
-            .port("http", 8080),
-    )
-    .await?;
-    group_of_three(&ns, &ips).await?;
+    let _listener = team_web(&ns).await?;
     // Live: ready pods (a, b). The team's shadow: who answers on the port
     // (a): b differs.
     put_policy(
