@@ -147,3 +147,128 @@ async fn the_arm64_binary_runs_under_emulation() -> Result<()> {
     println!("arm64 under qemu: --version, a replayed guest and {passed} core tests");
     Ok(())
 }
+
+/// `org.opencontainers.image.*` annotations every image manifest carries.
+const ANNOTATION: &str = "org.opencontainers.image.";
+
+/// A blob of the OCI layout at `dir`, by digest.
+fn blob(dir: &Path, digest: &str) -> Result<Vec<u8>> {
+    let hex = digest.strip_prefix("sha256:").context("not a sha256 digest")?;
+    let path = dir.join("blobs/sha256").join(hex);
+    std::fs::read(&path).with_context(|| format!("reading {}", path.display()))
+}
+
+fn json_blob(dir: &Path, digest: &str) -> Result<serde_json::Value> {
+    Ok(serde_json::from_slice(&blob(dir, digest)?)?)
+}
+
+/// The `e_machine` of `/portwise` in an image's layers (gzip tars).
+fn machine_of_binary(dir: &Path, manifest: &serde_json::Value) -> Result<u16> {
+    let scratch = tempfile::Builder::new().prefix("portwise-layer-").tempdir()?;
+    for layer in manifest["layers"].as_array().into_iter().flatten() {
+        let digest = layer["digest"].as_str().context("a layer without a digest")?;
+        let path = dir.join("blobs/sha256").join(digest.trim_start_matches("sha256:"));
+        let out = Command::new("tar")
+            .arg("-xf")
+            .arg(&path)
+            .arg("-C")
+            .arg(scratch.path())
+            .output()?;
+        ran(&format!("tar -xf {}", path.display()), &out)?;
+    }
+    let elf = std::fs::read(scratch.path().join("portwise")).context("no /portwise in the image")?;
+    ensure!(elf.starts_with(b"\x7fELF"), "/portwise is not an ELF");
+    Ok(u16::from_le_bytes([elf[18], elf[19]]))
+}
+
+/// `deploy/build-image --index` makes an image index of linux/amd64 and
+/// linux/arm64 whose images hold the binary of their architecture and
+/// carry the OCI annotations (source, revision, version, licences).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_image_index_holds_both_architectures_with_their_annotations() -> Result<()> {
+    if deferred::skip(
+        &["image", "arm64"],
+        "ship::arm64::the_image_index_holds_both_architectures_with_their_annotations",
+    ) {
+        return Ok(());
+    }
+    // The suite's own image build uses the same target directory.
+    wait_for_image_build().await?;
+    let dir = tempfile::Builder::new().prefix("portwise-index-").tempdir()?;
+    let layout = dir.path().join("index");
+    let image = format!("localhost/portwise-index-test:{}", std::process::id());
+    const SOURCE: &str = "https://example.invalid/portwise";
+    let built = {
+        let (image, layout) = (image.clone(), layout.clone());
+        tokio::task::spawn_blocking(move || {
+            Command::new(repo().join("deploy/build-image"))
+                .arg("--index")
+                .arg(&layout)
+                .env("IMAGE", &image)
+                .env("PORTWISE_SOURCE", SOURCE)
+                .env(
+                    "CARGO_TARGET_DIR",
+                    Path::new(&std::env::var("HOME").unwrap_or_default())
+                        .join(".cache/portwise/target-image"),
+                )
+                .stderr(Stdio::inherit())
+                .output()
+        })
+        .await??
+    };
+    let removed = |what: &str| {
+        let _ = Command::new("podman").args(["manifest", "rm", what]).output();
+        for arch in ["amd64", "arm64"] {
+            let _ = Command::new("podman").args(["rmi", &format!("{what}-{arch}")]).output();
+        }
+    };
+    let result = (|| -> Result<()> {
+        ran("deploy/build-image --index", &built)?;
+        let outer: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(layout.join("index.json"))?)?;
+        let index_digest = outer["manifests"][0]["digest"]
+            .as_str()
+            .context("the layout's index.json names nothing")?;
+        let index = json_blob(&layout, index_digest)?;
+        expect_eq(
+            index["mediaType"].as_str(),
+            Some("application/vnd.oci.image.index.v1+json"),
+        )?;
+        let revision = ran(
+            "git rev-parse HEAD",
+            &Command::new("git").args(["rev-parse", "HEAD"]).current_dir(repo()).output()?,
+        )?;
+        let mut platforms = Vec::new();
+        for entry in index["manifests"].as_array().into_iter().flatten() {
+            let arch = entry["platform"]["architecture"].as_str().unwrap_or_default().to_string();
+            expect_eq(entry["platform"]["os"].as_str(), Some("linux"))?;
+            let manifest = json_blob(&layout, entry["digest"].as_str().unwrap_or_default())?;
+            let annotations = &manifest["annotations"];
+            for (key, want) in [
+                ("source", SOURCE),
+                ("revision", revision.trim()),
+                ("version", env!("CARGO_PKG_VERSION")),
+                ("licenses", "Apache-2.0"),
+            ] {
+                expect_eq(
+                    (arch.as_str(), key, annotations[format!("{ANNOTATION}{key}")].as_str()),
+                    (arch.as_str(), key, Some(want)),
+                )?;
+            }
+            let config = json_blob(&layout, manifest["config"]["digest"].as_str().unwrap_or_default())?;
+            expect_eq(config["architecture"].as_str(), Some(arch.as_str()))?;
+            let machine = machine_of_binary(&layout, &manifest)?;
+            let want = match arch.as_str() {
+                "amd64" => 62, // EM_X86_64
+                "arm64" => EM_AARCH64,
+                other => anyhow::bail!("unexpected architecture {other} in the index"),
+            };
+            expect_eq((arch.as_str(), machine), (arch.as_str(), want))?;
+            platforms.push(arch);
+        }
+        platforms.sort();
+        expect_eq(platforms, vec!["amd64".to_string(), "arm64".to_string()])
+    })();
+    removed(&image);
+    result
+}
