@@ -153,7 +153,9 @@ const ANNOTATION: &str = "org.opencontainers.image.";
 
 /// A blob of the OCI layout at `dir`, by digest.
 fn blob(dir: &Path, digest: &str) -> Result<Vec<u8>> {
-    let hex = digest.strip_prefix("sha256:").context("not a sha256 digest")?;
+    let hex = digest
+        .strip_prefix("sha256:")
+        .context("not a sha256 digest")?;
     let path = dir.join("blobs/sha256").join(hex);
     std::fs::read(&path).with_context(|| format!("reading {}", path.display()))
 }
@@ -164,10 +166,16 @@ fn json_blob(dir: &Path, digest: &str) -> Result<serde_json::Value> {
 
 /// The `e_machine` of `/portwise` in an image's layers (gzip tars).
 fn machine_of_binary(dir: &Path, manifest: &serde_json::Value) -> Result<u16> {
-    let scratch = tempfile::Builder::new().prefix("portwise-layer-").tempdir()?;
+    let scratch = tempfile::Builder::new()
+        .prefix("portwise-layer-")
+        .tempdir()?;
     for layer in manifest["layers"].as_array().into_iter().flatten() {
-        let digest = layer["digest"].as_str().context("a layer without a digest")?;
-        let path = dir.join("blobs/sha256").join(digest.trim_start_matches("sha256:"));
+        let digest = layer["digest"]
+            .as_str()
+            .context("a layer without a digest")?;
+        let path = dir
+            .join("blobs/sha256")
+            .join(digest.trim_start_matches("sha256:"));
         let out = Command::new("tar")
             .arg("-xf")
             .arg(&path)
@@ -176,7 +184,8 @@ fn machine_of_binary(dir: &Path, manifest: &serde_json::Value) -> Result<u16> {
             .output()?;
         ran(&format!("tar -xf {}", path.display()), &out)?;
     }
-    let elf = std::fs::read(scratch.path().join("portwise")).context("no /portwise in the image")?;
+    let elf =
+        std::fs::read(scratch.path().join("portwise")).context("no /portwise in the image")?;
     ensure!(elf.starts_with(b"\x7fELF"), "/portwise is not an ELF");
     Ok(u16::from_le_bytes([elf[18], elf[19]]))
 }
@@ -194,7 +203,9 @@ async fn the_image_index_holds_both_architectures_with_their_annotations() -> Re
     }
     // The suite's own image build uses the same target directory.
     wait_for_image_build().await?;
-    let dir = tempfile::Builder::new().prefix("portwise-index-").tempdir()?;
+    let dir = tempfile::Builder::new()
+        .prefix("portwise-index-")
+        .tempdir()?;
     let layout = dir.path().join("index");
     let image = format!("localhost/portwise-index-test:{}", std::process::id());
     const SOURCE: &str = "https://example.invalid/portwise";
@@ -217,9 +228,13 @@ async fn the_image_index_holds_both_architectures_with_their_annotations() -> Re
         .await??
     };
     let removed = |what: &str| {
-        let _ = Command::new("podman").args(["manifest", "rm", what]).output();
+        let _ = Command::new("podman")
+            .args(["manifest", "rm", what])
+            .output();
         for arch in ["amd64", "arm64"] {
-            let _ = Command::new("podman").args(["rmi", &format!("{what}-{arch}")]).output();
+            let _ = Command::new("podman")
+                .args(["rmi", &format!("{what}-{arch}")])
+                .output();
         }
     };
     let result = (|| -> Result<()> {
@@ -236,11 +251,17 @@ async fn the_image_index_holds_both_architectures_with_their_annotations() -> Re
         )?;
         let revision = ran(
             "git rev-parse HEAD",
-            &Command::new("git").args(["rev-parse", "HEAD"]).current_dir(repo()).output()?,
+            &Command::new("git")
+                .args(["rev-parse", "HEAD"])
+                .current_dir(repo())
+                .output()?,
         )?;
         let mut platforms = Vec::new();
         for entry in index["manifests"].as_array().into_iter().flatten() {
-            let arch = entry["platform"]["architecture"].as_str().unwrap_or_default().to_string();
+            let arch = entry["platform"]["architecture"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
             expect_eq(entry["platform"]["os"].as_str(), Some("linux"))?;
             let manifest = json_blob(&layout, entry["digest"].as_str().unwrap_or_default())?;
             let annotations = &manifest["annotations"];
@@ -251,11 +272,18 @@ async fn the_image_index_holds_both_architectures_with_their_annotations() -> Re
                 ("licenses", "Apache-2.0"),
             ] {
                 expect_eq(
-                    (arch.as_str(), key, annotations[format!("{ANNOTATION}{key}")].as_str()),
+                    (
+                        arch.as_str(),
+                        key,
+                        annotations[format!("{ANNOTATION}{key}")].as_str(),
+                    ),
                     (arch.as_str(), key, Some(want)),
                 )?;
             }
-            let config = json_blob(&layout, manifest["config"]["digest"].as_str().unwrap_or_default())?;
+            let config = json_blob(
+                &layout,
+                manifest["config"]["digest"].as_str().unwrap_or_default(),
+            )?;
             expect_eq(config["architecture"].as_str(), Some(arch.as_str()))?;
             let machine = machine_of_binary(&layout, &manifest)?;
             let want = match arch.as_str() {
