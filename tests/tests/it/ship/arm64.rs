@@ -209,21 +209,28 @@ async fn the_image_index_holds_both_architectures_with_their_annotations() -> Re
     let layout = dir.path().join("index");
     let image = format!("localhost/portwise-index-test:{}", std::process::id());
     const SOURCE: &str = "https://example.invalid/portwise";
+    let target =
+        Path::new(&std::env::var("HOME").unwrap_or_default()).join(".cache/portwise/target-image");
     let built = {
         let (image, layout) = (image.clone(), layout.clone());
         tokio::task::spawn_blocking(move || {
-            Command::new(repo().join("deploy/build-image"))
+            let mut build = Command::new(repo().join("deploy/build-image"));
+            build
                 .arg("--index")
                 .arg(&layout)
                 .env("IMAGE", &image)
                 .env("PORTWISE_SOURCE", SOURCE)
-                .env(
-                    "CARGO_TARGET_DIR",
-                    Path::new(&std::env::var("HOME").unwrap_or_default())
-                        .join(".cache/portwise/target-image"),
-                )
-                .stderr(Stdio::inherit())
-                .output()
+                .env("CARGO_TARGET_DIR", &target)
+                .stderr(Stdio::inherit());
+            // Under ./test the suite's image build has just compiled this
+            // commit's amd64 binary: pack it rather than compile again.
+            if std::env::var_os("PORTWISE_IMAGE_BUILD").is_some() {
+                build.env(
+                    "PORTWISE_AMD64_BINARY",
+                    target.join("x86_64-unknown-linux-musl/release/portwise"),
+                );
+            }
+            build.output()
         })
         .await??
     };
