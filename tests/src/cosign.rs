@@ -146,6 +146,14 @@ impl Cosign {
         self.run(&format!("sign {image} ({form:?})"), c)
     }
 
+    /// `cosign ARGS` with this home, the registry's credentials and CA:
+    /// its output (stdout and stderr), or an error with it.
+    pub fn run_args(&self, args: &[&str]) -> Result<String> {
+        let mut c = self.command();
+        c.args(args);
+        self.run(&args.join(" "), c)
+    }
+
     fn path(&self, name: &str) -> PathBuf {
         self.dir.path().join(name)
     }

@@ -135,6 +135,11 @@ impl RealNode {
     }
 
     /// The apiserver's audit log (EndpointSlice writes, by user).
+    /// The node's cluster CA (`ca.crt`, `ca.key`).
+    pub fn pki_dir(&self) -> PathBuf {
+        self.dir.join("cp/pki")
+    }
+
     pub fn audit_log(&self) -> PathBuf {
         self.dir.join("cp/audit.log")
     }
@@ -147,6 +152,30 @@ impl RealNode {
             ),
             image => Ok(image),
         }
+    }
+
+    /// The same image under the name the chart and the kustomize base
+    /// default to (`ghcr.io/portwise/portwise:VERSION`), as tests/node/start
+    /// tagged it in containerd.
+    pub fn released_image(&self) -> Result<&str> {
+        self.portwise_image()?;
+        self.env("RELEASED_IMAGE")
+    }
+
+    /// Trusts `ca` for pulls from `host` (`10.244.x.y:5000`): containerd
+    /// reads `certs.d/HOST/hosts.toml` at every pull, so it needs no restart.
+    pub fn trust_registry(&self, host: &str, ca: &Path) -> Result<()> {
+        let dir = Path::new(self.env("CONTAINERD_CERTS_D")?).join(host);
+        std::fs::create_dir_all(&dir)?;
+        std::fs::copy(ca, dir.join("ca.crt"))?;
+        std::fs::write(
+            dir.join("hosts.toml"),
+            format!(
+                "server = \"https://{host}\"\n\n[host.\"https://{host}\"]\n  capabilities = [\"pull\", \"resolve\"]\n  ca = \"{}\"\n",
+                dir.join("ca.crt").display()
+            ),
+        )?;
+        Ok(())
     }
 
     /// The test workloads' image (pw-workload, tests/node/workload).

@@ -65,11 +65,18 @@ pub struct Registry {
 impl Registry {
     /// Starts a registry on a fresh pod-range address, port 5000.
     pub async fn start(cp: &'static ControlPlane) -> Result<Registry> {
+        Self::start_signed_by(&cp.dir().join("pki")).await
+    }
+
+    /// As [`Registry::start`], its certificate signed by the CA in `pki`
+    /// (`ca.crt`, `ca.key`, as tests/control-plane/tools.go writes them):
+    /// the real node's control plane has one of its own.
+    pub async fn start_signed_by(pki: &Path) -> Result<Registry> {
         let bin = tokio::task::spawn_blocking(registry_binary).await??;
         let dir = tempfile::Builder::new().prefix("registry-").tempdir()?;
         let ip: Ipv4Addr = crate::next_ips().v4;
         let addr = SocketAddr::from((ip, 5000));
-        write_tls(cp, dir.path(), ip)?;
+        write_tls(pki, dir.path(), ip)?;
         let hash = bcrypt::hash(PASSWORD, 5)?;
         std::fs::write(dir.path().join("htpasswd"), format!("{USER}:{hash}\n"))?;
         std::fs::create_dir_all(dir.path().join("storage"))?;
@@ -240,6 +247,51 @@ impl Registry {
         })?)
     }
 
+    /// The manifest or index `REPO:REFERENCE` (a tag or `sha256:…`), as
+    /// JSON, with its digest (`sha256:…`).
+    pub async fn manifest(
+        &self,
+        repo: &str,
+        reference: &str,
+    ) -> Result<(serde_json::Value, String)> {
+        use oci_client::RegistryOperation;
+        let client = self.client()?;
+        let sep = if reference.starts_with("sha256:") {
+            '@'
+        } else {
+            ':'
+        };
+        let r: Reference = format!("{}/{repo}{sep}{reference}", self.host()).parse()?;
+        let auth = self.basic();
+        client.auth(&r, &auth, RegistryOperation::Pull).await?;
+        let (bytes, digest) = client
+            .pull_manifest_raw(
+                &r,
+                &auth,
+                &[OCI_IMAGE_MEDIA_TYPE, OCI_IMAGE_INDEX_MEDIA_TYPE],
+            )
+            .await
+            .with_context(|| format!("pulling the manifest {r}"))?;
+        Ok((serde_json::from_slice(&bytes)?, digest))
+    }
+
+    /// The blob `sha256:…` of `repo`, its digest checked.
+    pub async fn blob(&self, repo: &str, digest: &str) -> Result<Vec<u8>> {
+        use oci_client::RegistryOperation;
+        let client = self.client()?;
+        let r: Reference = format!("{}/{repo}@{digest}", self.host()).parse()?;
+        let auth = self.basic();
+        client.auth(&r, &auth, RegistryOperation::Pull).await?;
+        let mut out = Vec::new();
+        client
+            .pull_blob(&r, digest, &mut out)
+            .await
+            .with_context(|| format!("pulling the blob {digest} of {repo}"))?;
+        let got = format!("sha256:{}", hex::encode(Sha256::digest(&out)));
+        ensure!(got == digest, "blob {digest} of {repo} has digest {got}");
+        Ok(out)
+    }
+
     /// Pushes `wasm` as `REPO:TAG`, a WebAssembly artifact; returns the
     /// manifest's sha256 (hex).
     pub async fn push(&self, repo: &str, tag: &str, wasm: &[u8]) -> Result<String> {
@@ -400,9 +452,8 @@ impl Drop for Registry {
 
 /// The registry's serving certificate for `ip`, signed by the test CA; the
 /// CA beside it as ca.crt.
-fn write_tls(cp: &ControlPlane, dir: &Path, ip: Ipv4Addr) -> Result<()> {
+fn write_tls(pki: &Path, dir: &Path, ip: Ipv4Addr) -> Result<()> {
     use rcgen::{CertificateParams, DnType, ExtendedKeyUsagePurpose, Issuer, KeyPair, SanType};
-    let pki = cp.dir().join("pki");
     let ca_pem = std::fs::read_to_string(pki.join("ca.crt"))
         .with_context(|| format!("the test CA in {}", pki.display()))?;
     let ca_key = KeyPair::from_pem(&std::fs::read_to_string(pki.join("ca.key"))?)?;

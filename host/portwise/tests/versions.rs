@@ -11,17 +11,16 @@
 //!   is the workspace version. The chart's own `version` is not: it is the
 //!   SemVer of the chart's values and templates (CHANGELOG.md,
 //!   "Versioning"), and only has to be a version.
-//! - The default image of the chart (`values.yaml` `image`) and of the
-//!   kustomize base (`kustomization.yaml` `images`) are the same image, and
-//!   its tag is the workspace version, except for the local build:
-//!   `localhost/portwise:dev` is what `deploy/build-image` builds and what
-//!   the suite (`ship::helm`, `ship::manifests`, `ship::image`) and the real
-//!   node (`tests/tests/node`) install, so the defaults keep it; a
-//!   `localhost` repository must carry the tag `dev`, any other repository
-//!   (a released image) the workspace version.
-//! - The docs' install commands that name a released image tag
-//!   (`--set image.tag=…` in docs/operations.md and deploy/helm/README.md)
-//!   name the workspace version.
+//! - The default image of the chart (`values.yaml` `image`, whose empty
+//!   tag is the chart's `appVersion`) and of the kustomize base
+//!   (`kustomization.yaml` `images`) are the same image: the released one
+//!   (what `deploy/release` pushes), tagged with the workspace version. The
+//!   suite installs its own build (`localhost/portwise:dev`) by overriding
+//!   it; the real node imports that build under the released name too.
+//! - The docs' install commands of the released chart
+//!   (`oci://ghcr.io/portwise/charts/portwise --version …` in
+//!   docs/operations.md and deploy/helm/README.md) name the workspace
+//!   version.
 //! - The Rust guest SDK (`guests/rust/portwise-guest`, the helper crate
 //!   guest authors depend on) has the workspace version, and the lock files
 //!   that build it (`guests/Cargo.lock`, the Rust template's) record that
@@ -148,44 +147,47 @@ fn default_images() -> [(String, String); 2] {
 }
 
 #[test]
-fn the_default_image_is_the_local_build_or_the_workspace_version() {
-    let [chart, base] = default_images();
+fn the_default_image_is_the_released_one_at_the_workspace_version() {
+    let [(repository, tag), base] = default_images();
+    // An empty tag is the chart's appVersion (the `portwise.image` helper).
+    let chart_tag = if tag.is_empty() {
+        yaml("deploy/helm/Chart.yaml")["appVersion"]
+            .as_str()
+            .expect("Chart.yaml appVersion")
+            .to_string()
+    } else {
+        tag
+    };
     assert_eq!(
-        chart, base,
+        (repository.clone(), chart_tag),
+        base,
         "the chart's default image (values.yaml) and the kustomize base's differ"
     );
-    let (repository, tag) = chart;
-    if repository.starts_with("localhost/") {
-        // deploy/build-image's tag, which the suite and the real node load.
-        assert_eq!(tag, "dev", "{repository}: a local image is tagged dev");
-    } else {
-        assert_eq!(
-            tag, VERSION,
-            "{repository}: a released image's default tag is the workspace version"
-        );
-    }
-    if tag == "dev" {
-        assert!(
-            read("deploy/build-image").contains(&format!("IMAGE=${{IMAGE:-{repository}:dev}}")),
-            "deploy/build-image does not build the default image {repository}:dev"
-        );
-    }
+    assert!(
+        !repository.starts_with("localhost/"),
+        "{repository}: the default image is the released one, not a local build"
+    );
+    assert_eq!(
+        base.1, VERSION,
+        "{repository}: the released image's default tag is the workspace version"
+    );
 }
 
 #[test]
 fn the_docs_install_the_workspace_version() {
+    const CHART: &str = "oci://ghcr.io/portwise/charts/portwise --version ";
     let mut seen = 0;
     for path in ["docs/operations.md", "deploy/helm/README.md"] {
         for (i, line) in read(path).lines().enumerate() {
-            let Some(rest) = line.split("--set image.tag=").nth(1) else {
+            let Some(rest) = line.split(CHART).nth(1) else {
                 continue;
             };
-            let tag = rest.split_whitespace().next().unwrap_or_default();
-            assert_eq!(tag, VERSION, "{path}:{}: {line}", i + 1);
+            let version = rest.split_whitespace().next().unwrap_or_default();
+            assert_eq!(version, VERSION, "{path}:{}: {line}", i + 1);
             seen += 1;
         }
     }
-    assert!(seen >= 2, "no `--set image.tag=` in the install docs");
+    assert!(seen >= 2, "no `{CHART}…` in the install docs");
 }
 
 #[test]

@@ -16,10 +16,13 @@ use crate::support::*;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn helm_install_with_create_namespace_runs_two_replicas_and_one_leader() -> Result<()> {
     let node = RealNode::shared().await?;
-    let image = node.portwise_image()?;
+    // The chart's default image, the released one, is this run's build
+    // (tests/node/start tags it so).
+    let image = node.released_image()?;
+    let version = env!("CARGO_PKG_VERSION");
     ensure!(
-        image == "localhost/portwise:dev",
-        "the chart's default image is localhost/portwise:dev, the node has {image}"
+        image == format!("ghcr.io/portwise/portwise:{version}"),
+        "the chart's default image is ghcr.io/portwise/portwise:{version}, the node has {image}"
     );
 
     node.helm(&[

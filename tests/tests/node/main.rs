@@ -11,4 +11,5 @@
 mod install;
 mod lifecycle;
 mod publish;
+mod release;
 mod support;

@@ -1,6 +1,7 @@
 //! `build-deferred [--detach] BUILD...`: builds what a cold `./test`
 //! deferred (the deferrable Go tools, `tests/go-tools/build NAME`, the
-//! image and the arm64 binary), so that the next run has it.
+//! image, the arm64 binary and the release's tools), so that the next run
+//! has it.
 //!
 //! `--detach` returns at once and builds in a session of its own at the
 //! lowest CPU priority, logging to `$PORTWISE_CACHE/logs/deferred-build.log`.
@@ -33,7 +34,19 @@ pub fn deferrable(paths: &Paths) -> Result<Vec<String>> {
     if paths.root.join(ARM64_BUILD).is_file() {
         builds.push("arm64".to_owned());
     }
+    if paths.root.join(RELEASE).is_file() {
+        builds.push("release".to_owned());
+    }
     Ok(builds)
+}
+
+/// The release command, whose tools (skopeo, cargo-cyclonedx: about 200
+/// CPU-s cold) are the deferrable build `release` (the rehearsal's).
+pub const RELEASE: &str = "deploy/release";
+
+/// Whether the release's tools are installed.
+pub fn release_cached(paths: &Paths) -> bool {
+    proc::succeeds(paths.root.join(RELEASE), &["--tools", "--cached"]).unwrap_or(false)
 }
 
 /// The script that builds the arm64 binary (and, with `--core-tests`, the
@@ -75,6 +88,12 @@ pub fn run(paths: &Paths, args: &[String]) -> Result<u8> {
         } else if b == "arm64" {
             Command::new(paths.root.join(ARM64_BUILD))
                 .args(["--arch", "arm64", "--core-tests"])
+                .stdout(Stdio::null())
+                .status()?
+                .success()
+        } else if b == "release" {
+            Command::new(paths.root.join(RELEASE))
+                .arg("--tools")
                 .stdout(Stdio::null())
                 .status()?
                 .success()

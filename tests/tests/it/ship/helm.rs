@@ -1192,7 +1192,7 @@ async fn helm_chart_values_render_what_they_promise() -> Result<()> {
             "extraArgs[0]=--check-timeout=5s",
         ])?;
         let c = &object(&img, "Deployment/portwise-system/portwise")?["spec"]["template"]["spec"]["containers"][0];
-        expect_eq(&c["image"], &json!(format!("localhost/portwise@{digest}")))?;
+        expect_eq(&c["image"], &json!(format!("ghcr.io/portwise/portwise@{digest}")))?;
         expect_eq(c["args"].as_array().and_then(|a| a.last()), Some(&json!("--check-timeout=5s")))?;
 
         // Modules from OCI registries: the credentials Secret, the CA
