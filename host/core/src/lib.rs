@@ -21,4 +21,5 @@ pub mod plan;
 pub mod policy;
 pub mod reconcile;
 pub mod shadow;
+pub mod shard;
 pub mod text;

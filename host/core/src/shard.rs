@@ -1,0 +1,255 @@
+//! Shards (issue 49): namespaces hashed into a fixed number of buckets, and
+//! which replica holds which bucket.
+//!
+//! Why namespaces: a group never crosses a namespace, so a Service, its
+//! pods, its verdict memory and every write it causes fall into one bucket,
+//! and every write portwise makes is namespaced: the write fence maps
+//! namespace → bucket → the holder's term.
+//!
+//! Why hash *ranges* rather than a modulo: bucket `b` of `S` holds the
+//! FNV-1a-64 hashes in `[b·2⁶⁴/S, (b+1)·2⁶⁴/S)`, one contiguous range, so a
+//! bucket is one `shardRange` of a server-side sharded list and watch
+//! (KEP-5866) where an apiserver offers it, and a replica could then watch
+//! only its buckets' objects without listing every namespace.
+//!
+//! Why a balanced, sticky assignment: each of `N` members holds ⌊S/N⌋ or
+//! ⌈S/N⌉ buckets (no hot replica, the complaint of Argo CD's and Knative's
+//! users), and a bucket moves only when that balance needs it, so scaling
+//! from `N` to `N+1` members moves at most ⌈S/(N+1)⌉ buckets and a member
+//! leaving moves only its own. The assignment is a pure function of the
+//! members and the current holders: every replica computes the same one.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::num::NonZeroU32;
+
+/// FNV-1a, 64 bits (offset basis and prime of the FNV specification).
+pub fn fnv1a64(bytes: &[u8]) -> u64 {
+    const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+    const PRIME: u64 = 0x0000_0100_0000_01b3;
+    bytes
+        .iter()
+        .fold(OFFSET, |h, b| (h ^ u64::from(*b)).wrapping_mul(PRIME))
+}
+
+/// A bucket: `0..S`.
+pub type Bucket = u32;
+
+/// The number of buckets, fixed at install (`--shards`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shards(NonZeroU32);
+
+impl Shards {
+    /// One bucket: every namespace in it, today's single writer.
+    pub const ONE: Shards = Shards(NonZeroU32::MIN);
+
+    pub fn new(count: NonZeroU32) -> Shards {
+        Shards(count)
+    }
+
+    pub fn count(self) -> u32 {
+        self.0.get()
+    }
+
+    /// The bucket of `namespace`: the range its hash falls in.
+    pub fn bucket(self, namespace: &str) -> Bucket {
+        let h = u128::from(fnv1a64(namespace.as_bytes()));
+        // h · S / 2⁶⁴ < S, so it fits.
+        ((h * u128::from(self.count())) >> 64) as Bucket
+    }
+
+    /// The hashes bucket `b` holds: `[start, end)`, `end` `None` for 2⁶⁴.
+    pub fn range(self, b: Bucket) -> (u64, Option<u64>) {
+        let s = u128::from(self.count());
+        // The smallest h with h · S ≥ b · 2⁶⁴: the bound `bucket` rounds to.
+        let start = |b: u128| ((b << 64) + s - 1) / s;
+        let end = start(u128::from(b) + 1);
+        (
+            start(u128::from(b)) as u64,
+            u64::try_from(end).ok(), // 2⁶⁴ for the last bucket
+        )
+    }
+}
+
+/// Which member holds each bucket after balancing: every bucket held by
+/// one of `members`, each member holding ⌊S/N⌋ or ⌈S/N⌉, and as few
+/// buckets as that allows taken from the holders in `current` (holders
+/// that are no longer members hold nothing). Without members, nothing is
+/// held.
+pub fn assign(
+    shards: Shards,
+    members: &BTreeSet<String>,
+    current: &BTreeMap<Bucket, String>,
+) -> BTreeMap<Bucket, String> {
+    let s = shards.count() as usize;
+    let n = members.len();
+    if n == 0 {
+        return BTreeMap::new();
+    }
+    let mut held: BTreeMap<&str, Vec<Bucket>> =
+        members.iter().map(|m| (m.as_str(), Vec::new())).collect();
+    for (&b, holder) in current.range(..shards.count()) {
+        if let Some(bs) = held.get_mut(holder.as_str()) {
+            bs.push(b);
+        }
+    }
+    // Quotas: ⌈S/N⌉ for S mod N members, ⌊S/N⌋ for the others. The larger
+    // quotas go to those holding the most already (then by name), which
+    // keeps the moves to the fewest.
+    let (floor, extra) = (s / n, s % n);
+    let mut by_load: Vec<&str> = held.keys().copied().collect();
+    by_load.sort_by(|a, b| held[b].len().cmp(&held[a].len()).then(a.cmp(b)));
+    let quota: BTreeMap<&str, usize> = by_load
+        .iter()
+        .enumerate()
+        .map(|(i, m)| (*m, floor + usize::from(i < extra)))
+        .collect();
+    // Surplus released (a member's highest buckets), then given with the
+    // unheld buckets, lowest first, to members short of their quota.
+    let mut free: BTreeSet<Bucket> = (0..shards.count()).collect();
+    for (m, bs) in &mut held {
+        bs.truncate(quota[m]);
+        for b in bs.iter() {
+            free.remove(b);
+        }
+    }
+    let mut free = free.into_iter();
+    for (m, bs) in &mut held {
+        while bs.len() < quota[m] {
+            bs.push(free.next().expect("the quotas add up to S"));
+        }
+    }
+    held.into_iter()
+        .flat_map(|(m, bs)| bs.into_iter().map(move |b| (b, m.to_string())))
+        .collect()
+}
+
+/// How many buckets change holder from `before` to `after` (a bucket held
+/// in one and not the other counts).
+pub fn moves(before: &BTreeMap<Bucket, String>, after: &BTreeMap<Bucket, String>) -> usize {
+    let buckets: BTreeSet<&Bucket> = before.keys().chain(after.keys()).collect();
+    buckets
+        .into_iter()
+        .filter(|b| before.get(b) != after.get(b))
+        .count()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn shards(s: u32) -> Shards {
+        Shards::new(NonZeroU32::new(s).unwrap())
+    }
+
+    fn names(n: usize) -> BTreeSet<String> {
+        (0..n).map(|i| format!("portwise-{i}")).collect()
+    }
+
+    fn loads(a: &BTreeMap<Bucket, String>) -> BTreeMap<&str, usize> {
+        let mut l = BTreeMap::new();
+        for m in a.values() {
+            *l.entry(m.as_str()).or_default() += 1;
+        }
+        l
+    }
+
+    #[test]
+    fn fnv1a64_matches_the_reference_vectors() {
+        // From the FNV specification's test suite.
+        assert_eq!(fnv1a64(b""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(fnv1a64(b"a"), 0xaf63_dc4c_8601_ec8c);
+        assert_eq!(fnv1a64(b"foobar"), 0x8594_4171_f739_67e8);
+    }
+
+    #[test]
+    fn one_shard_holds_every_namespace() {
+        for ns in ["", "default", "kube-system", "team-a"] {
+            assert_eq!(Shards::ONE.bucket(ns), 0);
+        }
+        assert_eq!(Shards::ONE.range(0), (0, None));
+    }
+
+    #[test]
+    fn buckets_are_contiguous_hash_ranges() {
+        let s = shards(16);
+        assert_eq!(s.range(0).0, 0);
+        assert_eq!(s.range(15).1, None);
+        for b in 0..15 {
+            assert_eq!(s.range(b).1, Some(s.range(b + 1).0), "bucket {b}");
+        }
+        assert_eq!(s.range(1).0, 1 << 60);
+    }
+
+    #[test]
+    fn three_members_of_sixteen_buckets_hold_six_five_and_five() {
+        let a = assign(shards(16), &names(3), &BTreeMap::new());
+        let mut l: Vec<usize> = loads(&a).into_values().collect();
+        l.sort();
+        assert_eq!(l, vec![5, 5, 6]);
+        assert_eq!(a.len(), 16);
+    }
+
+    #[test]
+    fn no_member_holds_nothing() {
+        let current = assign(shards(4), &names(2), &BTreeMap::new());
+        assert!(assign(shards(4), &BTreeSet::new(), &current).is_empty());
+    }
+
+    proptest! {
+        #[test]
+        fn a_namespace_falls_in_the_range_of_its_bucket(ns in "[a-z0-9-]{0,20}", s in 1u32..64) {
+            let s = shards(s);
+            let b = s.bucket(&ns);
+            prop_assert!(b < s.count());
+            let (start, end) = s.range(b);
+            let h = fnv1a64(ns.as_bytes());
+            prop_assert!(h >= start);
+            prop_assert!(end.is_none_or(|e| h < e));
+        }
+
+        /// Every bucket held once, by a member, each member within one of
+        /// the others, and a second pass moves nothing.
+        #[test]
+        fn the_assignment_is_complete_balanced_and_stable(
+            s in 1u32..40,
+            n in 1usize..9,
+            holders in proptest::collection::btree_map(0u32..40, 0usize..12, 0..40),
+        ) {
+            let shards = shards(s);
+            let members = names(n);
+            let current: BTreeMap<Bucket, String> = holders
+                .into_iter()
+                .map(|(b, m)| (b, format!("portwise-{m}")))
+                .collect();
+            let a = assign(shards, &members, &current);
+            prop_assert_eq!(a.keys().copied().collect::<Vec<_>>(), (0..s).collect::<Vec<_>>());
+            prop_assert!(a.values().all(|m| members.contains(m)));
+            let l = loads(&a);
+            let (lo, hi) = (s as usize / n, (s as usize).div_ceil(n));
+            for m in &members {
+                let got = l.get(m.as_str()).copied().unwrap_or(0);
+                prop_assert!(got == lo || got == hi, "{m} holds {got}, not {lo} or {hi}");
+            }
+            prop_assert_eq!(assign(shards, &members, &a), a);
+        }
+
+        /// Scaling out moves at most ⌈S/(N+1)⌉ buckets (the new member's
+        /// share); a member leaving moves its buckets and nothing else.
+        #[test]
+        fn scaling_moves_only_the_share_that_changes_hands(s in 1u32..64, n in 1usize..8) {
+            let shards = shards(s);
+            let before = assign(shards, &names(n), &BTreeMap::new());
+            let out = assign(shards, &names(n + 1), &before);
+            prop_assert!(moves(&before, &out) <= (s as usize).div_ceil(n + 1));
+            if n >= 2 {
+                let gone = format!("portwise-{}", n - 1);
+                let mut fewer = names(n);
+                fewer.remove(&gone);
+                let after = assign(shards, &fewer, &before);
+                let held_by_gone = before.values().filter(|m| **m == gone).count();
+                prop_assert_eq!(moves(&before, &after), held_by_gone);
+            }
+        }
+    }
+}
