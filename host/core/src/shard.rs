@@ -61,7 +61,7 @@ impl Shards {
     pub fn range(self, b: Bucket) -> (u64, Option<u64>) {
         let s = u128::from(self.count());
         // The smallest h with h · S ≥ b · 2⁶⁴: the bound `bucket` rounds to.
-        let start = |b: u128| ((b << 64) + s - 1) / s;
+        let start = |b: u128| (b << 64).div_ceil(s);
         let end = start(u128::from(b) + 1);
         (
             start(u128::from(b)) as u64,
