@@ -85,9 +85,9 @@ fn actionlint_fails_a_typo_in_a_workflow() -> Result<()> {
         // An expression naming a step that does not exist.
         (
             "release.yml",
-            "${{ steps.push.outputs.digest }}",
-            "${{ steps.pushed.outputs.digest }}",
-            r#"property "pushed" is not defined"#,
+            "${{ steps.release.outputs.digest }}",
+            "${{ steps.released.outputs.digest }}",
+            r#"property "released" is not defined"#,
         ),
     ] {
         let text = std::fs::read_to_string(repo().join(".github/workflows").join(file))?;
