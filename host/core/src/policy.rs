@@ -12,7 +12,7 @@
 //! word. A policy object that is not ready (refused, or its modules not
 //! loaded) holds its Services the same way.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::Service;
 
@@ -189,6 +189,38 @@ pub fn over_budget<'a>(objects: &[(i64, &'a str)], max: usize) -> Vec<&'a str> {
     let mut sorted = objects.to_vec();
     sorted.sort();
     sorted.into_iter().skip(max).map(|(_, n)| n).collect()
+}
+
+/// A policy whose modules would take its namespace past the operator's
+/// `maxModulesPerNamespace`.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "with this policy's modules, the namespace's policies would name {count} modules; \
+     the operator allows {max} (membershipPolicies.maxModulesPerNamespace)"
+)]
+pub struct ModulesOverBudget {
+    pub count: usize,
+    pub max: usize,
+}
+
+/// The modules a namespace's policies name once a policy naming `adding`
+/// joins those naming `held` (a module named twice counts once), or why
+/// that is past `max`. One rule for the controller and `check --live`.
+pub fn with_modules(
+    held: &BTreeSet<String>,
+    adding: impl IntoIterator<Item = String>,
+    max: usize,
+) -> Result<BTreeSet<String>, ModulesOverBudget> {
+    let mut all = held.clone();
+    all.extend(adding);
+    if all.len() > max {
+        Err(ModulesOverBudget {
+            count: all.len(),
+            max,
+        })
+    } else {
+        Ok(all)
+    }
 }
 
 /// Whether `service`'s namespace may pick `name` under `scopes` (a name
@@ -425,5 +457,18 @@ mod tests {
         let objects = [(30, "c"), (10, "a"), (20, "b"), (20, "a2")];
         assert_eq!(over_budget(&objects, 2), ["b", "c"]);
         assert!(over_budget(&objects, 4).is_empty());
+    }
+
+    #[test]
+    fn a_module_named_twice_counts_once_against_the_budget() {
+        let held: BTreeSet<String> = ["oci://r/a".to_string()].into();
+        let again = with_modules(&held, ["oci://r/a".to_string()], 1).unwrap();
+        assert_eq!(again, held);
+        let over = with_modules(&held, ["oci://r/b".to_string()], 1).unwrap_err();
+        assert_eq!(over, ModulesOverBudget { count: 2, max: 1 });
+        assert!(
+            over.to_string()
+                .contains("would name 2 modules; the operator allows 1")
+        );
     }
 }

@@ -204,7 +204,13 @@ pub fn read_objects(
         .iter()
         .map(|o| {
             let name = o.name_any();
-            let not_accepted = |message: String| (Standing::NotReady(format!("not accepted: {message}")), false, None);
+            let not_accepted = |message: String| {
+                (
+                    Standing::NotReady(format!("not accepted: {message}")),
+                    false,
+                    None,
+                )
+            };
             let (standing, selects, expr) = if over.contains(&name) {
                 not_accepted(format!(
                     "more than {} MembershipPolicies in the namespace",
@@ -212,17 +218,13 @@ pub fn read_objects(
                 ))
             } else {
                 match read::accept(&o.spec, limits) {
-                    Ok(a) => {
-                        let mut with = modules.clone();
-                        with.extend(a.modules());
-                        if with.len() > limits.max_modules_per_namespace {
-                            not_accepted(format!(
-                                "with this policy's modules, the namespace's policies would name {} \
-                                 modules; the operator allows {} (membershipPolicies.maxModulesPerNamespace)",
-                                with.len(),
-                                limits.max_modules_per_namespace
-                            ))
-                        } else {
+                    Ok(a) => match portwise_core::policy::with_modules(
+                        &modules,
+                        a.modules(),
+                        limits.max_modules_per_namespace,
+                    ) {
+                        Err(over) => not_accepted(over.to_string()),
+                        Ok(with) => {
                             modules = with;
                             (
                                 Standing::Ready,
@@ -233,7 +235,7 @@ pub fn read_objects(
                                 }),
                             )
                         }
-                    }
+                    },
                     Err(Verdict::Refused { message, .. }) | Err(Verdict::Ok(message)) => {
                         not_accepted(message)
                     }

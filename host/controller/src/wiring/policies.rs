@@ -203,18 +203,14 @@ async fn read_one(
             Err(refused) => entry.accepted = refused,
             Ok(accepted) => {
                 let mine = accepted.modules();
-                let mut all = ctx.book.modules_in(&ns, &name);
-                all.extend(mine.iter().cloned());
-                let most = keeper.limits.max_modules_per_namespace;
-                if all.len() > most {
+                if let Err(over) = portwise_core::policy::with_modules(
+                    &ctx.book.modules_in(&ns, &name),
+                    mine.iter().cloned(),
+                    keeper.limits.max_modules_per_namespace,
+                ) {
                     entry.accepted = Verdict::Refused {
                         reason: reason::NOT_ALLOWED,
-                        message: format!(
-                            "spec: with this policy's modules, namespace {ns}'s policies would name {} \
-                             modules; the operator allows {most} \
-                             (membershipPolicies.maxModulesPerNamespace)",
-                            all.len()
-                        ),
+                        message: format!("spec: in namespace {ns}, {over}"),
                     };
                     ctx.book.set(&ns, &name, entry);
                     return true;
