@@ -133,6 +133,69 @@ pub fn moves(before: &BTreeMap<Bucket, String>, after: &BTreeMap<Bucket, String>
         .count()
 }
 
+/// How a bucket's Lease stands, as this replica sees it (the elector's
+/// reading of the record and its clock).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Standing {
+    /// Held by this replica, its term running.
+    Mine,
+    /// Free, released, or its holder's term is over.
+    Free,
+    /// Held by `holder`, its term running.
+    Held { holder: String },
+}
+
+/// What a replica does with one bucket, given who should hold it
+/// ([`assign`]) and how its Lease stands: the graceful move, in steps.
+///
+/// A move never leaves a bucket with no writer while both replicas live:
+/// the old holder keeps writing until its successor is warm, then drains
+/// (finishes the writes in flight), closes its fence and releases; only
+/// then is the Lease free for the successor to take. A crash skips the
+/// handshake: the Lease expires and the successor takes it cold.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// Hold on: renew, keep writing.
+    Keep,
+    /// Take the Lease (free or expired) and start writing. After a crash
+    /// the state (abstains, stability) is seeded from the published slices.
+    Take,
+    /// Another holds what is now ours: watch its namespaces and probe
+    /// without writing, then say so on its Lease.
+    Warm,
+    /// Ours, now another's, whose successor is warm: drain, close the
+    /// fence, release.
+    HandOver { to: String },
+    /// Ours, now another's, whose successor is not warm yet: keep writing.
+    KeepUntilReady { to: String },
+    /// Neither ours nor ours to be.
+    Ignore,
+}
+
+/// The [`Step`] for a bucket: `me` this replica, `desired` the holder
+/// [`assign`] names (`None` without members), `standing` its Lease, and
+/// `successor_ready` whether the member it should go to has said it is
+/// warm (on the bucket's Lease: it has listed the bucket's namespaces and
+/// run a probe round without writing).
+pub fn step(me: &str, desired: Option<&str>, standing: &Standing, successor_ready: bool) -> Step {
+    let ours = desired == Some(me);
+    match standing {
+        Standing::Mine if ours => Step::Keep,
+        Standing::Mine => match desired {
+            // No member to give it to (the ring is shrinking to nothing):
+            // keep it rather than leave it unwritten.
+            None => Step::Keep,
+            Some(to) if successor_ready => Step::HandOver { to: to.to_string() },
+            Some(to) => Step::KeepUntilReady { to: to.to_string() },
+        },
+        Standing::Free if ours => Step::Take,
+        Standing::Free => Step::Ignore,
+        // Warm until the holder releases; then the Lease reads Free.
+        Standing::Held { .. } if ours => Step::Warm,
+        Standing::Held { .. } => Step::Ignore,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -196,7 +259,71 @@ mod tests {
         assert!(assign(shards(4), &BTreeSet::new(), &current).is_empty());
     }
 
+    #[test]
+    fn a_graceful_move_hands_over_only_once_the_successor_is_warm() {
+        let held_by_a = Standing::Held { holder: "a".into() };
+        // b is to take the bucket from a: it warms while a keeps writing.
+        assert_eq!(step("b", Some("b"), &held_by_a, false), Step::Warm);
+        assert_eq!(
+            step("a", Some("b"), &Standing::Mine, false),
+            Step::KeepUntilReady { to: "b".into() }
+        );
+        // b says it is warm: a drains and releases; b takes the free Lease.
+        assert_eq!(
+            step("a", Some("b"), &Standing::Mine, true),
+            Step::HandOver { to: "b".into() }
+        );
+        assert_eq!(step("b", Some("b"), &Standing::Free, false), Step::Take);
+        // A third replica does nothing throughout.
+        assert_eq!(step("c", Some("b"), &held_by_a, false), Step::Ignore);
+        assert_eq!(step("c", Some("b"), &Standing::Free, false), Step::Ignore);
+    }
+
+    #[test]
+    fn a_holder_keeps_what_is_its_own_and_what_nobody_can_take() {
+        assert_eq!(step("a", Some("a"), &Standing::Mine, false), Step::Keep);
+        assert_eq!(step("a", None, &Standing::Mine, true), Step::Keep);
+        // A crashed holder's Lease expires: the member it is assigned to
+        // takes it, with no handshake.
+        assert_eq!(step("b", Some("b"), &Standing::Free, false), Step::Take);
+    }
+
     proptest! {
+        /// Whatever the standing, at most one replica writes a bucket: of
+        /// the steps that write (Keep, KeepUntilReady, Take), only the
+        /// Lease's holder gets Keep or KeepUntilReady, and Take only when
+        /// nobody holds it.
+        #[test]
+        fn at_most_one_replica_writes_a_bucket(
+            n in 1usize..5,
+            desired in proptest::option::of(0usize..5),
+            holder in proptest::option::of(0usize..5),
+            ready in any::<bool>(),
+        ) {
+            let name = |i: usize| format!("r{i}");
+            let desired = desired.map(name);
+            let mut writers = 0;
+            for i in 0..n {
+                let me = name(i);
+                let standing = match &holder {
+                    Some(h) if *h == i => Standing::Mine,
+                    Some(h) => Standing::Held { holder: name(*h) },
+                    None => Standing::Free,
+                };
+                let s = step(&me, desired.as_deref(), &standing, ready);
+                let writes = matches!(s, Step::Keep | Step::KeepUntilReady { .. } | Step::Take);
+                if writes {
+                    writers += 1;
+                    if matches!(s, Step::Take) {
+                        prop_assert!(holder.is_none());
+                    } else {
+                        prop_assert_eq!(holder, Some(i));
+                    }
+                }
+            }
+            prop_assert!(writers <= 1);
+        }
+
         #[test]
         fn a_namespace_falls_in_the_range_of_its_bucket(ns in "[a-z0-9-]{0,20}", s in 1u32..64) {
             let s = shards(s);
