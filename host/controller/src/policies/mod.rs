@@ -142,17 +142,23 @@ impl Book {
         name: &str,
         side: Side,
     ) -> Option<(Arc<dyn Checker>, u64)> {
-        let entry = self.get(ns, name)?;
-        let (checker, revision) = entry.checker?;
+        // Under the lock, clone only the checker asked for (an Arc): the
+        // judge asks once per Service and reconcile.
+        let entries = self.entries.read().expect("policy book poisoned");
+        let entry = entries.get(&(ns.to_owned(), name.to_owned()))?;
+        let (checker, revision) = entry.checker.as_ref()?;
         match side {
-            Side::Membership => Some((checker, revision)),
-            Side::Shadow => entry.shadow.map(|s| (s, revision)),
+            Side::Membership => Some((checker.clone(), *revision)),
+            Side::Shadow => entry.shadow.as_ref().map(|s| (s.clone(), *revision)),
         }
     }
 
     /// Whether `ns`'s object `name` has a built shadow.
     pub(crate) fn has_shadow(&self, ns: &str, name: &str) -> bool {
-        self.checker(ns, name, Side::Shadow).is_some()
+        let entries = self.entries.read().expect("policy book poisoned");
+        entries
+            .get(&(ns.to_owned(), name.to_owned()))
+            .is_some_and(|e| e.checker.is_some() && e.shadow.is_some())
     }
 
     /// The objects of `svc`'s namespace as the core chooses among them,
