@@ -12,8 +12,8 @@
 //! template's committed recordings into the committed verdict tables, the
 //! check the templates' READMEs give for CI.
 //!
-//! Needs the registry (deferred on a cold machine, like `oci`), wkg
-//! (tests/setup), the guests' toolchains (guests/build: wasm32-wasip2,
+//! Needs the registry and wkg (tests/wkg/build; both deferred on a cold
+//! machine, so the test is skipped there and says so), the guests' toolchains (guests/build: wasm32-wasip2,
 //! componentize-py) and the `portwise` binary.
 
 use std::{
@@ -52,17 +52,16 @@ fn cache() -> PathBuf {
         })
 }
 
-/// wkg, as tests/setup installs it (tests/env.sh: `PORTWISE_WKG`).
+/// wkg: tests/wkg/build, which builds it into the tools cache if need be
+/// (under ./test, a cold machine defers that and this test is skipped).
 fn wkg() -> Result<PathBuf> {
-    let wkg = std::env::var_os("PORTWISE_WKG")
-        .map(PathBuf::from)
-        .context("PORTWISE_WKG is not set: source tests/env.sh")?;
-    ensure!(
-        wkg.is_file(),
-        "{} is missing: tests/setup installs wkg",
-        wkg.display()
-    );
-    Ok(wkg)
+    let printed = ran(
+        "tests/wkg/build",
+        Command::new(repo().join("tests/wkg/build"))
+            .stderr(Stdio::inherit())
+            .output(),
+    )?;
+    Ok(PathBuf::from(printed.trim()))
 }
 
 /// A wkg config that maps the `portwise` namespace to the suite's registry
@@ -337,12 +336,12 @@ fn check_js_and_python(tgz: &Path, wheel: &Path, work: &Path) -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn templates_build_from_the_published_packages() -> Result<()> {
-    if deferred::skip(&["registry"], TEST) {
+    if deferred::skip(&["registry", "wkg"], TEST) {
         return Ok(());
     }
     let cp = ControlPlane::shared().await?;
     let reg = Registry::start(cp).await?;
-    let wkg = wkg()?;
+    let wkg = tokio::task::spawn_blocking(wkg).await??;
     let portwise = portwise_bin()?;
     // Outside the checkout (the system's temporary directory).
     let work = tempfile::Builder::new().prefix("portwise-sdk-").tempdir()?;
