@@ -4,17 +4,18 @@
 //! (`portwise:membership`) and publishes it with `wkg` to the suite's
 //! registry (TLS with the control plane's CA, htpasswd), packs the Rust
 //! helper crate (`cargo package`), the JavaScript one (`npm pack`) and the
-//! Python one (a wheel); the packed files are checked. Then templates are copied into a temporary
-//! directory outside the checkout and built against those packages alone:
-//! the Rust template against the packed crate (a crates.io patch to the
-//! unpacked `.crate`, offline), the Python template against the WIT that
-//! `wkg get` fetches from the registry. Each component replays its
-//! template's committed recordings into the committed verdict tables, the
-//! check the templates' READMEs give for CI.
+//! Python one (a wheel); the packed files are checked. Then templates are
+//! copied into a temporary directory outside the checkout and built
+//! against those packages alone: the Rust template against the packed
+//! crate (a crates.io patch to the unpacked `.crate`, offline), the Python
+//! template against the WIT that `wkg get` fetches from the registry. Each
+//! component replays its template's committed recordings into the
+//! committed verdict tables, the check the templates' READMEs give for CI.
 //!
 //! Needs the registry and wkg (tests/wkg/build; both deferred on a cold
-//! machine, so the test is skipped there and says so), the guests' toolchains (guests/build: wasm32-wasip2,
-//! componentize-py) and the `portwise` binary.
+//! machine, so the test is skipped there and says so), the guests'
+//! toolchains (guests/build: wasm32-wasip2, componentize-py) and the
+//! `portwise` binary.
 
 use std::{
     path::{Path, PathBuf},
