@@ -184,8 +184,9 @@ fn build_the_rust_template(work: &Path, krate: &Path) -> Result<(PathBuf, PathBu
         !manifest.contains("path ="),
         "the Rust template has a path dependency:\n{manifest}"
     );
-    // A target directory kept between runs (only the copy rebuilds).
-    let target = cache().join("sdk-outside-target");
+    // The target directory host/portwise's templates test builds its copy
+    // in, kept between runs: only the helper and the copy rebuild.
+    let target = cache().join("guests-outside-target");
     ran(
         "cargo build (the Rust template, outside the checkout)",
         Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
