@@ -95,7 +95,10 @@ fn copy_tree(from: &Path, to: &Path) -> Result<()> {
         let entry = entry?;
         let (src, dst) = (entry.path(), to.join(entry.file_name()));
         if entry.file_type()?.is_dir() {
-            if !matches!(entry.file_name().to_str(), Some("target" | "build" | "node_modules")) {
+            if !matches!(
+                entry.file_name().to_str(),
+                Some("target" | "build" | "node_modules")
+            ) {
                 copy_tree(&src, &dst)?;
             }
         } else {
@@ -154,7 +157,12 @@ fn tar_list(file: &Path) -> Result<Vec<String>> {
 fn unpack_the_crate(krate: &Path, work: &Path) -> Result<PathBuf> {
     let files = tar_list(krate)?;
     let root = format!("portwise-guest-{VERSION}/");
-    for want in ["Cargo.toml", "README.md", "src/lib.rs", "wit/membership.wit"] {
+    for want in [
+        "Cargo.toml",
+        "README.md",
+        "src/lib.rs",
+        "wit/membership.wit",
+    ] {
         ensure!(
             files.iter().any(|f| *f == format!("{root}{want}")),
             "{} lacks {want}: {files:?}",
@@ -239,7 +247,10 @@ fn build_the_rust_template(work: &Path, krate: &Path) -> Result<(PathBuf, PathBu
             "the copied template builds {path} from the checkout"
         );
     }
-    Ok((checker, target.join("wasm32-wasip2/release/my_checker.wasm")))
+    Ok((
+        checker,
+        target.join("wasm32-wasip2/release/my_checker.wasm"),
+    ))
 }
 
 /// The Python template, copied out, its WIT fetched from the registry with
@@ -316,7 +327,12 @@ fn check_js_and_python(tgz: &Path, wheel: &Path, work: &Path) -> Result<()> {
     ran(
         "pip install (the wheel)",
         Command::new(env.join("bin/pip"))
-            .args(["install", "--quiet", "--no-index", "--disable-pip-version-check"])
+            .args([
+                "install",
+                "--quiet",
+                "--no-index",
+                "--disable-pip-version-check",
+            ])
             .arg(wheel)
             .output(),
     )?;
@@ -347,7 +363,10 @@ async fn templates_build_from_the_published_packages() -> Result<()> {
     let portwise = portwise_bin()?;
     // Outside the checkout (the system's temporary directory).
     let work = tempfile::Builder::new().prefix("portwise-sdk-").tempdir()?;
-    ensure!(!work.path().starts_with(repo()), "the scratch is in the checkout");
+    ensure!(
+        !work.path().starts_with(repo()),
+        "the scratch is in the checkout"
+    );
     let config = work.path().join("wkg.toml");
     wkg_config(&reg, &config)?;
     let work_path = work.path().to_path_buf();
