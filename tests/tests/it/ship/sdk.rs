@@ -66,7 +66,8 @@ fn wkg() -> Result<PathBuf> {
 }
 
 /// A wkg config that maps the `portwise` namespace to the suite's registry
-/// (`HOST/portwise/membership:VERSION`), trusting its CA, with its user.
+/// (`HOST/portwise/portwise/membership:VERSION`: wkg puts the namespace
+/// after the prefix), trusting its CA, with its user.
 fn wkg_config(reg: &Registry, path: &Path) -> Result<()> {
     let host = reg.host();
     let ca = std::fs::read_to_string(reg.ca_file())?;
