@@ -10,3 +10,8 @@ export PATH="$HOME/.cargo/bin:$PATH"
 # runs it (the dependency rules, licenses and sources).
 export PORTWISE_CARGO_DENY_VERSION=0.20.2
 export PORTWISE_CARGO_DENY="${PORTWISE_CARGO_DENY:-$PORTWISE_CACHE/tools/cargo-deny-$PORTWISE_CARGO_DENY_VERSION/bin/cargo-deny}"
+# wkg (bytecodealliance/wasm-pkg-tools), pinned: publishes and fetches the
+# WIT package portwise:membership (guests/sdk/pack, ship::sdk, the
+# templates). tests/wkg/build builds it once into the cache (deferred by a cold ./test).
+export PORTWISE_WKG_VERSION=0.16.1
+export PORTWISE_WKG="${PORTWISE_WKG:-$PORTWISE_CACHE/tools/wkg-$PORTWISE_WKG_VERSION/bin/wkg}"

@@ -1,4 +1,4 @@
-module portwise/guests/go
+module github.com/portwise/portwise/guests/go
 
 go 1.25
 

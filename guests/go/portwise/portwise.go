@@ -33,11 +33,11 @@ import (
 
 	witTypes "go.bytecodealliance.org/pkg/wit/types"
 
-	checker "portwise/guests/go/bindings/exports/export_portwise_membership_checker"
-	_ "portwise/guests/go/bindings/exports/wit_exports" // the wasmexport entry points
-	wlog "portwise/guests/go/bindings/imports/portwise_membership_log"
-	probes "portwise/guests/go/bindings/imports/portwise_membership_probes"
-	types "portwise/guests/go/bindings/imports/portwise_membership_types"
+	checker "github.com/portwise/portwise/guests/go/bindings/exports/export_portwise_membership_checker"
+	_ "github.com/portwise/portwise/guests/go/bindings/exports/wit_exports" // the wasmexport entry points
+	wlog "github.com/portwise/portwise/guests/go/bindings/imports/portwise_membership_log"
+	probes "github.com/portwise/portwise/guests/go/bindings/imports/portwise_membership_probes"
+	types "github.com/portwise/portwise/guests/go/bindings/imports/portwise_membership_types"
 )
 
 // Checker is what a guest implements.

@@ -23,8 +23,8 @@ import (
 	"strings"
 	"time"
 
-	"portwise/guests/go/portwise"
-	"portwise/guests/go/zone-check/zone"
+	"github.com/portwise/portwise/guests/go/portwise"
+	"github.com/portwise/portwise/guests/go/zone-check/zone"
 )
 
 type zoneCheck struct{}

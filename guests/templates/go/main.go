@@ -21,7 +21,7 @@ import (
 	"strings"
 	"time"
 
-	"portwise/guests/go/portwise"
+	"github.com/portwise/portwise/guests/go/portwise"
 )
 
 // config is the `config:` value of the portwise config file. Add your own

@@ -24,13 +24,17 @@
 //! - The Rust guest SDK (`guests/rust/portwise-guest`, the helper crate
 //!   guest authors depend on) has the workspace version, and the lock files
 //!   that build it (`guests/Cargo.lock`, the Rust template's) record that
-//!   version, since `--locked` builds refuse a stale one. The other guest
-//!   package files are not SDKs: the example guests and the templates carry
-//!   their own versions (a template's is the user's project's;
-//!   `guests/js`'s 0.2.0 names the WIT package it binds), the Go helper is
-//!   a module without a version in its files, and Python has no helper
-//!   package. The WIT package version (`portwise:membership@X.Y.Z`) is
-//!   versioned on its own and not checked here.
+//!   version, since `--locked` builds refuse a stale one. So do the
+//!   JavaScript and Python SDK packages (`guests/sdk/js/package.json`, the
+//!   npm package `@portwise/guest`; `guests/sdk/python/pyproject.toml`, the
+//!   wheel `portwise-guest`), and the WIT they carry is the contract's,
+//!   byte for byte. The other guest package files are not SDKs: the example
+//!   guests and the templates carry their own versions (a template's is the
+//!   user's project's; `guests/js`'s 0.2.0 names the WIT package it binds),
+//!   and the Go helper is a module whose version is a git tag
+//!   (`guests/go/vX.Y.Z`), not in its files. The WIT package version
+//!   (`portwise:membership@X.Y.Z`) is versioned on its own and not checked
+//!   here.
 //! - CHANGELOG.md has a section for the workspace version (`## X.Y.Z — date`).
 
 use std::path::{Path, PathBuf};
@@ -202,6 +206,33 @@ fn the_rust_guest_sdk_has_the_workspace_version() {
             locked_version(&read(lock), "portwise-guest").as_deref(),
             Some(VERSION),
             "{lock} records another portwise-guest"
+        );
+    }
+}
+
+#[test]
+fn the_js_and_python_guest_sdks_have_the_workspace_version() {
+    let package: serde_json::Value =
+        serde_json::from_str(&read("guests/sdk/js/package.json")).expect("package.json");
+    assert_eq!(
+        package["version"].as_str(),
+        Some(VERSION),
+        "guests/sdk/js/package.json"
+    );
+    assert_eq!(
+        toml_version(&read("guests/sdk/python/pyproject.toml"), "[project]").as_deref(),
+        Some(VERSION),
+        "guests/sdk/python/pyproject.toml"
+    );
+    // They carry the WIT a checker builds against: the contract's, whole.
+    let wit = read("wit/membership.wit");
+    for copy in [
+        "guests/sdk/js/wit/membership.wit",
+        "guests/sdk/python/src/portwise_guest/wit/membership.wit",
+    ] {
+        assert!(
+            read(copy) == wit,
+            "{copy} differs from wit/membership.wit: copy it over"
         );
     }
 }

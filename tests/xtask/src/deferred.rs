@@ -1,7 +1,7 @@
 //! `build-deferred [--detach] BUILD...`: builds what a cold `./test`
 //! deferred (the deferrable Go tools, `tests/go-tools/build NAME`, the
-//! image, the arm64 binary and the release's tools), so that the next run
-//! has it.
+//! image, the arm64 binary, the release's tools and wkg), so that the
+//! next run has it.
 //!
 //! `--detach` returns at once and builds in a session of its own at the
 //! lowest CPU priority, logging to `$PORTWISE_CACHE/logs/deferred-build.log`.
@@ -23,8 +23,9 @@ use std::{
 
 use crate::{Paths, Result, image, proc};
 
-/// The builds `./test` may defer: the deferrable Go tools, the image and
-/// the arm64 binary (`deploy/build-binary --arch arm64`, ship::arm64's).
+/// The builds `./test` may defer: the deferrable Go tools, the image, the
+/// arm64 binary (`deploy/build-binary --arch arm64`, ship::arm64's) and wkg
+/// (`tests/wkg/build`, ship::sdk's).
 pub fn deferrable(paths: &Paths) -> Result<Vec<String>> {
     let mut builds = proc::lines(
         paths.root.join("tests/go-tools/build"),
@@ -37,6 +38,9 @@ pub fn deferrable(paths: &Paths) -> Result<Vec<String>> {
     if paths.root.join(RELEASE).is_file() {
         builds.push("release".to_owned());
     }
+    if paths.root.join(WKG_BUILD).is_file() {
+        builds.push("wkg".to_owned());
+    }
     Ok(builds)
 }
 
@@ -48,6 +52,10 @@ pub const RELEASE: &str = "deploy/release";
 pub fn release_cached(paths: &Paths) -> bool {
     proc::succeeds(paths.root.join(RELEASE), &["--tools", "--cached"]).unwrap_or(false)
 }
+
+/// The script that builds wkg from crates.io (ship::sdk's; about 720 CPU-s
+/// cold) and, with `--cached`, says whether it is built.
+pub const WKG_BUILD: &str = "tests/wkg/build";
 
 /// The script that builds the arm64 binary (and, with `--core-tests`, the
 /// core crate's tests for arm64).
@@ -94,6 +102,11 @@ pub fn run(paths: &Paths, args: &[String]) -> Result<u8> {
         } else if b == "release" {
             Command::new(paths.root.join(RELEASE))
                 .arg("--tools")
+                .stdout(Stdio::null())
+                .status()?
+                .success()
+        } else if b == "wkg" {
+            Command::new(paths.root.join(WKG_BUILD))
                 .stdout(Stdio::null())
                 .status()?
                 .success()

@@ -211,7 +211,13 @@ impl Service<http::Uri> for UserTimeout {
         let timeout = self.timeout;
         Box::pin(async move {
             let io = connecting.await?;
+            // TCP_USER_TIMEOUT is Linux's, where the controller runs. The
+            // CLI also builds for macOS (`portwise check`, which makes no
+            // API connection); there the keepalive above is the only bound.
+            #[cfg(target_os = "linux")]
             socket2::SockRef::from(io.inner()).set_tcp_user_timeout(Some(timeout))?;
+            #[cfg(not(target_os = "linux"))]
+            let _ = timeout;
             Ok(io)
         })
     }

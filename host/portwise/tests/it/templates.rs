@@ -342,10 +342,13 @@ fn go_template_replays_its_recordings() {
 }
 
 /// A user's start, outside this repository: the Rust template and the
-/// helper crate `portwise-guest` copied into a directory of their own (the
-/// template pointing at the copy), built offline for wasm32-wasip2. The
-/// crate carries its WIT and inherits nothing from a workspace, so the copy
-/// builds; the component gives the committed recordings' verdicts.
+/// helper crate `portwise-guest` copied into a directory of their own, the
+/// template's crates.io dependency patched to the copy (as guests/build
+/// patches it to the checkout), built offline for wasm32-wasip2. The crate
+/// carries its WIT and inherits nothing from a workspace, so the copy
+/// builds; the component gives the committed recordings' verdicts. (The
+/// crate as packaged, `cargo package`, and the template against it are
+/// `ship::sdk` in the suite.)
 #[test]
 fn the_rust_template_builds_outside_the_repository() {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
@@ -353,23 +356,19 @@ fn the_rust_template_builds_outside_the_repository() {
         .prefix("my-checker-")
         .tempdir()
         .unwrap();
-    copy_tree(
-        &repo.join("guests/rust/portwise-guest"),
-        &outside.path().join("portwise-guest"),
-    );
+    let helper = outside.path().join("portwise-guest");
+    copy_tree(&repo.join("guests/rust/portwise-guest"), &helper);
     let checker = outside.path().join("my-checker");
     copy_tree(&repo.join("guests/templates/rust"), &checker);
-    let manifest = checker.join("Cargo.toml");
-    let text = std::fs::read_to_string(&manifest).unwrap();
-    let pointed = text.replace(
-        r#"path = "../../rust/portwise-guest""#,
-        r#"path = "../portwise-guest""#,
+    let manifest = std::fs::read_to_string(checker.join("Cargo.toml")).unwrap();
+    assert!(
+        manifest.contains("\nportwise-guest = \"0.2\"\n"),
+        "the template no longer names portwise-guest by version:\n{manifest}"
     );
-    assert_ne!(
-        pointed, text,
-        "the template no longer names portwise-guest by path"
+    let patch = format!(
+        "patch.crates-io.portwise-guest.path={:?}",
+        helper.display().to_string()
     );
-    std::fs::write(&manifest, pointed).unwrap();
     // A target directory of its own, kept between runs (only the copies
     // rebuild); inside the copy when no cache is configured.
     let target = std::env::var_os("PORTWISE_CACHE")
@@ -383,6 +382,8 @@ fn the_rust_template_builds_outside_the_repository() {
             "--locked",
             "--target",
             "wasm32-wasip2",
+            "--config",
+            &patch,
         ])
         .current_dir(&checker)
         .env("CARGO_TARGET_DIR", &target)

@@ -14,5 +14,6 @@ mod helm;
 mod image;
 mod manifests;
 mod metrics;
+mod sdk;
 mod service_account;
 mod support;

@@ -8,8 +8,8 @@
 package export_portwise_membership_checker
 
 import (
+	types "github.com/portwise/portwise/guests/go/bindings/imports/portwise_membership_types"
 	witTypes "go.bytecodealliance.org/pkg/wit/types"
-	types "portwise/guests/go/bindings/imports/portwise_membership_types"
 )
 
 // Set by portwise.Register.

@@ -6,10 +6,10 @@
 package wit_exports
 
 import (
+	"github.com/portwise/portwise/guests/go/bindings/exports/export_portwise_membership_checker"
+	"github.com/portwise/portwise/guests/go/bindings/imports/portwise_membership_types"
 	witRuntime "go.bytecodealliance.org/pkg/wit/runtime"
 	witTypes "go.bytecodealliance.org/pkg/wit/types"
-	"portwise/guests/go/bindings/exports/export_portwise_membership_checker"
-	"portwise/guests/go/bindings/imports/portwise_membership_types"
 	"runtime"
 	"unsafe"
 )

@@ -6,7 +6,7 @@
 package portwise_membership_checker
 
 import (
-	"portwise/guests/go/bindings/imports/portwise_membership_types"
+	"github.com/portwise/portwise/guests/go/bindings/imports/portwise_membership_types"
 )
 
 type Service = portwise_membership_types.Service
