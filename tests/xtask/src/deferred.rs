@@ -64,7 +64,11 @@ pub const ARM64_BUILD: &str = "deploy/build-binary";
 /// Whether the arm64 build's dependencies are compiled (what costs a cold
 /// cross build); a changed crate is then rebuilt by the test that needs it.
 pub fn arm64_cached(paths: &Paths) -> bool {
-    proc::succeeds(paths.root.join(ARM64_BUILD), &["--arch", "arm64", "--cached"]).unwrap_or(false)
+    proc::succeeds(
+        paths.root.join(ARM64_BUILD),
+        &["--arch", "arm64", "--cached"],
+    )
+    .unwrap_or(false)
 }
 
 pub fn run(paths: &Paths, args: &[String]) -> Result<u8> {
