@@ -129,6 +129,19 @@ pub fn config_with(membership: &str, extra: &str) -> String {
     )
 }
 
+/// A finished command's stdout, or an error naming `what`, its status and
+/// both its outputs.
+pub fn stdout_of(what: &str, out: &std::process::Output) -> anyhow::Result<String> {
+    anyhow::ensure!(
+        out.status.success(),
+        "{what}: {}\n{}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
 /// Installs a tracing subscriber once (RUST_LOG filters; default `info` for
 /// portwise, `warn` elsewhere) writing through the test harness's capture.
 pub fn init_tracing() {

@@ -50,14 +50,7 @@ fn release_env(path: &Path) -> Result<std::collections::BTreeMap<String, String>
 }
 
 fn ran(what: &str, out: std::process::Output) -> Result<String> {
-    ensure!(
-        out.status.success(),
-        "{what}: {}\n{}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    portwise_tests::stdout_of(what, &out)
 }
 
 /// The descriptor of `platform`'s (`amd64`, `arm64`) image in an index.

@@ -24,19 +24,8 @@ const QEMU: &str = "qemu-aarch64-static";
 /// `EM_AARCH64` in an ELF header's `e_machine` (bytes 18..20, little end).
 const EM_AARCH64: u16 = 183;
 
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
-
 fn ran(what: &str, out: &Output) -> Result<String> {
-    ensure!(
-        out.status.success(),
-        "{what}: {}\n{}\n{}",
-        out.status,
-        text(&out.stdout),
-        text(&out.stderr)
-    );
-    Ok(text(&out.stdout))
+    stdout_of(what, out)
 }
 
 /// `program args` under qemu, in `dir`.

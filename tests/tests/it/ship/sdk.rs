@@ -35,14 +35,7 @@ const VERSION: &str = env!("CARGO_PKG_VERSION");
 
 fn ran(what: &str, out: std::io::Result<Output>) -> Result<String> {
     let out = out.with_context(|| format!("running {what}"))?;
-    ensure!(
-        out.status.success(),
-        "{what}: {}\n{}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    portwise_tests::stdout_of(what, &out)
 }
 
 fn cache() -> PathBuf {
