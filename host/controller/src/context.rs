@@ -14,6 +14,7 @@ use kube::{
 };
 
 use portwise_core::{config::Config, plan::TriggerMemory};
+use tokio::sync::watch;
 
 use crate::{
     apply::SliceWriter,
@@ -63,6 +64,31 @@ pub(crate) struct Context {
     pub(crate) queue: crate::queue::Queue<ObjectRef<Service>>,
     /// The policy objects read (empty without `membershipPolicies`).
     pub(crate) book: Arc<crate::policies::Book>,
+    /// Set once the controller stops ([`Stopping`]).
+    pub(crate) stopping: Stopping,
+}
+
+/// Set when the controller begins to stop. A reconcile still judging gives
+/// up, writing nothing, so that a stop waits for the writes in flight and
+/// not for probes that may hang until their timeout: behind hanging probes
+/// a stop took longer than a pod's 30 s grace period, and the Lease
+/// expired instead of being released.
+#[derive(Clone, Debug)]
+pub(crate) struct Stopping(watch::Receiver<bool>);
+
+impl Stopping {
+    /// The flag and the sender that sets it.
+    pub(crate) fn new() -> (watch::Sender<bool>, Self) {
+        let (tx, rx) = watch::channel(false);
+        (tx, Self(rx))
+    }
+
+    /// Resolves once the controller stops (or its sender is gone, which
+    /// only a stopped controller drops).
+    pub(crate) async fn wait(&self) {
+        let mut rx = self.0.clone();
+        let _ = rx.wait_for(|stopping| *stopping).await;
+    }
 }
 
 impl Context {

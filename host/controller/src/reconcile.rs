@@ -191,7 +191,7 @@ pub(crate) async fn reconcile(
 }
 
 /// Judges, plans and writes a served Service. `false`: the Lease was lost
-/// while judging, nothing was written.
+/// or the controller began to stop while judging; nothing was written.
 async fn serve(
     ctx: &Context,
     svc: &Arc<Service>,
@@ -209,13 +209,21 @@ async fn serve(
         .services
         .set_not_judged(&ns, &name, &serve.not_judged);
     // Without the slot while the checks run (`crate::slots`): the judge
-    // phase includes taking one again.
-    let judged = slot
-        .released_while(
-            ctx.judge
-                .judge(svc, std::mem::take(&mut serve.subjects), &serve.policy),
-        )
-        .await;
+    // phase includes taking one again. A stop does not wait for the checks
+    // (`Stopping`): nothing is written, the next leader judges afresh.
+    let judging = slot.released_while(ctx.judge.judge(
+        svc,
+        std::mem::take(&mut serve.subjects),
+        &serve.policy,
+    ));
+    let judged = tokio::select! {
+        biased;
+        () = ctx.stopping.wait() => {
+            debug!("stopping: judging abandoned, nothing written");
+            return Ok(false);
+        }
+        judged = judging => judged,
+    };
     profile.subjects = judged.len();
     profile.judge = profile.lap();
 

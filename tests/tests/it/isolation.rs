@@ -146,3 +146,86 @@ async fn a_tenant_whose_probes_hang_does_not_stall_another() -> Result<()> {
     drop(hanging);
     Ok(())
 }
+
+/// A stop does not wait for probes that hang: reconciles still judging
+/// give up (nothing written) and only writes in flight are awaited. Behind
+/// hanging probes portwise used to take longer than a pod's 30 s grace
+/// period to exit after SIGTERM, so the kubelet's SIGKILL came first and
+/// its Lease expired instead of being handed over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_does_not_wait_for_hanging_probes() -> Result<()> {
+    let cp = ControlPlane::shared().await?;
+    let ns = TestNs::new(cp, "stophang").await?;
+    let mut svc = service("hung")
+        .annotation(GROUP_KEY, "h")
+        .annotation(POLICY, "hung");
+    for p in 0..2u16 {
+        svc = svc.port(&format!("p{p}"), i32::from(8080 + p));
+    }
+    ns.create_service(svc).await?;
+    let mut hanging = Vec::new();
+    for i in 0..3 {
+        let ip = next_ips();
+        ns.create_pod(
+            pod(&format!("h{i}"))
+                .annotation(GROUP_KEY, "h")
+                .ips(ip.v4()),
+        )
+        .await?;
+        for p in 0..2u16 {
+            let l = HttpListener::start(ip.v4, 8080 + p).await?;
+            l.set_mode(HttpMode::Hang);
+            hanging.push(l);
+        }
+    }
+    // Probes that would hang a minute, far past the grace period.
+    let cfg = config_with(
+        "podReady",
+        "policies:\n  hung: {httpGet: {path: /healthz, timeout: 60s}}\n",
+    );
+    let mut pw = Portwise::builder(cp)
+        .namespace(ns.name())
+        .config(&cfg)
+        .binary()
+        .args(&[
+            "--leader-elect",
+            "--lease-namespace",
+            ns.name(),
+            "--lease-duration",
+            "15s",
+            "--identity",
+            "hung-replica",
+        ])
+        .start()
+        .await?;
+    // Every probe is in flight: each listener holds a request unanswered.
+    wait_for(SETTLE, || async {
+        let waiting = hanging.iter().filter(|l| l.request_count() > 0).count();
+        ensure!(
+            waiting == hanging.len(),
+            "{waiting} of {} probes in flight",
+            hanging.len()
+        );
+        Ok(())
+    })
+    .await?;
+
+    // Well inside the 30 s grace period, exit 0 (`stop_within` checks it).
+    let took = pw.stop_within(Duration::from_secs(10)).await?;
+    println!("stopped {took:?} after SIGTERM with 6 probes hanging");
+    // And the Lease is handed back, not left to expire.
+    let lease = ns
+        .api::<k8s_openapi::api::coordination::v1::Lease>()
+        .get("portwise")
+        .await?;
+    let holder = lease
+        .spec
+        .and_then(|s| s.holder_identity)
+        .unwrap_or_default();
+    ensure!(
+        holder.is_empty(),
+        "the Lease still names {holder:?} after the stop"
+    );
+    drop(hanging);
+    Ok(())
+}

@@ -60,7 +60,7 @@ use portwise_core::{
 use crate::{
     apply::SliceWriter,
     cache::{self, GroupIndex, SyncGate, WatchBackoff},
-    context::Context,
+    context::{Context, Stopping},
     echo::Echoes,
     error::Error,
     events::Events,
@@ -136,6 +136,7 @@ pub(crate) async fn run(
         let list_cfg = watcher::Config::default().any_semantic().streaming_lists();
         policies::watch(&client, &opts.namespaces, &list_cfg)
     });
+    let (stop, stopping) = Stopping::new();
     let ctx = context(
         &client,
         &config,
@@ -143,7 +144,7 @@ pub(crate) async fn run(
         (judge, shadows),
         caches,
         &triggers,
-        (table, book),
+        (table, book, stopping),
     );
 
     // The supervisor: every task is stopped with the controller, so that an
@@ -205,7 +206,9 @@ pub(crate) async fn run(
         () = serving => {}
     }
     // Reconciles in flight end before the Lease can be released; nothing
-    // new starts.
+    // new starts. Those still judging give up at once; those writing
+    // finish their writes.
+    let _ = stop.send(true);
     queue.close();
     queue.idle().await;
     tasks.shutdown().await;
@@ -223,7 +226,7 @@ fn context(
     (judge, shadows): (Judge, Option<Arc<Shadows>>),
     caches: Caches,
     triggers: &Triggers,
-    (table, book): (Arc<ServiceTable>, Arc<crate::policies::Book>),
+    (table, book, stopping): (Arc<ServiceTable>, Arc<crate::policies::Book>, Stopping),
 ) -> Arc<Context> {
     let reporter = Reporter {
         controller: config.managed_by.clone(),
@@ -257,5 +260,6 @@ fn context(
         leader: opts.leader.clone(),
         table,
         book,
+        stopping,
     })
 }

@@ -1,3 +1,0 @@
-module go.bytecodealliance.org/pkg
-
-go 1.25
