@@ -31,7 +31,7 @@ import (
 	"strings"
 	"time"
 
-	witTypes "go.bytecodealliance.org/pkg/wit/types"
+	witTypes "github.com/portwise/portwise/guests/go/third_party/go-pkg/wit/types"
 
 	checker "github.com/portwise/portwise/guests/go/bindings/exports/export_portwise_membership_checker"
 	_ "github.com/portwise/portwise/guests/go/bindings/exports/wit_exports" // the wasmexport entry points

@@ -399,12 +399,13 @@ fn the_rust_template_builds_outside_the_repository() {
     replays_the_recordings(&Template::of("rust", built));
 }
 
-/// The Go template outside this repository: the template and portwise's
-/// `guests/go` module (the helper package, its committed bindings and WIT)
-/// copied side by side, the template's `replace` lines pointed at the copy,
-/// and built by the template's own `build` with Go, wasm-tools and the
-/// adapter alone (no binding generator). The component gives the committed
-/// recordings' verdicts.
+/// The Go template outside this repository, against the helper module as
+/// its tag publishes it: `guests/sdk/go-proxy` lays the module out as the
+/// Go module proxy serves it, and the copied template, its `replace` line
+/// dropped as its README says, resolves the helper from there alone
+/// (`GOPROXY=file://…`, a module cache of its own). Built by the template's
+/// own `build` with Go, wasm-tools and the adapter (no binding generator);
+/// the component gives the committed recordings' verdicts.
 #[test]
 fn the_go_template_builds_outside_the_repository() {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
@@ -435,30 +436,55 @@ fn the_go_template_builds_outside_the_repository() {
         .prefix("my-go-checker-")
         .tempdir()
         .unwrap();
-    copy_tree(&repo.join("guests/go"), &outside.path().join("portwise-go"));
+    let proxy = outside.path().join("proxy");
+    let out = Command::new(repo.join("guests/sdk/go-proxy"))
+        .arg(&proxy)
+        .output()
+        .expect("run guests/sdk/go-proxy");
+    assert!(
+        out.status.success(),
+        "guests/sdk/go-proxy failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let checker = outside.path().join("my-checker");
     copy_tree(&repo.join("guests/templates/go"), &checker);
     let go_mod = checker.join("go.mod");
     let text = std::fs::read_to_string(&go_mod).unwrap();
-    let pointed = text.replace("=> ../../go", "=> ../portwise-go");
+    let kept: Vec<&str> = text
+        .lines()
+        .filter(|l| !l.trim_start().starts_with("replace "))
+        .collect();
     assert_eq!(
-        pointed.matches("=> ../portwise-go").count(),
-        2,
-        "the template's go.mod no longer has its two replace lines:\n{text}"
+        text.lines().count() - kept.len(),
+        1,
+        "the template's go.mod should have one replace line, for this repository's build:\n{text}"
     );
-    std::fs::write(&go_mod, pointed).unwrap();
+    std::fs::write(&go_mod, kept.join("\n") + "\n").unwrap();
     let built = outside.path().join("my-checker.wasm");
     let out = Command::new(checker.join("build"))
         .arg(&built)
         .current_dir(outside.path())
         .env("WASM_TOOLS", &wasm_tools)
         .env("ADAPTER", &adapter)
+        // The helper from the proxy directory and nowhere else; no checksum
+        // database to ask (go.sum is written from what was fetched).
+        .env("GOPROXY", format!("file://{}", proxy.display()))
+        .env("GOSUMDB", "off")
+        .env("GOFLAGS", "-mod=mod -modcacherw")
+        .env("GOMODCACHE", outside.path().join("gomod"))
+        .env_remove("GOWORK")
         .output()
         .expect("run the template's build");
     assert!(
         out.status.success(),
-        "the copied Go template does not build outside the repository:\n{}",
+        "the copied Go template does not build from the published helper module:\n{}",
         String::from_utf8_lossy(&out.stderr)
+    );
+    // What it was built from: the module proxy's copy, not the checkout.
+    let sum = std::fs::read_to_string(checker.join("go.sum")).unwrap_or_default();
+    assert!(
+        sum.contains("github.com/portwise/portwise/guests/go v"),
+        "go.sum does not pin the helper from the proxy:\n{sum}"
     );
     replays_the_recordings(&Template::of("go", built));
 }

@@ -8,13 +8,18 @@
 //! copied into a temporary directory outside the checkout and built
 //! against those packages alone: the Rust template against the packed
 //! crate (a crates.io patch to the unpacked `.crate`, offline), the Python
-//! template against the WIT that `wkg get` fetches from the registry. Each
+//! and C templates against the WIT that `wkg get` fetches from the
+//! registry, the JavaScript template against the packed npm package
+//! (`npm install` of the `.tgz` beside its pinned toolchain). Each
 //! component replays its template's committed recordings into the
 //! committed verdict tables, the check the templates' READMEs give for CI.
+//! (The Go template is built against the helper module laid out as the Go
+//! module proxy serves it: host/portwise's templates test.)
 //!
 //! Needs the registry and wkg (tests/wkg/build; both deferred on a cold
 //! machine, so the test is skipped there and says so), the guests'
-//! toolchains (guests/build: wasm32-wasip2, componentize-py) and the
+//! toolchains (guests/build: wasm32-wasip2, componentize-py, componentize-js
+//! in npm's cache, clang and the tools of guests/build-polyglot) and the
 //! `portwise` binary.
 
 use std::{
@@ -247,23 +252,21 @@ fn build_the_rust_template(work: &Path, krate: &Path) -> Result<(PathBuf, PathBu
     ))
 }
 
-/// The Python template, copied out, its WIT fetched from the registry with
-/// `wkg get` (as its README says), built by componentize-py.
-fn build_the_python_template(wkg: &Path, config: &Path, work: &Path) -> Result<(PathBuf, PathBuf)> {
-    let checker = work.join("my-python-checker");
-    copy_tree(&repo().join("guests/templates/python"), &checker)?;
+/// `wkg get` of the contract's WIT into `checker/wit`, as the templates'
+/// READMEs say, from the suite's registry.
+fn wkg_get(wkg: &Path, config: &Path, checker: &Path, cache: &Path) -> Result<()> {
     ensure!(!checker.join("wit").exists(), "the template ships a wit/");
     std::fs::create_dir_all(checker.join("wit"))?;
     ran(
-        "wkg get (the Python template's WIT)",
+        &format!("wkg get (into {})", checker.display()),
         Command::new(wkg)
             .args(["get", WIT_PACKAGE, "--format", "wit", "--output"])
             .arg("wit/membership.wit")
             .arg("--config")
             .arg(config)
             .arg("--cache")
-            .arg(work.join("wkg-cache-get"))
-            .current_dir(&checker)
+            .arg(cache)
+            .current_dir(checker)
             .output(),
     )?;
     let fetched = std::fs::read_to_string(checker.join("wit/membership.wit"))?;
@@ -272,6 +275,111 @@ fn build_the_python_template(wkg: &Path, config: &Path, work: &Path) -> Result<(
             && fetched.contains("world membership-checker"),
         "wkg get gave no membership-checker world:\n{fetched}"
     );
+    Ok(())
+}
+
+/// The tools `guests/build-polyglot --tools` pins (wasm-tools, wit-bindgen,
+/// the adapter), by name.
+fn polyglot_tools() -> Result<std::collections::HashMap<String, String>> {
+    let printed = ran(
+        "guests/build-polyglot --tools",
+        Command::new(repo().join("guests/build-polyglot"))
+            .arg("--tools")
+            .output(),
+    )?;
+    Ok(printed
+        .lines()
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect())
+}
+
+/// The C template, copied out, its WIT fetched from the registry with `wkg
+/// get`, built by its own `build` with the pinned tools.
+fn build_the_c_template(wkg: &Path, config: &Path, work: &Path) -> Result<(PathBuf, PathBuf)> {
+    let checker = work.join("my-c-checker");
+    copy_tree(&repo().join("guests/templates/c"), &checker)?;
+    wkg_get(wkg, config, &checker, &work.join("wkg-cache-c"))?;
+    let tools = polyglot_tools()?;
+    let tool = |name: &str| {
+        tools
+            .get(name)
+            .cloned()
+            .with_context(|| format!("guests/build-polyglot --tools printed no {name}"))
+    };
+    let wasm = work.join("my-c-checker.wasm");
+    ran(
+        "the C template's build, outside the checkout",
+        Command::new(checker.join("build"))
+            .arg(&wasm)
+            .current_dir(&checker)
+            .env("WIT_BINDGEN", tool("wit_bindgen")?)
+            .env("WASM_TOOLS", tool("wasm_tools")?)
+            .env("ADAPTER", tool("adapter")?)
+            .output(),
+    )?;
+    Ok((checker, wasm))
+}
+
+/// The JavaScript template, copied out, with the packed `@portwise/guest`
+/// installed by npm next to its pinned toolchain (`npm install --save-dev
+/// <tgz>`, the README's npm route), built by componentize-js against the
+/// package's WIT (`node_modules/@portwise/guest/wit`).
+fn build_the_js_template(tgz: &Path, work: &Path) -> Result<(PathBuf, PathBuf)> {
+    let checker = work.join("my-js-checker");
+    copy_tree(&repo().join("guests/templates/js"), &checker)?;
+    // The toolchain comes from npm's cache when guests/build has installed
+    // it (the same pins), else from the registry.
+    ran(
+        "npm install (the JavaScript template, with the packed @portwise/guest)",
+        Command::new("npm")
+            .args([
+                "install",
+                "--prefer-offline",
+                "--no-audit",
+                "--no-fund",
+                "--loglevel=error",
+                "--save-dev",
+            ])
+            .arg(tgz)
+            .current_dir(&checker)
+            .output(),
+    )?;
+    let wit = checker.join("node_modules/@portwise/guest/wit");
+    ensure!(
+        std::fs::read(wit.join("membership.wit"))?
+            == std::fs::read(repo().join("wit/membership.wit"))?,
+        "the installed @portwise/guest's WIT is not the contract's"
+    );
+    let wasm = work.join("my-js-checker.wasm");
+    ran(
+        "componentize-js (the JavaScript template, outside the checkout)",
+        Command::new(checker.join("node_modules/.bin/componentize-js"))
+            .arg("checker.js")
+            .arg("--wit")
+            .arg(&wit)
+            .args([
+                "--world-name",
+                "membership-checker",
+                "-d",
+                "http",
+                "-d",
+                "fetch-event",
+                "-o",
+            ])
+            .arg(&wasm)
+            .current_dir(&checker)
+            .output(),
+    )?;
+    Ok((checker, wasm))
+}
+
+/// The Python template, copied out, its WIT fetched from the registry with
+/// `wkg get` (as its README says), built by componentize-py.
+fn build_the_python_template(wkg: &Path, config: &Path, work: &Path) -> Result<(PathBuf, PathBuf)> {
+    let checker = work.join("my-python-checker");
+    copy_tree(&repo().join("guests/templates/python"), &checker)?;
+    wkg_get(wkg, config, &checker, &work.join("wkg-cache-get"))?;
     let tools = std::env::var_os("PORTWISE_TOOLS_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| cache().join("tools"));
@@ -389,6 +497,12 @@ async fn templates_build_from_the_published_packages() -> Result<()> {
 
         let (python, wasm) = build_the_python_template(&wkg, &config, work)?;
         replays(&portwise, &python, &wasm, &work.join("replay-python"))?;
+
+        let (c, wasm) = build_the_c_template(&wkg, &config, work)?;
+        replays(&portwise, &c, &wasm, &work.join("replay-c"))?;
+
+        let (js, wasm) = build_the_js_template(tgz, work)?;
+        replays(&portwise, &js, &wasm, &work.join("replay-js"))?;
         Ok(())
     })
     .await?

@@ -9,7 +9,7 @@ package export_portwise_membership_checker
 
 import (
 	types "github.com/portwise/portwise/guests/go/bindings/imports/portwise_membership_types"
-	witTypes "go.bytecodealliance.org/pkg/wit/types"
+	witTypes "github.com/portwise/portwise/guests/go/third_party/go-pkg/wit/types"
 )
 
 // Set by portwise.Register.

@@ -8,8 +8,8 @@ package wit_exports
 import (
 	"github.com/portwise/portwise/guests/go/bindings/exports/export_portwise_membership_checker"
 	"github.com/portwise/portwise/guests/go/bindings/imports/portwise_membership_types"
-	witRuntime "go.bytecodealliance.org/pkg/wit/runtime"
-	witTypes "go.bytecodealliance.org/pkg/wit/types"
+	witRuntime "github.com/portwise/portwise/guests/go/third_party/go-pkg/wit/runtime"
+	witTypes "github.com/portwise/portwise/guests/go/third_party/go-pkg/wit/types"
 	"runtime"
 	"unsafe"
 )

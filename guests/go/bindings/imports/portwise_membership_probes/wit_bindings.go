@@ -6,8 +6,8 @@
 package portwise_membership_probes
 
 import (
-	witRuntime "go.bytecodealliance.org/pkg/wit/runtime"
-	witTypes "go.bytecodealliance.org/pkg/wit/types"
+	witRuntime "github.com/portwise/portwise/guests/go/third_party/go-pkg/wit/runtime"
+	witTypes "github.com/portwise/portwise/guests/go/third_party/go-pkg/wit/types"
 	"runtime"
 	"unsafe"
 )

@@ -5,7 +5,7 @@ import (
 	"runtime"
 	"unsafe"
 
-	witRuntime "go.bytecodealliance.org/pkg/wit/runtime"
+	witRuntime "github.com/portwise/portwise/guests/go/third_party/go-pkg/wit/runtime"
 )
 
 // Note: These constants have specific values defined by the canonical ABI, so we use explicit values instead of iota.

@@ -4,8 +4,8 @@ import (
 	"runtime"
 	"unsafe"
 
-	witAsync "go.bytecodealliance.org/pkg/wit/async"
-	witRuntime "go.bytecodealliance.org/pkg/wit/runtime"
+	witAsync "github.com/portwise/portwise/guests/go/third_party/go-pkg/wit/async"
+	witRuntime "github.com/portwise/portwise/guests/go/third_party/go-pkg/wit/runtime"
 )
 
 type StreamVtable[T any] struct {
