@@ -71,7 +71,8 @@ fn minor_in(list: &str, minor: &str) -> bool {
 }
 
 /// The repository root (tests/..).
-pub(crate) fn repo_root() -> PathBuf {
+/// The repository root (the checkout the suite runs from).
+pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("tests/ has a parent")

@@ -56,7 +56,9 @@ mod wire;
 mod writes;
 
 pub use addresses::{PodIps, next_ips};
-pub use control_plane::{ControlPlane, OLDER_MINORS, SUITE_MINOR, built_tool, minor_selected};
+pub use control_plane::{
+    ControlPlane, OLDER_MINORS, SUITE_MINOR, built_tool, minor_selected, repo_root,
+};
 pub use identity::{
     PORTWISE_USER, impersonating, install_crds, kubeconfig_variant, kubectl, kubectl_as,
     portwise_identity, service_account_token, token_kubeconfig, unreachable_kubeconfig,
@@ -127,6 +129,21 @@ pub fn config_with(membership: &str, extra: &str) -> String {
          {extra}\
          membership: {membership}\n"
     )
+}
+
+/// The `KEY=VALUE` lines of an env file (`tests/node/start`'s `env`,
+/// `deploy/release`'s `release.env`); other lines are skipped.
+pub fn env_file(
+    path: &std::path::Path,
+) -> anyhow::Result<std::collections::BTreeMap<String, String>> {
+    use anyhow::Context as _;
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    Ok(text
+        .lines()
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect())
 }
 
 /// A finished command's stdout, or an error naming `what`, its status and

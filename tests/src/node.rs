@@ -97,13 +97,7 @@ impl RealNode {
 
     /// The node `tests/node/start DIR` started.
     pub async fn open(dir: PathBuf) -> Result<RealNode> {
-        let env_text = std::fs::read_to_string(dir.join("env"))
-            .with_context(|| format!("reading {}/env (tests/node/start)", dir.display()))?;
-        let env: BTreeMap<String, String> = env_text
-            .lines()
-            .filter_map(|l| l.split_once('='))
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
+        let env = crate::env_file(&dir.join("env")).context("the node's env (tests/node/start)")?;
         let kubeconfig = env
             .get("KUBECONFIG")
             .context("no KUBECONFIG in the node's env")?;

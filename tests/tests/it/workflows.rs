@@ -9,17 +9,14 @@
 //! it finds them on PATH, are turned off (`-shellcheck= -pyflakes=`): the
 //! verdict must not depend on what else the machine has installed.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 
 use anyhow::{Context, Result, ensure};
 use portwise_tests::built_tool;
 
 fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("tests/ has a parent")
-        .to_path_buf()
+    portwise_tests::repo_root()
 }
 
 /// Every workflow file, sorted.

@@ -19,10 +19,11 @@ use anyhow::{Context, Result, ensure};
 use portwise_tests::{
     built_tool,
     cosign::{Cosign, cosign_binary},
-    deferred, expect_eq,
+    deferred, env_file, expect_eq,
     node::RealNode,
     portwise_bin,
     registry::{self, Registry},
+    repo_root,
 };
 
 use crate::support::*;
@@ -31,23 +32,6 @@ const TEST: &str = "release::the_release_installs_from_the_registry_signed_with_
 const QEMU: &str = "qemu-aarch64-static";
 /// `EM_AARCH64`, bytes 18..20 of an ELF header.
 const EM_AARCH64: u16 = 183;
-
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("tests/ has a parent")
-        .to_path_buf()
-}
-
-/// `KEY=VALUE` lines of release.env.
-fn release_env(path: &Path) -> Result<std::collections::BTreeMap<String, String>> {
-    let text = std::fs::read_to_string(path).with_context(|| path.display().to_string())?;
-    Ok(text
-        .lines()
-        .filter_map(|l| l.split_once('='))
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect())
-}
 
 fn ran(what: &str, out: std::process::Output) -> Result<String> {
     portwise_tests::stdout_of(what, &out)
@@ -131,7 +115,7 @@ async fn the_release_installs_from_the_registry_signed_with_its_sbom() -> Result
         tokio::task::spawn_blocking(move || c.output()).await??
     };
     ran("deploy/release", released)?;
-    let env = release_env(&out.join("release.env"))?;
+    let env = env_file(&out.join("release.env"))?;
     let get = |k: &str| -> Result<&str> {
         env.get(k)
             .map(String::as_str)

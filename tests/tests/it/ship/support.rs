@@ -3,7 +3,7 @@
 //! kubectl, the identities, the seed example and the `portwise` process
 //! itself come from the support library (`identity`, `scenario`, `Portwise`).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::{Context, Result, ensure};
 use k8s_openapi::api::coordination::v1::Lease;
@@ -12,10 +12,7 @@ use portwise_tests::*;
 
 /// The repository root.
 pub fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("tests/ has a parent")
-        .to_path_buf()
+    repo_root()
 }
 
 /// `kubectl apply --server-side` of `yaml`, for real.
