@@ -40,6 +40,7 @@ mod prometheus;
 mod repair;
 mod seed;
 mod shadow;
+mod shards;
 mod ship;
 mod stable;
 mod support;

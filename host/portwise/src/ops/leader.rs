@@ -105,7 +105,7 @@ impl Timings {
         Ok(())
     }
 
-    fn lease_duration_seconds(&self) -> i32 {
+    pub(crate) fn lease_duration_seconds(&self) -> i32 {
         i32::try_from(self.lease_duration.as_secs()).unwrap_or(i32::MAX)
     }
 }
@@ -267,6 +267,23 @@ impl LeaderElector {
         identity: &str,
         timings: Timings,
     ) -> Result<Self, LeaderError> {
+        Self::start_seen(client, namespace, name, identity, timings, None)
+    }
+
+    /// [`LeaderElector::start`], counting another holder's term from when
+    /// the caller first saw the record's current version (`seen`:
+    /// `resourceVersion` and that instant) rather than from this elector's
+    /// first read: a bucket's Lease whose holder died is taken when its
+    /// term ends as the shard ring saw it, not a whole term later
+    /// ([`super::shards`]).
+    pub fn start_seen(
+        client: Client,
+        namespace: &str,
+        name: &str,
+        identity: &str,
+        timings: Timings,
+        seen: Option<(String, Instant)>,
+    ) -> Result<Self, LeaderError> {
         timings.validate()?;
         let identity = identity.to_owned();
         let (tx, rx) = watch::channel(false);
@@ -279,7 +296,7 @@ impl LeaderElector {
             timings,
             leader: tx,
             term: term_tx,
-            observed: None,
+            observed: seen,
         };
         info!(lease = %format!("{namespace}/{name}"), %identity, "starting leader election");
         let task = tokio::spawn(elector.run(shutdown_rx));

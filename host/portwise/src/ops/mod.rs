@@ -1,5 +1,5 @@
 //! Operating portwise: metrics, the health/readiness/metrics HTTP endpoint,
-//! leader election, and logging setup.
+//! leader election, the shard ring, and logging setup.
 //!
 //! Everything here is plumbing around the controller, not part of its
 //! decisions: the controller reports into [`Metrics`], flips
@@ -10,6 +10,7 @@ pub mod client;
 pub mod http;
 pub mod leader;
 pub mod logging;
+pub mod shards;
 
 pub use http::OpsServer;
 pub use leader::{LeaderElector, Timings};

@@ -1,0 +1,557 @@
+//! The shard ring (issue 49): which replica holds which bucket of
+//! namespaces, kept on Leases through crashes, joins and graceful moves.
+//!
+//! What is pure lives in `portwise_core::shard`: the hash of a namespace to
+//! a bucket, the balanced and sticky [`assign`]ment every replica computes
+//! alike, and the [`Step`] a replica takes for a bucket. This module is its
+//! I/O: Leases in one namespace, all named after the ring (`NAME`):
+//! - `NAME-ring` records the bucket count (annotation [`SHARDS_ANNOTATION`]).
+//!   A replica started with another count refuses to join: two replicas
+//!   hashing namespaces into different buckets would both write.
+//! - `NAME-member-ID`, one per replica, written by it every retry period.
+//!   A member is live while its record keeps changing: its term runs the
+//!   lease duration from when this replica first saw the record's current
+//!   version, on this replica's clock (the elector's rule; wall clocks of
+//!   different nodes are never compared). It also lists the buckets the
+//!   replica is warm for ([`WARM_ANNOTATION`]).
+//! - `NAME-bucket-B`, one per bucket, held through a [`LeaderElector`] of
+//!   its own: a bucket has leader election's guarantees (one holder, a
+//!   term that ends before anyone else's can begin), and its writer checks
+//!   the term of the bucket a write's namespace falls in ([`Terms`]).
+//!
+//! Every retry period a replica writes its member Lease, lists the ring's
+//! Leases, computes the assignment from the live members and the live
+//! holders, and takes each bucket's step: keep it, take it, warm up for it
+//! (watch its namespaces and probe without writing, then say so on the
+//! member Lease), or hand it over once its successor is warm (release the
+//! bucket's elector: the term ends first, then the Lease is cleared).
+//! After a crash the dead replica's member and bucket Leases stop changing
+//! together; once their terms end as seen here, its buckets are assigned
+//! to the live members, whose electors start from that observation
+//! ([`LeaderElector::start_seen`]) and take them at once.
+
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap},
+    sync::{Arc, RwLock},
+    time::Instant,
+};
+
+use k8s_openapi::{
+    api::coordination::v1::{Lease, LeaseSpec},
+    apimachinery::pkg::apis::meta::v1::MicroTime,
+    jiff::Timestamp,
+};
+use kube::{
+    Api, Client,
+    api::{ListParams, ObjectMeta, PostParams},
+};
+use tokio::{
+    sync::{oneshot, watch},
+    task::JoinHandle,
+};
+use tracing::{debug, info, warn};
+
+use portwise_core::shard::{Bucket, Shards, Standing, Step, assign, step};
+
+use super::leader::{Holding, LeaderElector, LeaderError, LeaseAction, Timings, decide};
+
+/// On the ring Lease: the bucket count the ring was made with.
+pub const SHARDS_ANNOTATION: &str = "portwise.io/shards";
+/// On a member Lease: the buckets its replica is warm for, comma-separated.
+pub const WARM_ANNOTATION: &str = "portwise.io/warm";
+
+/// Where the ring lives and who this replica is.
+#[derive(Clone, Debug)]
+pub struct RingConfig {
+    /// The Leases' namespace.
+    pub namespace: String,
+    /// The ring's name, the prefix of its Leases' names.
+    pub name: String,
+    /// This replica's identity ([`super::leader::identity`]: unique per
+    /// process start).
+    pub identity: String,
+    pub shards: Shards,
+    pub timings: Timings,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RingError {
+    #[error(
+        "the shard ring {ring} was made with {recorded} buckets and this replica was started with \
+         --shards {ours}; every replica must hash namespaces alike, so it holds nothing \
+         (change --shards back, or delete the ring's Leases with every replica stopped)"
+    )]
+    Mismatch {
+        ring: String,
+        recorded: String,
+        ours: u32,
+    },
+    #[error(transparent)]
+    Leader(#[from] LeaderError),
+    #[error("shard ring request failed: {0}")]
+    Kube(#[from] kube::Error),
+}
+
+/// This replica's terms, per bucket it holds: what the write fence and the
+/// reconciles ask.
+#[derive(Clone, Debug, Default)]
+pub struct Terms(Arc<RwLock<BTreeMap<Bucket, watch::Receiver<Option<Instant>>>>>);
+
+impl Terms {
+    /// When this replica's term for `bucket` ends at the latest; `None`
+    /// when it does not hold it.
+    pub fn until(&self, bucket: Bucket) -> Option<Instant> {
+        let terms = self.0.read().unwrap_or_else(|e| e.into_inner());
+        (*terms.get(&bucket)?.borrow()).filter(|until| *until > Instant::now())
+    }
+
+    /// The buckets whose term runs now.
+    pub fn held(&self) -> BTreeSet<Bucket> {
+        let now = Instant::now();
+        let terms = self.0.read().unwrap_or_else(|e| e.into_inner());
+        terms
+            .iter()
+            .filter(|(_, t)| t.borrow().is_some_and(|until| until > now))
+            .map(|(b, _)| *b)
+            .collect()
+    }
+
+    fn set(&self, bucket: Bucket, term: Option<watch::Receiver<Option<Instant>>>) {
+        let mut terms = self.0.write().unwrap_or_else(|e| e.into_inner());
+        match term {
+            Some(t) => terms.insert(bucket, t),
+            None => terms.remove(&bucket),
+        };
+    }
+}
+
+/// A replica's place in the ring, run in the background until
+/// [`Ring::leave`].
+#[derive(Debug)]
+pub struct Ring {
+    terms: Terms,
+    warming: watch::Receiver<BTreeSet<Bucket>>,
+    warm: Arc<watch::Sender<BTreeSet<Bucket>>>,
+    shutdown: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<Engine>>,
+}
+
+impl Ring {
+    /// Joins the ring: checks (or records) its bucket count, then runs.
+    pub async fn join(client: Client, cfg: RingConfig) -> Result<Ring, RingError> {
+        cfg.timings.validate()?;
+        let api: Api<Lease> = Api::namespaced(client.clone(), &cfg.namespace);
+        check_count(&api, &cfg).await?;
+        let terms = Terms::default();
+        let (warming_tx, warming) = watch::channel(BTreeSet::new());
+        let (warm, warm_rx) = watch::channel(BTreeSet::new());
+        let (shutdown, shutdown_rx) = oneshot::channel();
+        info!(ring = %cfg.name, identity = %cfg.identity, shards = cfg.shards.count(), "joining the shard ring");
+        let engine = Engine {
+            client,
+            api,
+            cfg,
+            seen: HashMap::new(),
+            electors: BTreeMap::new(),
+            terms: terms.clone(),
+            warming: warming_tx,
+            warm: warm_rx,
+        };
+        Ok(Ring {
+            terms,
+            warming,
+            warm: Arc::new(warm),
+            shutdown: Some(shutdown),
+            task: Some(tokio::spawn(engine.run(shutdown_rx))),
+        })
+    }
+
+    /// This replica's terms, per bucket.
+    pub fn terms(&self) -> Terms {
+        self.terms.clone()
+    }
+
+    /// The buckets assigned here and still held elsewhere: watch their
+    /// namespaces and probe without writing, then [`Ring::report_warm`].
+    pub fn warming(&self) -> watch::Receiver<BTreeSet<Bucket>> {
+        self.warming.clone()
+    }
+
+    /// The buckets this replica is ready to take over: said on its member
+    /// Lease at the next retry period, after which their holders hand
+    /// them over.
+    pub fn report_warm(&self, buckets: BTreeSet<Bucket>) {
+        self.warm.send_replace(buckets);
+    }
+
+    /// Where [`Ring::report_warm`] reports, for a task of its own (the
+    /// part of the controller that warms buckets up).
+    pub fn warm_reporter(&self) -> Arc<watch::Sender<BTreeSet<Bucket>>> {
+        self.warm.clone()
+    }
+
+    /// Leaves the ring: every bucket's term ends, its Lease is released,
+    /// and the member Lease is deleted, so that the others take the
+    /// buckets over at once instead of waiting out the terms.
+    pub async fn leave(mut self) -> Result<(), RingError> {
+        if let Some(s) = self.shutdown.take() {
+            let _ = s.send(());
+        }
+        let Some(task) = self.task.take() else {
+            return Ok(());
+        };
+        let engine = task.await.map_err(LeaderError::from)?;
+        engine.leave().await
+    }
+}
+
+impl Drop for Ring {
+    /// A crash, as far as the others can tell: nothing is released.
+    fn drop(&mut self) {
+        if let Some(task) = &self.task {
+            task.abort();
+        }
+    }
+}
+
+/// Creates the ring Lease with this replica's count, or checks the count
+/// it records.
+async fn check_count(api: &Api<Lease>, cfg: &RingConfig) -> Result<(), RingError> {
+    let name = format!("{}-ring", cfg.name);
+    let ours = cfg.shards.count();
+    let recorded = match api.get_opt(&name).await? {
+        Some(lease) => lease,
+        None => {
+            let lease = Lease {
+                metadata: ObjectMeta {
+                    name: Some(name.clone()),
+                    annotations: Some([(SHARDS_ANNOTATION.to_string(), ours.to_string())].into()),
+                    ..Default::default()
+                },
+                spec: Some(LeaseSpec::default()),
+            };
+            match api.create(&PostParams::default(), &lease).await {
+                Ok(created) => created,
+                // Another replica made it first: check what it recorded.
+                Err(kube::Error::Api(s)) if s.is_already_exists() || s.is_conflict() => {
+                    api.get(&name).await?
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    };
+    let count = recorded
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(SHARDS_ANNOTATION))
+        .cloned()
+        .unwrap_or_default();
+    if count != ours.to_string() {
+        return Err(RingError::Mismatch {
+            ring: format!("{}/{name}", cfg.namespace),
+            recorded: if count.is_empty() {
+                "no recorded".into()
+            } else {
+                count
+            },
+            ours,
+        });
+    }
+    Ok(())
+}
+
+/// A Lease name for `identity`: lowercase letters, digits and '-' (an
+/// identity may hold '_').
+fn member_lease(ring: &str, identity: &str) -> String {
+    let clean: String = identity
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    let mut name = format!("{ring}-member-{}", clean.trim_matches('-'));
+    name.truncate(253);
+    name
+}
+
+fn bucket_lease(ring: &str, b: Bucket) -> String {
+    format!("{ring}-bucket-{b}")
+}
+
+fn parse_buckets(text: &str) -> BTreeSet<Bucket> {
+    text.split(',')
+        .filter_map(|b| b.trim().parse().ok())
+        .collect()
+}
+
+fn format_buckets(buckets: &BTreeSet<Bucket>) -> String {
+    buckets
+        .iter()
+        .map(Bucket::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+struct Engine {
+    client: Client,
+    api: Api<Lease>,
+    cfg: RingConfig,
+    /// Per Lease name: its `resourceVersion` and when this replica first
+    /// saw it (terms are judged from there).
+    seen: HashMap<String, (String, Instant)>,
+    electors: BTreeMap<Bucket, LeaderElector>,
+    terms: Terms,
+    warming: watch::Sender<BTreeSet<Bucket>>,
+    warm: watch::Receiver<BTreeSet<Bucket>>,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("ring", &self.cfg.name)
+            .field("identity", &self.cfg.identity)
+            .field("competing", &self.electors.keys().collect::<Vec<_>>())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Engine {
+    async fn run(mut self, mut shutdown: oneshot::Receiver<()>) -> Self {
+        let retry = self.cfg.timings.retry_period;
+        loop {
+            // A round slower than a term: the others count this replica gone
+            // by then anyway (its member Lease unchanged).
+            let round = tokio::time::timeout(self.cfg.timings.lease_duration, self.round());
+            tokio::select! {
+                biased;
+                _ = &mut shutdown => break,
+                r = round => match r {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => warn!(ring = %self.cfg.name, error = %e, "shard ring round failed"),
+                    Err(_) => warn!(ring = %self.cfg.name, "shard ring round timed out"),
+                },
+            }
+            tokio::select! {
+                biased;
+                _ = &mut shutdown => break,
+                () = tokio::time::sleep(retry) => {}
+            }
+        }
+        self
+    }
+
+    /// One round: write the member Lease, read the ring, take each
+    /// bucket's step.
+    async fn round(&mut self) -> Result<(), RingError> {
+        self.write_member().await?;
+        let leases = self.api.list(&ListParams::default()).await?;
+        let now = Instant::now();
+        let me = self.cfg.identity.clone();
+        let member_prefix = format!("{}-member-", self.cfg.name);
+        let bucket_prefix = format!("{}-bucket-", self.cfg.name);
+        let mut members = BTreeSet::from([me.clone()]);
+        let mut warm: BTreeMap<String, BTreeSet<Bucket>> = BTreeMap::new();
+        let mut holders: BTreeMap<Bucket, String> = BTreeMap::new();
+        let mut seen_now = HashMap::new();
+        for lease in &leases.items {
+            let Some(name) = lease.metadata.name.clone() else {
+                continue;
+            };
+            let version = lease.metadata.resource_version.clone().unwrap_or_default();
+            let first_seen = match self.seen.get(&name) {
+                Some((v, at)) if *v == version => *at,
+                _ => now,
+            };
+            seen_now.insert(name.clone(), (version, first_seen));
+            let holding = Holding::of(lease);
+            let Some(holder) = holding.holder.clone() else {
+                continue;
+            };
+            let live = !matches!(
+                decide(
+                    &holding,
+                    "", // nobody: is the holder's term still running?
+                    first_seen,
+                    now,
+                    self.cfg.timings.lease_duration,
+                ),
+                LeaseAction::Acquire
+            ) || holder == me;
+            if !live {
+                continue;
+            }
+            if name.starts_with(&member_prefix) {
+                let buckets = lease
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(WARM_ANNOTATION))
+                    .map(|t| parse_buckets(t))
+                    .unwrap_or_default();
+                members.insert(holder.clone());
+                warm.insert(holder, buckets);
+            } else if let Some(b) = name
+                .strip_prefix(&bucket_prefix)
+                .and_then(|b| b.parse::<Bucket>().ok())
+            {
+                holders.insert(b, holder);
+            }
+        }
+        self.seen = seen_now;
+
+        let desired = assign(self.cfg.shards, &members, &holders);
+        let mut warming = BTreeSet::new();
+        for b in 0..self.cfg.shards.count() {
+            let leading = self.electors.get(&b).is_some_and(LeaderElector::is_leader);
+            let standing = match holders.get(&b) {
+                _ if leading => Standing::Mine,
+                Some(h) if *h != me => Standing::Held { holder: h.clone() },
+                // Free, expired, or ours on record while our elector does
+                // not lead (it stepped down): take it (again).
+                _ => Standing::Free,
+            };
+            let to = desired.get(&b).map(String::as_str);
+            let ready = to.is_some_and(|to| warm.get(to).is_some_and(|w| w.contains(&b)));
+            match step(&me, to, &standing, ready) {
+                Step::Keep | Step::KeepUntilReady { .. } | Step::Take => self.compete(b)?,
+                Step::Warm => {
+                    warming.insert(b);
+                    // Competing already: it takes the Lease the moment the
+                    // holder releases it.
+                    self.compete(b)?;
+                }
+                Step::HandOver { to } => {
+                    info!(ring = %self.cfg.name, bucket = b, %to, "handing the bucket over");
+                    self.stop(b).await;
+                }
+                Step::Ignore => {
+                    if !leading {
+                        self.stop(b).await;
+                    }
+                }
+            }
+        }
+        debug!(ring = %self.cfg.name, ?desired, held = ?self.terms.held(), "shard ring round");
+        self.warming.send_if_modified(|w| {
+            let changed = *w != warming;
+            *w = warming;
+            changed
+        });
+        Ok(())
+    }
+
+    /// Writes this replica's member Lease: holder, renewal and the buckets
+    /// it is warm for (only those still assigned to it and not yet held).
+    async fn write_member(&mut self) -> Result<(), RingError> {
+        let name = member_lease(&self.cfg.name, &self.cfg.identity);
+        let warm: BTreeSet<Bucket> = self
+            .warm
+            .borrow()
+            .intersection(&self.warming.borrow())
+            .copied()
+            .collect();
+        let wall = MicroTime(Timestamp::now());
+        let mut lease = self.api.get_opt(&name).await?.unwrap_or_else(|| Lease {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                ..Default::default()
+            },
+            spec: Some(LeaseSpec {
+                acquire_time: Some(wall.clone()),
+                ..Default::default()
+            }),
+        });
+        lease
+            .metadata
+            .annotations
+            .get_or_insert_with(Default::default)
+            .insert(WARM_ANNOTATION.to_string(), format_buckets(&warm));
+        let spec = lease.spec.get_or_insert_with(Default::default);
+        spec.holder_identity = Some(self.cfg.identity.clone());
+        spec.renew_time = Some(wall);
+        spec.lease_duration_seconds = Some(self.cfg.timings.lease_duration_seconds());
+        if lease.metadata.resource_version.is_some() {
+            self.api
+                .replace(&name, &PostParams::default(), &lease)
+                .await?;
+        } else {
+            self.api.create(&PostParams::default(), &lease).await?;
+        }
+        Ok(())
+    }
+
+    /// Competes for bucket `b` (if not already), from this round's
+    /// observation of its Lease.
+    fn compete(&mut self, b: Bucket) -> Result<(), RingError> {
+        if self.electors.contains_key(&b) {
+            return Ok(());
+        }
+        let name = bucket_lease(&self.cfg.name, b);
+        let elector = LeaderElector::start_seen(
+            self.client.clone(),
+            &self.cfg.namespace,
+            &name,
+            &self.cfg.identity,
+            self.cfg.timings,
+            self.seen.get(&name).cloned(),
+        )?;
+        self.terms.set(b, Some(elector.subscribe_term()));
+        self.electors.insert(b, elector);
+        Ok(())
+    }
+
+    /// Stops competing for bucket `b`: its term ends here first, then its
+    /// Lease is released if held.
+    async fn stop(&mut self, b: Bucket) {
+        let Some(elector) = self.electors.remove(&b) else {
+            return;
+        };
+        self.terms.set(b, None);
+        if let Err(e) = elector.release().await {
+            warn!(ring = %self.cfg.name, bucket = b, error = %e, "could not release the bucket's Lease; it expires instead");
+        }
+    }
+
+    async fn leave(mut self) -> Result<(), RingError> {
+        let buckets: Vec<Bucket> = self.electors.keys().copied().collect();
+        for b in buckets {
+            self.stop(b).await;
+        }
+        let name = member_lease(&self.cfg.name, &self.cfg.identity);
+        match self.api.delete(&name, &Default::default()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => return Err(e.into()),
+        }
+        info!(ring = %self.cfg.name, identity = %self.cfg.identity, "left the shard ring");
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn member_lease_names_are_valid_names() {
+        assert_eq!(
+            member_lease("portwise", "Pod-7_0a1B2c3d"),
+            "portwise-member-pod-7-0a1b2c3d"
+        );
+        assert!(member_lease("p", &"x".repeat(400)).len() <= 253);
+    }
+
+    #[test]
+    fn warm_buckets_round_trip() {
+        let b: BTreeSet<Bucket> = [3, 1, 12].into();
+        assert_eq!(format_buckets(&b), "1,3,12");
+        assert_eq!(parse_buckets("1,3,12"), b);
+        assert_eq!(parse_buckets(""), BTreeSet::new());
+        assert_eq!(parse_buckets("1, x,2"), [1, 2].into());
+    }
+}
