@@ -265,6 +265,33 @@ pub enum Fenced {
     TermEnded { method: http::Method, path: String },
 }
 
+/// The namespace a request's path is within (`/api/v1/namespaces/NS/…`,
+/// `/apis/GROUP/VERSION/namespaces/NS/…`); `None` for cluster-scoped
+/// paths, the Namespace objects themselves (`/api/v1/namespaces/NS`)
+/// included. With shards (issue 49) the fence allows a write within the
+/// term of the bucket its namespace falls in: every write portwise makes
+/// is namespaced, so a write this cannot place is refused there.
+pub fn namespace_of(path: &str) -> Option<&str> {
+    let mut parts = path.trim_start_matches('/').split('/');
+    match parts.next()? {
+        "api" => {
+            parts.next()?; // the version
+        }
+        "apis" => {
+            parts.next()?; // the group
+            parts.next()?; // the version
+        }
+        _ => return None,
+    }
+    if parts.next()? != "namespaces" {
+        return None;
+    }
+    let ns = parts.next().filter(|ns| !ns.is_empty())?;
+    // A resource within it, not the Namespace itself.
+    parts.next().filter(|r| !r.is_empty())?;
+    Some(ns)
+}
+
 fn mutates(method: &http::Method) -> bool {
     !matches!(
         *method,
@@ -315,6 +342,35 @@ mod tests {
     use tower::ServiceExt;
 
     use super::*;
+
+    #[test]
+    fn the_namespace_of_a_path_is_the_one_its_resource_is_in() {
+        for (path, want) in [
+            (
+                "/apis/discovery.k8s.io/v1/namespaces/team-a/endpointslices/web-http-1",
+                Some("team-a"),
+            ),
+            (
+                "/apis/discovery.k8s.io/v1/namespaces/team-a/endpointslices",
+                Some("team-a"),
+            ),
+            ("/api/v1/namespaces/team-b/endpoints/web", Some("team-b")),
+            ("/api/v1/namespaces/team-b/events", Some("team-b")),
+            (
+                "/apis/coordination.k8s.io/v1/namespaces/portwise-system/leases/portwise",
+                Some("portwise-system"),
+            ),
+            // The Namespace object itself, and cluster-scoped paths.
+            ("/api/v1/namespaces/team-b", None),
+            ("/api/v1/namespaces", None),
+            ("/api/v1/nodes/n1", None),
+            ("/apis/discovery.k8s.io/v1/endpointslices", None),
+            ("/version", None),
+            ("", None),
+        ] {
+            assert_eq!(namespace_of(path), want, "{path}");
+        }
+    }
 
     /// Counts the requests that got through.
     #[derive(Clone, Default)]
