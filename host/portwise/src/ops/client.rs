@@ -46,6 +46,7 @@ use hyper_util::{
 };
 use kube::client::{Body, ClientBuilder, ConfigExt};
 use portwise_controller::Tenure;
+use portwise_core::shard::Shards;
 use tokio::net::TcpStream;
 use tower::{BoxError, Layer, Service, ServiceBuilder};
 
@@ -225,17 +226,55 @@ impl Service<http::Uri> for UserTimeout {
 
 // ---- the write fence ----------------------------------------------------
 
+/// Whose term a write is checked against.
+#[derive(Clone, Debug)]
+pub enum Term {
+    /// One leader writes everything.
+    Leader(Tenure),
+    /// Each bucket of namespaces has its own holder (issue 49): a write is
+    /// within the term of the bucket its namespace falls in, and a write in
+    /// no namespace is refused.
+    Shards {
+        shards: Shards,
+        terms: super::shards::Terms,
+    },
+}
+
+impl Term {
+    /// How much of the term that covers `path` is left now.
+    fn remaining(&self, path: &str) -> Option<Duration> {
+        match self {
+            Term::Leader(tenure) => tenure.remaining(),
+            Term::Shards { shards, terms } => {
+                let until = terms.until(shards.bucket(namespace_of(path)?))?;
+                until
+                    .checked_duration_since(std::time::Instant::now())
+                    .filter(|d| !d.is_zero())
+            }
+        }
+    }
+}
+
 /// Refuses mutating requests (anything but GET, HEAD, OPTIONS) outside the
-/// leader's term, and cuts one short at the term's end. The error says so;
-/// the controller's retry then finds it no longer leads.
+/// term that covers them, and cuts one short at the term's end. The error
+/// says so; the controller's retry then finds it no longer leads.
 #[derive(Clone, Debug)]
 pub struct FenceLayer {
-    tenure: Tenure,
+    term: Term,
 }
 
 impl FenceLayer {
     pub fn new(tenure: Tenure) -> Self {
-        Self { tenure }
+        Self {
+            term: Term::Leader(tenure),
+        }
+    }
+
+    /// The fence of a sharded replica: each write within its bucket's term.
+    pub fn sharded(shards: Shards, terms: super::shards::Terms) -> Self {
+        Self {
+            term: Term::Shards { shards, terms },
+        }
     }
 }
 
@@ -244,7 +283,7 @@ impl<S> Layer<S> for FenceLayer {
     fn layer(&self, inner: S) -> Fence<S> {
         Fence {
             inner,
-            tenure: self.tenure.clone(),
+            term: self.term.clone(),
         }
     }
 }
@@ -253,7 +292,7 @@ impl<S> Layer<S> for FenceLayer {
 #[derive(Clone, Debug)]
 pub struct Fence<S> {
     inner: S,
-    tenure: Tenure,
+    term: Term,
 }
 
 /// Why a write was not sent, or not waited for.
@@ -261,6 +300,8 @@ pub struct Fence<S> {
 pub enum Fenced {
     #[error("{method} {path} not sent: this replica's term as leader is over")]
     NotLeader { method: http::Method, path: String },
+    #[error("{method} {path} not sent: this replica holds no term for its namespace's bucket")]
+    NotHolder { method: http::Method, path: String },
     #[error("{method} {path} cut off at the end of this replica's term as leader")]
     TermEnded { method: http::Method, path: String },
 }
@@ -321,8 +362,12 @@ where
         let method = req.method().clone();
         let path = req.uri().path().to_owned();
         // Checked last thing before the request is handed to hyper.
-        let Some(left) = self.tenure.remaining() else {
-            return Box::pin(async move { Err(Fenced::NotLeader { method, path }.into()) });
+        let Some(left) = self.term.remaining(&path) else {
+            let refused = match self.term {
+                Term::Leader(_) => Fenced::NotLeader { method, path },
+                Term::Shards { .. } => Fenced::NotHolder { method, path },
+            };
+            return Box::pin(async move { Err(refused.into()) });
         };
         let fut = self.inner.call(req);
         Box::pin(async move {
@@ -370,6 +415,47 @@ mod tests {
         ] {
             assert_eq!(namespace_of(path), want, "{path}");
         }
+    }
+
+    /// A sharded replica writes in the namespaces of the buckets it holds,
+    /// within each one's term, and nowhere else (cluster-scoped writes
+    /// included).
+    #[tokio::test]
+    async fn a_sharded_replica_writes_only_in_the_buckets_it_holds() {
+        let shards = Shards::new(std::num::NonZeroU32::new(4).unwrap());
+        let held = "team-a";
+        let other = (0..)
+            .map(|i| format!("team-{i}"))
+            .find(|ns| shards.bucket(ns) != shards.bucket(held))
+            .unwrap();
+        let terms = crate::ops::shards::Terms::default();
+        let (term, rx) = watch::channel(Some(Instant::now() + Duration::from_secs(5)));
+        terms.set(shards.bucket(held), Some(rx));
+        let sink = Sink::default();
+        let mut svc = FenceLayer::sharded(shards, terms.clone()).layer(sink.clone());
+        let write = |ns: &str| {
+            http::Request::builder()
+                .method(http::Method::PUT)
+                .uri(format!(
+                    "/apis/discovery.k8s.io/v1/namespaces/{ns}/endpointslices/x"
+                ))
+                .body(())
+                .unwrap()
+        };
+        let mut send = async |r| svc.ready().await.unwrap().call(r).await;
+        send(write(held)).await.unwrap();
+        let refused = send(write(&other)).await.unwrap_err();
+        assert!(refused.to_string().contains("holds no term"), "{refused}");
+        let cluster = http::Request::builder()
+            .method(http::Method::DELETE)
+            .uri("/api/v1/nodes/n1")
+            .body(())
+            .unwrap();
+        send(cluster).await.unwrap_err();
+        // The bucket's term over (a frozen process waking up): refused too.
+        term.send_replace(Some(Instant::now() - Duration::from_millis(1)));
+        send(write(held)).await.unwrap_err();
+        assert_eq!(sink.0.load(std::sync::atomic::Ordering::SeqCst), 1);
     }
 
     /// Counts the requests that got through.

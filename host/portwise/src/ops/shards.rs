@@ -116,7 +116,8 @@ impl Terms {
             .collect()
     }
 
-    fn set(&self, bucket: Bucket, term: Option<watch::Receiver<Option<Instant>>>) {
+    /// Follows `term` for `bucket` (`None`: holds it no more).
+    pub(crate) fn set(&self, bucket: Bucket, term: Option<watch::Receiver<Option<Instant>>>) {
         let mut terms = self.0.write().unwrap_or_else(|e| e.into_inner());
         match term {
             Some(t) => terms.insert(bucket, t),
