@@ -113,6 +113,9 @@ and the chart's signing keys, so that a change of either rolls the pods.
 {{- if and (gt (int .Values.replicaCount) 1) (not .Values.leaderElection.enabled) }}
 {{- fail "replicaCount > 1 needs leaderElection.enabled=true: without it every replica writes" }}
 {{- end }}
+{{- if and (gt (int .Values.shards) 1) (not .Values.leaderElection.enabled) }}
+{{- fail "shards > 1 needs leaderElection.enabled=true: the buckets are held on Leases" }}
+{{- end }}
 {{- if and .Values.moduleSignatures.publicKeys .Values.moduleSignatures.existingConfigMap }}
 {{- fail "moduleSignatures: set publicKeys or existingConfigMap, not both" }}
 {{- end }}

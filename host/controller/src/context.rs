@@ -25,7 +25,7 @@ use crate::{
     migrate,
     shadow::Shadows,
     table::ServiceTable,
-    tenure::Tenure,
+    tenure::Leadership,
 };
 
 /// Everything a reconcile reads: caches, indexes, the checker, writers.
@@ -51,7 +51,8 @@ pub(crate) struct Context {
     /// Events on the Services served.
     pub(crate) events: Arc<Events>,
     pub(crate) metrics: Metrics,
-    pub(crate) leader: Option<Tenure>,
+    /// Where this replica may write ([`Leadership`]).
+    pub(crate) leader: Leadership,
     /// Everything kept per Service, one row each.
     pub(crate) table: Arc<ServiceTable>,
     pub(crate) migration: migrate::Migrator,
@@ -92,9 +93,10 @@ impl Stopping {
 }
 
 impl Context {
-    /// Within this replica's term (by the clock, see [`Tenure`]).
-    pub(crate) fn is_leader(&self) -> bool {
-        self.leader.as_ref().is_none_or(Tenure::leads)
+    /// Within this replica's term for `ns` (by the clock, see
+    /// [`crate::Tenure`]): the leader's, or sharded, that of `ns`'s bucket.
+    pub(crate) fn leads(&self, ns: &str) -> bool {
+        self.leader.leads(ns)
     }
 
     pub(crate) fn pods_in_group(&self, ns: &str, group: &str) -> Vec<Arc<Pod>> {

@@ -56,11 +56,11 @@ use portwise_core::config::Config;
 
 pub use error::Error;
 pub use events::Reason;
-pub use options::RunOptions;
+pub use options::{RunOptions, Warmup};
 /// One ownership rule and one spelling of the slice labels, in the core.
 pub use portwise_core::plan::{MANAGED_BY_LABEL, SERVICE_NAME_LABEL, is_ours};
 pub use readiness::Readiness;
-pub use tenure::Tenure;
+pub use tenure::{Leadership, Tenure, Terms};
 
 /// Runs the controller until `shutdown` resolves.
 pub async fn run(

@@ -2,11 +2,13 @@
 //! binary hands in (metrics, the leader's term, readiness, the WebAssembly
 //! checkers).
 
-use std::{sync::Arc, time::Duration};
+use std::{collections::BTreeSet, sync::Arc, time::Duration};
 
 use portwise_checkers::WasmCheckers;
+use portwise_core::shard::Bucket;
+use tokio::sync::watch;
 
-use crate::{metrics::Metrics, readiness::Readiness, tenure::Tenure};
+use crate::{metrics::Metrics, readiness::Readiness, tenure::Leadership};
 
 /// How to run the controller, beyond the configuration file.
 #[derive(Clone)]
@@ -17,9 +19,11 @@ pub struct RunOptions {
     pub check_timeout: Duration,
     /// Shared metrics registry.
     pub metrics: Metrics,
-    /// This replica's term as leader; it writes only within it. `None`:
-    /// always (no election).
-    pub leader: Option<Tenure>,
+    /// Where and until when this replica writes ([`Leadership`]).
+    pub leader: Leadership,
+    /// Sharded: the buckets assigned here and still held elsewhere, to warm
+    /// up for, and where to say which are warm (`portwise::ops::shards`).
+    pub warmup: Option<Warmup>,
     /// Set once every cache has listed once.
     pub ready: Option<Readiness>,
     /// Name of this replica in Events (`reportingInstance`).
@@ -40,7 +44,8 @@ impl Default for RunOptions {
             namespaces: Vec::new(),
             check_timeout: Duration::from_secs(10),
             metrics: Metrics::default(),
-            leader: None,
+            leader: Leadership::Sole,
+            warmup: None,
             ready: None,
             instance: None,
             wasm: None,
@@ -48,4 +53,14 @@ impl Default for RunOptions {
             pod_watch_namespaces: 256,
         }
     }
+}
+
+/// The controller's side of a graceful bucket move (issue 49): the ring
+/// says which buckets to warm up for; the controller judges their Services
+/// once without writing (their pods are probed, the verdicts kept), then
+/// says they are warm, and the ring hands them over.
+#[derive(Clone, Debug)]
+pub struct Warmup {
+    pub warming: watch::Receiver<BTreeSet<Bucket>>,
+    pub warm: Arc<watch::Sender<BTreeSet<Bucket>>>,
 }

@@ -56,7 +56,8 @@ pub(crate) async fn reconcile(
 ) -> Result<Option<Duration>, Error> {
     let started = Instant::now();
     debug!("reconcile started");
-    if !ctx.is_leader() {
+    let ns = svc.namespace().unwrap_or_default();
+    if !ctx.leads(&ns) {
         return Ok(None);
     }
     // Never plan from a partial cache: a Service seen before its pods would
@@ -68,31 +69,13 @@ pub(crate) async fn reconcile(
         debug!(pending = ctx.synced.pending(), "caches not synced yet");
         return Ok(None);
     }
-    let ns = svc.namespace().unwrap_or_default();
     // A namespace whose pod watch opened after the cold start
     // (`crate::pod_scopes`): its first list asks for this Service again.
     if !ctx.pods_listed.listed(&ns) {
         debug!(namespace = %ns, "pods of the namespace not listed yet");
         return Ok(None);
     }
-    let objects = ctx.book.objects(&svc);
-    let decided = {
-        let node_known = |node: &str| ctx.node_known(node);
-        let pods_in_group = |group: &str| ctx.pods_in_group(&ns, group);
-        let owned = || ctx.candidate_slices(&svc);
-        decision::decide(&decision::Input {
-            service: &svc,
-            config: &ctx.config,
-            pods_in_group: &pods_in_group,
-            node_known: &node_known,
-            owned: &owned,
-            has_our_endpoints: ctx
-                .our_endpoints
-                .get(&ObjectRef::new(&svc.name_any()).within(&ns))
-                .is_some(),
-            objects: &objects,
-        })
-    };
+    let decided = decide(&ctx, &svc, &ns);
 
     let warnings = decided.warnings();
     let (external_name, selector) = ctx.table.update(&svc, |row| {
@@ -190,6 +173,49 @@ pub(crate) async fn reconcile(
     }
 }
 
+/// What the core decides for `svc` from the caches now.
+fn decide(ctx: &Context, svc: &Arc<Service>, ns: &str) -> Decision {
+    let objects = ctx.book.objects(svc);
+    let node_known = |node: &str| ctx.node_known(node);
+    let pods_in_group = |group: &str| ctx.pods_in_group(ns, group);
+    let owned = || ctx.candidate_slices(svc);
+    decision::decide(&decision::Input {
+        service: svc,
+        config: &ctx.config,
+        pods_in_group: &pods_in_group,
+        node_known: &node_known,
+        owned: &owned,
+        has_our_endpoints: ctx
+            .our_endpoints
+            .get(&ObjectRef::new(&svc.name_any()).within(ns))
+            .is_some(),
+        objects: &objects,
+    })
+}
+
+/// Warms a Service up for a bucket this replica is about to take over
+/// (issue 49): judges its pods as a reconcile would, keeping the verdicts
+/// for the first reconcile of the term, and writes nothing, Events
+/// included (the holder still publishes). `false` when it cannot be judged
+/// yet: the caches have not listed its pods.
+pub(crate) async fn warm(svc: &Arc<Service>, ctx: &Context) -> bool {
+    let ns = svc.namespace().unwrap_or_default();
+    if !ctx.synced.synced() || !ctx.pods_listed.listed(&ns) {
+        return false;
+    }
+    if let Decision::Serve(mut serve) = decide(ctx, svc, &ns) {
+        let judging = ctx
+            .judge
+            .judge(svc, std::mem::take(&mut serve.subjects), &serve.policy);
+        tokio::select! {
+            biased;
+            () = ctx.stopping.wait() => return false,
+            _ = judging => {}
+        }
+    }
+    true
+}
+
 /// Judges, plans and writes a served Service. `false`: the Lease was lost
 /// or the controller began to stop while judging; nothing was written.
 async fn serve(
@@ -275,7 +301,7 @@ async fn serve(
 
     // Judging can take a while; if we lost the Lease meanwhile, another
     // replica may already be writing.
-    if !ctx.is_leader() {
+    if !ctx.leads(&ns) {
         return Ok(false);
     }
     let writes = Writes::new(&plan.applies, &plan.deletes, |n| ctx.slice_by_name(&ns, n))

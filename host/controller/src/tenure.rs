@@ -13,10 +13,97 @@
 //! over (cheap, early), and the binary's API client refuses any mutating
 //! request outside the term and cuts one that would outlast it
 //! (`portwise::ops::client`), so that no write path can forget it.
+//!
+//! Sharded (issue 49), there is a term per bucket of namespaces
+//! ([`Terms`]): a replica writes in a namespace only within the term of the
+//! bucket the namespace hashes to. [`Leadership`] is the one question both
+//! places ask: how long may this replica still write in this namespace.
 
-use std::time::{Duration, Instant};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::{Arc, RwLock},
+    time::{Duration, Instant},
+};
 
+use portwise_core::shard::{Bucket, Shards};
 use tokio::sync::watch;
+
+/// Who writes where: every replica that may write asks it before a write.
+#[derive(Clone, Debug)]
+pub enum Leadership {
+    /// No election: the only replica writes everything, always.
+    Sole,
+    /// One elected leader writes everything, within its term.
+    Leader(Tenure),
+    /// Each bucket of namespaces has its own holder: a write in a namespace
+    /// is within the term of the bucket it hashes to; a write in no
+    /// namespace is never (every write portwise makes is namespaced).
+    Shards { shards: Shards, terms: Terms },
+}
+
+impl Leadership {
+    /// How long this replica may still write in `namespace` (`None`: a
+    /// cluster-scoped write); `None` when it may not write there now.
+    pub fn remaining(&self, namespace: Option<&str>) -> Option<Duration> {
+        match self {
+            Leadership::Sole => Some(Duration::MAX),
+            Leadership::Leader(tenure) => tenure.remaining(),
+            Leadership::Shards { shards, terms } => terms
+                .until(shards.bucket(namespace?))?
+                .checked_duration_since(Instant::now())
+                .filter(|d| !d.is_zero()),
+        }
+    }
+
+    /// This replica may write in `namespace` now.
+    pub fn leads(&self, namespace: &str) -> bool {
+        self.remaining(Some(namespace)).is_some()
+    }
+
+    /// The bucket `namespace` falls in, when sharded.
+    pub fn bucket(&self, namespace: &str) -> Option<Bucket> {
+        match self {
+            Leadership::Shards { shards, .. } => Some(shards.bucket(namespace)),
+            _ => None,
+        }
+    }
+}
+
+/// This replica's terms, per bucket it holds or competes for: what the
+/// write fence and the reconciles ask. The shard ring
+/// (`portwise::ops::shards`) keeps it, one elector's term watch per bucket.
+#[derive(Clone, Debug, Default)]
+pub struct Terms(Arc<RwLock<BTreeMap<Bucket, watch::Receiver<Option<Instant>>>>>);
+
+impl Terms {
+    /// When this replica's term for `bucket` ends at the latest; `None`
+    /// when it does not hold it (or the term is over by the clock).
+    pub fn until(&self, bucket: Bucket) -> Option<Instant> {
+        let terms = self.0.read().unwrap_or_else(|e| e.into_inner());
+        (*terms.get(&bucket)?.borrow()).filter(|until| *until > Instant::now())
+    }
+
+    /// The buckets whose term runs now.
+    pub fn held(&self) -> BTreeSet<Bucket> {
+        let now = Instant::now();
+        let terms = self.0.read().unwrap_or_else(|e| e.into_inner());
+        terms
+            .iter()
+            .filter(|(_, t)| t.borrow().is_some_and(|until| until > now))
+            .map(|(b, _)| *b)
+            .collect()
+    }
+
+    /// Follows `term` for `bucket` (`None`: competes for it no more). The
+    /// ring's call only.
+    pub fn set(&self, bucket: Bucket, term: Option<watch::Receiver<Option<Instant>>>) {
+        let mut terms = self.0.write().unwrap_or_else(|e| e.into_inner());
+        match term {
+            Some(t) => terms.insert(bucket, t),
+            None => terms.remove(&bucket),
+        };
+    }
+}
 
 /// This replica's leadership: `Some(until)` while it leads, where `until`
 /// is when its term ends at the latest.
@@ -94,6 +181,32 @@ mod tests {
         assert!(left <= Duration::from_secs(5) && left > Duration::from_secs(4));
         tx.send_replace(None);
         assert!(!tenure.leads(), "stepped down");
+    }
+
+    #[test]
+    fn a_sharded_replica_leads_only_in_the_namespaces_of_its_buckets() {
+        let shards = Shards::new(std::num::NonZeroU32::new(4).unwrap());
+        let a = "team-a";
+        let mine = shards.bucket(a);
+        // A namespace of another bucket.
+        let other = (0..64)
+            .map(|i| format!("ns-{i}"))
+            .find(|n| shards.bucket(n) != mine)
+            .unwrap();
+        let terms = Terms::default();
+        let leadership = Leadership::Shards {
+            shards,
+            terms: terms.clone(),
+        };
+        assert!(!leadership.leads(a), "no term held yet");
+        let (tx, rx) = watch::channel(Some(Instant::now() + Duration::from_secs(5)));
+        terms.set(mine, Some(rx));
+        assert!(leadership.leads(a));
+        assert!(!leadership.leads(&other), "{other} is in another bucket");
+        assert_eq!(leadership.remaining(None), None, "a cluster-scoped write");
+        assert_eq!(terms.held(), BTreeSet::from([mine]));
+        tx.send_replace(Some(Instant::now() - Duration::from_millis(1)));
+        assert!(!leadership.leads(a), "the term is over by the clock");
     }
 
     #[test]

@@ -9,7 +9,15 @@ use prometheus_client::{
     registry::{Registry, Unit},
 };
 
+use portwise_core::shard::Bucket;
+
 use super::labels::{ColdStartStage, StageLabels};
+
+/// A bucket of namespaces (`portwise_core::shard`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BucketLabels {
+    bucket: u32,
+}
 
 /// What `portwise_build_info` says about the running binary: its version,
 /// the git revision it was built from and that commit's date. The binary
@@ -37,6 +45,7 @@ impl BuildInfo {
 #[derive(Clone, Debug)]
 pub struct Process {
     leader: Gauge,
+    bucket_held: MetricFamily<BucketLabels, Gauge>,
     reload_ok: Gauge,
     reload_at: Gauge<f64, AtomicU64>,
     cold_start: MetricFamily<StageLabels, Gauge<f64, AtomicU64>>,
@@ -46,6 +55,7 @@ impl Process {
     pub(super) fn register(registry: &mut Registry, build: BuildInfo) -> Self {
         let process = Process {
             leader: Gauge::default(),
+            bucket_held: MetricFamily::default(),
             reload_ok: Gauge::default(),
             reload_at: Gauge::default(),
             cold_start: MetricFamily::default(),
@@ -77,6 +87,14 @@ impl Process {
             "1 while this replica holds the leader Lease (and may write), else 0",
             process.leader.clone(),
         );
+        // One series per bucket, 0 included: a bucket no replica holds is
+        // one whose every series is 0 (the alert PortwiseBucketUnheld),
+        // which an absent series could not tell from a scrape gap.
+        registry.register(
+            "bucket_held",
+            "Sharded (--shards above 1): 1 for each bucket of namespaces this replica holds (and writes in), 0 for the others",
+            process.bucket_held.clone(),
+        );
         let build_info = MetricFamily::<BuildInfo, Gauge>::default();
         registry.register(
             "build_info",
@@ -106,6 +124,17 @@ impl Process {
                 .unwrap_or_default();
             self.reload_at.set(now.as_secs_f64());
         }
+    }
+
+    /// Sharded: which of the `count` buckets this replica holds now. It
+    /// leads (`portwise_leader`) while it holds any.
+    pub fn set_buckets_held(&self, count: u32, held: &std::collections::BTreeSet<Bucket>) {
+        for b in 0..count {
+            self.bucket_held
+                .get_or_create(&BucketLabels { bucket: b })
+                .set(i64::from(held.contains(&b)));
+        }
+        self.set_leader(!held.is_empty());
     }
 
     /// Sets whether this replica currently leads.

@@ -692,6 +692,8 @@ fn the_docs_metrics_tables_are_the_registry_s() {
     m.caches.read_from(|| vec![("pods", 1)]);
     m.process
         .set_cold_start(ColdStartStage::Synced, Duration::from_secs(1));
+    m.process
+        .set_buckets_held(2, &std::collections::BTreeSet::from([1]));
     let text = m.encode();
 
     let mut registered = BTreeMap::new();

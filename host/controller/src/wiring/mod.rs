@@ -73,6 +73,7 @@ use crate::{
     reconcile::reconcile,
     shadow::Shadows,
     table::ServiceTable,
+    tenure::Leadership,
     watches::{watch_all, watch_keyed},
 };
 use tokio::{
@@ -90,6 +91,7 @@ mod reconciles;
 mod release;
 mod terms;
 mod triggers;
+mod warmup;
 
 use caches::Caches;
 use informers::Watches;
@@ -185,13 +187,15 @@ pub(crate) async fn run(
         release_tx.clone(),
         release_rx,
     ));
-    tasks.spawn(terms(
-        ctx.clone(),
-        opts.leader.clone(),
-        started,
-        triggers,
-        release_tx,
-    ));
+    if let (Some(warmup), Leadership::Shards { shards, .. }) = (&opts.warmup, &opts.leader) {
+        tasks.spawn(warmup::warm_up(
+            ctx.clone(),
+            *shards,
+            warmup.clone(),
+            opts.reconcile_concurrency as usize,
+        ));
+    }
+    tasks.spawn(terms(ctx.clone(), started, triggers, release_tx));
 
     info!(namespaces = ?opts.namespaces, managed_by = %config.managed_by, "portwise controller starting");
     let cold = Arc::new(ColdStart::new(started));

@@ -257,13 +257,15 @@ async fn sync_statuses(
     store: &Store<MembershipPolicy>,
     ns: Option<&str>,
 ) {
-    if !ctx.is_leader() || !ctx.synced.synced() {
+    if !ctx.synced.synced() {
         return;
     }
+    // Sharded, each object's status is its namespace's holder's to write.
     let objects: Vec<Arc<MembershipPolicy>> = store
         .state()
         .into_iter()
         .filter(|o| ns.is_none_or(|ns| o.namespace().as_deref() == Some(ns)))
+        .filter(|o| ctx.leads(&o.namespace().unwrap_or_default()))
         .collect();
     let mut counts: BTreeMap<(String, String), i32> = BTreeMap::new();
     for svc in ctx.services.state() {

@@ -104,7 +104,11 @@ pub(super) fn sweep_gone(ctx: &Context, tx: &tokio::sync::mpsc::UnboundedSender<
         let Some(svc) = slice_service(&slice) else {
             continue;
         };
-        let r = ObjectRef::<Service>::new(&svc).within(&slice.namespace().unwrap_or_default());
+        let ns = slice.namespace().unwrap_or_default();
+        if !ctx.leads(&ns) {
+            continue;
+        }
+        let r = ObjectRef::<Service>::new(&svc).within(&ns);
         if ctx.services.get(&r).is_none() && seen.insert(r.clone()) {
             let _ = tx.send(Gone::Check(r));
         }

@@ -1,7 +1,9 @@
 //! `portwise run`: the controller process, from flags and configuration
 //! file to a clean exit.
 
-use std::{net::SocketAddr, path::PathBuf, process::ExitCode, sync::Arc, time::Duration};
+use std::{
+    net::SocketAddr, num::NonZeroU32, path::PathBuf, process::ExitCode, sync::Arc, time::Duration,
+};
 
 use anyhow::Context as _;
 use clap::Args;
@@ -9,8 +11,8 @@ use tokio::sync::watch;
 use tracing::{error, info};
 
 use portwise_checkers::WasmCheckers;
-use portwise_controller::{self as controller, RunOptions};
-use portwise_core::config::Config;
+use portwise_controller::{self as controller, Leadership, RunOptions, Tenure, Warmup};
+use portwise_core::{config::Config, shard::Shards};
 use portwise_supply::default_cache_dir;
 use portwise_wasm::{Limits, WasmConfig, WasmRuntime};
 
@@ -42,6 +44,14 @@ pub struct RunArgs {
     /// This replica's name in the Lease and in Events.
     #[arg(long, env = "POD_NAME")]
     pub identity: Option<String>,
+    /// Buckets of namespaces shared among the replicas (issue 49): each
+    /// replica holds some on Leases, and watches, probes and writes only
+    /// there. Fixed for the life of an install: every replica must be
+    /// started with the same count (see docs/operations.md, "Sharding").
+    /// 1: one leader does everything. Above 1 needs --leader-elect.
+    #[arg(long, env = "PORTWISE_SHARDS", default_value_t = NonZeroU32::MIN,
+          value_parser = shard_count)]
+    pub shards: NonZeroU32,
     /// Lease duration, at least 3 s; a new leader takes over at most this
     /// long after the old one vanished.
     #[arg(long, default_value = "15s", value_parser = lease_duration)]
@@ -82,6 +92,20 @@ pub struct RunArgs {
     #[arg(long, default_value_t = portwise_controller::metrics::DEFAULT_SERVICES_PER_NAMESPACE,
           value_parser = at_least_one)]
     pub max_service_series_per_namespace: usize,
+}
+
+/// The most buckets: a bucket is a Lease and an elector's task each.
+const MAX_SHARDS: u32 = 1024;
+
+/// `--shards`: 1 to [`MAX_SHARDS`].
+fn shard_count(s: &str) -> Result<NonZeroU32, String> {
+    let n: u32 = s
+        .parse()
+        .map_err(|e: std::num::ParseIntError| e.to_string())?;
+    match NonZeroU32::new(n) {
+        Some(n) if n.get() <= MAX_SHARDS => Ok(n),
+        _ => Err(format!("must be 1 to {MAX_SHARDS}")),
+    }
 }
 
 /// A count of at least one.
@@ -125,8 +149,23 @@ pub(super) fn runtime_limits(config: &Config, args: &RunArgs) -> Limits {
     }
 }
 
+/// How the replicas agree on who writes where.
+enum Coordination {
+    /// No election: this replica writes everything.
+    Sole,
+    /// One leader on one Lease.
+    Elector(ops::leader::LeaderElector),
+    /// Buckets of namespaces, each on a Lease of its own (issue 49).
+    Ring(ops::shards::Ring),
+}
+
 /// `portwise run`.
 pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
+    anyhow::ensure!(
+        args.shards.get() == 1 || args.leader_elect,
+        "--shards {} needs --leader-elect: the buckets are held on Leases",
+        args.shards
+    );
     let config = Config::load(&args.config)
         .with_context(|| format!("invalid configuration {}", args.config.display()))?;
     if config.pod_addresses.cidrs.is_empty() {
@@ -185,36 +224,67 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
 
     let identity = ops::leader::identity(args.identity.as_deref());
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
-    let elector = match timings {
+    let shards = Shards::new(args.shards);
+    let coordination = match timings {
+        None => Coordination::Sole,
         Some(timings) => {
             let ns = args
                 .lease_namespace
                 .clone()
                 .unwrap_or_else(|| "default".into());
-            Some(
-                ops::leader::LeaderElector::start(
-                    unfenced.clone(),
-                    &ns,
-                    &args.lease_name,
-                    &identity,
-                    timings,
+            if shards.count() == 1 {
+                Coordination::Elector(
+                    ops::leader::LeaderElector::start(
+                        unfenced.clone(),
+                        &ns,
+                        &args.lease_name,
+                        &identity,
+                        timings,
+                    )
+                    .context("cannot start leader election")?,
                 )
-                .context("cannot start leader election")?,
-            )
+            } else {
+                let cfg = ops::shards::RingConfig {
+                    namespace: ns,
+                    name: args.lease_name.clone(),
+                    identity: identity.clone(),
+                    shards,
+                    timings,
+                };
+                Coordination::Ring(
+                    ops::shards::Ring::join(unfenced.clone(), cfg)
+                        .await
+                        .context("cannot join the shard ring")?,
+                )
+            }
         }
-        None => None,
     };
-    let tenure = elector
-        .as_ref()
-        .map(|e| portwise_controller::Tenure::new(e.subscribe_term()));
-    let client = match &tenure {
-        Some(t) => connect(&client_opts.clone().fenced(t.clone())).await?,
-        None => unfenced.clone(),
+    let (leadership, warmup) = match &coordination {
+        Coordination::Sole => (Leadership::Sole, None),
+        Coordination::Elector(e) => (Leadership::Leader(Tenure::new(e.subscribe_term())), None),
+        Coordination::Ring(ring) => (
+            Leadership::Shards {
+                shards,
+                terms: ring.terms(),
+            },
+            Some(Warmup {
+                warming: ring.warming(),
+                warm: ring.warm_reporter(),
+            }),
+        ),
+    };
+    let client = match &leadership {
+        Leadership::Sole => unfenced.clone(),
+        fenced => connect(&client_opts.clone().fenced(fenced.clone())).await?,
     };
 
-    match &elector {
-        Some(e) => e.track(&metrics),
-        None => metrics.process.set_leader(true),
+    match &coordination {
+        Coordination::Sole => metrics.process.set_leader(true),
+        Coordination::Elector(e) => e.track(&metrics),
+        // The controller reports its buckets as their terms change.
+        Coordination::Ring(_) => metrics
+            .process
+            .set_buckets_held(shards.count(), &Default::default()),
     }
 
     tokio::spawn(async move {
@@ -239,7 +309,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             namespaces: args.namespaces.clone(),
             check_timeout,
             metrics: metrics.clone(),
-            leader: tenure.clone(),
+            leader: leadership.clone(),
+            warmup: warmup.clone(),
             ready: Some(readiness.clone()),
             instance: Some(identity.clone()),
             wasm: wasm.clone().map(|w| w as Arc<dyn WasmCheckers>),
@@ -302,10 +373,18 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         }
     };
     readiness.set_ready(false);
-    if let Some(e) = elector
-        && let Err(err) = e.release().await
-    {
-        tracing::warn!(error = %err, "could not release the Lease; a successor waits for it to expire");
+    match coordination {
+        Coordination::Sole => {}
+        Coordination::Elector(e) => {
+            if let Err(err) = e.release().await {
+                tracing::warn!(error = %err, "could not release the Lease; a successor waits for it to expire");
+            }
+        }
+        Coordination::Ring(ring) => {
+            if let Err(err) = ring.leave().await {
+                tracing::warn!(error = %err, "could not leave the shard ring; its buckets wait for their Leases to expire");
+            }
+        }
     }
     let _ = server_stop_tx.send(());
     let _ = server.await;

@@ -45,8 +45,7 @@ use hyper_util::{
     rt::{TokioExecutor, TokioIo},
 };
 use kube::client::{Body, ClientBuilder, ConfigExt};
-use portwise_controller::Tenure;
-use portwise_core::shard::Shards;
+use portwise_controller::Leadership;
 use tokio::net::TcpStream;
 use tower::{BoxError, Layer, Service, ServiceBuilder};
 
@@ -65,9 +64,9 @@ const KEEPALIVE_IDLE: Duration = Duration::from_secs(5);
 pub struct ClientOptions {
     /// `TCP_USER_TIMEOUT` of every connection (see the module docs).
     pub tcp_user_timeout: Duration,
-    /// Mutating requests only within this term ([`FenceLayer`]); `None`:
-    /// unfenced (the elector's own client, or no election).
-    pub fence: Option<Tenure>,
+    /// Mutating requests only within this replica's terms ([`FenceLayer`]);
+    /// `None`: unfenced (the electors' own client, or no election).
+    pub fence: Option<Leadership>,
 }
 
 impl ClientOptions {
@@ -94,8 +93,8 @@ impl ClientOptions {
         }
     }
 
-    pub fn fenced(mut self, tenure: Tenure) -> Self {
-        self.fence = Some(tenure);
+    pub fn fenced(mut self, leadership: Leadership) -> Self {
+        self.fence = Some(leadership);
         self
     }
 }
@@ -162,13 +161,13 @@ pub async fn connect(opts: &ClientOptions) -> anyhow::Result<kube::Client> {
         .map_err(BoxError::from)
         .service(hyper);
     // Unfenced is a fence that never closes: one stack type either way.
-    let tenure = opts.fence.clone().unwrap_or_else(Tenure::unlimited);
+    let leadership = opts.fence.clone().unwrap_or(Leadership::Sole);
     let client = ClientBuilder::new(
         tower::util::BoxService::new(service),
         config.default_namespace,
     )
     // Inside the retry layer: a retried attempt is fenced too.
-    .with_layer(&FenceLayer::new(tenure))
+    .with_layer(&FenceLayer::new(leadership))
     // The retry layer clones its service per attempt; the stack below
     // is boxed (not `Clone`), so a buffer goes in between.
     .with_layer(&tower::buffer::BufferLayer::new(1024))
@@ -226,55 +225,19 @@ impl Service<http::Uri> for UserTimeout {
 
 // ---- the write fence ----------------------------------------------------
 
-/// Whose term a write is checked against.
-#[derive(Clone, Debug)]
-pub enum Term {
-    /// One leader writes everything.
-    Leader(Tenure),
-    /// Each bucket of namespaces has its own holder (issue 49): a write is
-    /// within the term of the bucket its namespace falls in, and a write in
-    /// no namespace is refused.
-    Shards {
-        shards: Shards,
-        terms: super::shards::Terms,
-    },
-}
-
-impl Term {
-    /// How much of the term that covers `path` is left now.
-    fn remaining(&self, path: &str) -> Option<Duration> {
-        match self {
-            Term::Leader(tenure) => tenure.remaining(),
-            Term::Shards { shards, terms } => {
-                let until = terms.until(shards.bucket(namespace_of(path)?))?;
-                until
-                    .checked_duration_since(std::time::Instant::now())
-                    .filter(|d| !d.is_zero())
-            }
-        }
-    }
-}
-
 /// Refuses mutating requests (anything but GET, HEAD, OPTIONS) outside the
-/// term that covers them, and cuts one short at the term's end. The error
-/// says so; the controller's retry then finds it no longer leads.
+/// term that covers them (the leader's, or sharded, that of the bucket the
+/// request's namespace falls in: [`namespace_of`]), and cuts one short at
+/// the term's end. The error says so; the controller's retry then finds it
+/// no longer leads.
 #[derive(Clone, Debug)]
 pub struct FenceLayer {
-    term: Term,
+    term: Leadership,
 }
 
 impl FenceLayer {
-    pub fn new(tenure: Tenure) -> Self {
-        Self {
-            term: Term::Leader(tenure),
-        }
-    }
-
-    /// The fence of a sharded replica: each write within its bucket's term.
-    pub fn sharded(shards: Shards, terms: super::shards::Terms) -> Self {
-        Self {
-            term: Term::Shards { shards, terms },
-        }
+    pub fn new(term: Leadership) -> Self {
+        Self { term }
     }
 }
 
@@ -292,7 +255,7 @@ impl<S> Layer<S> for FenceLayer {
 #[derive(Clone, Debug)]
 pub struct Fence<S> {
     inner: S,
-    term: Term,
+    term: Leadership,
 }
 
 /// Why a write was not sent, or not waited for.
@@ -362,10 +325,10 @@ where
         let method = req.method().clone();
         let path = req.uri().path().to_owned();
         // Checked last thing before the request is handed to hyper.
-        let Some(left) = self.term.remaining(&path) else {
+        let Some(left) = self.term.remaining(namespace_of(&path)) else {
             let refused = match self.term {
-                Term::Leader(_) => Fenced::NotLeader { method, path },
-                Term::Shards { .. } => Fenced::NotHolder { method, path },
+                Leadership::Shards { .. } => Fenced::NotHolder { method, path },
+                _ => Fenced::NotLeader { method, path },
             };
             return Box::pin(async move { Err(refused.into()) });
         };
@@ -383,6 +346,8 @@ where
 mod tests {
     use std::time::Instant;
 
+    use portwise_controller::Tenure;
+    use portwise_core::shard::Shards;
     use tokio::sync::watch;
     use tower::ServiceExt;
 
@@ -428,11 +393,15 @@ mod tests {
             .map(|i| format!("team-{i}"))
             .find(|ns| shards.bucket(ns) != shards.bucket(held))
             .unwrap();
-        let terms = crate::ops::shards::Terms::default();
+        let terms = portwise_controller::Terms::default();
         let (term, rx) = watch::channel(Some(Instant::now() + Duration::from_secs(5)));
         terms.set(shards.bucket(held), Some(rx));
         let sink = Sink::default();
-        let mut svc = FenceLayer::sharded(shards, terms.clone()).layer(sink.clone());
+        let mut svc = FenceLayer::new(Leadership::Shards {
+            shards,
+            terms: terms.clone(),
+        })
+        .layer(sink.clone());
         let write = |ns: &str| {
             http::Request::builder()
                 .method(http::Method::PUT)
@@ -487,7 +456,7 @@ mod tests {
     async fn writes_pass_only_within_the_term_and_reads_always() {
         let (term, rx) = watch::channel(Some(Instant::now() + Duration::from_secs(5)));
         let sink = Sink::default();
-        let mut svc = FenceLayer::new(Tenure::new(rx)).layer(sink.clone());
+        let mut svc = FenceLayer::new(Leadership::Leader(Tenure::new(rx))).layer(sink.clone());
         svc.ready()
             .await
             .unwrap()
@@ -518,7 +487,7 @@ mod tests {
         let never = tower::service_fn(|_: http::Request<()>| {
             std::future::pending::<Result<(), BoxError>>()
         });
-        let mut svc = FenceLayer::new(Tenure::new(rx)).layer(never);
+        let mut svc = FenceLayer::new(Leadership::Leader(Tenure::new(rx))).layer(never);
         let err = svc.call(req(http::Method::PATCH)).await.unwrap_err();
         assert!(err.to_string().contains("cut off at the end"), "{err}");
         assert!(Instant::now() >= end);

@@ -32,7 +32,7 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
-    sync::{Arc, RwLock},
+    sync::Arc,
     time::Instant,
 };
 
@@ -51,6 +51,7 @@ use tokio::{
 };
 use tracing::{debug, info, warn};
 
+pub use portwise_controller::Terms;
 use portwise_core::shard::{Bucket, Shards, Standing, Step, assign, step};
 
 use super::leader::{Holding, LeaderElector, LeaderError, LeaseAction, Timings, decide};
@@ -90,40 +91,6 @@ pub enum RingError {
     Leader(#[from] LeaderError),
     #[error("shard ring request failed: {0}")]
     Kube(#[from] kube::Error),
-}
-
-/// This replica's terms, per bucket it holds: what the write fence and the
-/// reconciles ask.
-#[derive(Clone, Debug, Default)]
-pub struct Terms(Arc<RwLock<BTreeMap<Bucket, watch::Receiver<Option<Instant>>>>>);
-
-impl Terms {
-    /// When this replica's term for `bucket` ends at the latest; `None`
-    /// when it does not hold it.
-    pub fn until(&self, bucket: Bucket) -> Option<Instant> {
-        let terms = self.0.read().unwrap_or_else(|e| e.into_inner());
-        (*terms.get(&bucket)?.borrow()).filter(|until| *until > Instant::now())
-    }
-
-    /// The buckets whose term runs now.
-    pub fn held(&self) -> BTreeSet<Bucket> {
-        let now = Instant::now();
-        let terms = self.0.read().unwrap_or_else(|e| e.into_inner());
-        terms
-            .iter()
-            .filter(|(_, t)| t.borrow().is_some_and(|until| until > now))
-            .map(|(b, _)| *b)
-            .collect()
-    }
-
-    /// Follows `term` for `bucket` (`None`: holds it no more).
-    pub(crate) fn set(&self, bucket: Bucket, term: Option<watch::Receiver<Option<Instant>>>) {
-        let mut terms = self.0.write().unwrap_or_else(|e| e.into_inner());
-        match term {
-            Some(t) => terms.insert(bucket, t),
-            None => terms.remove(&bucket),
-        };
-    }
 }
 
 /// A replica's place in the ring, run in the background until

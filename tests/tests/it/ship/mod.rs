@@ -16,4 +16,5 @@ mod manifests;
 mod metrics;
 mod sdk;
 mod service_account;
+mod sharding;
 mod support;
