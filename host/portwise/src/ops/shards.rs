@@ -25,6 +25,8 @@
 //! (watch its namespaces and probe without writing, then say so on the
 //! member Lease), or hand it over once its successor is warm (release the
 //! bucket's elector: the term ends first, then the Lease is cleared).
+//! While a replica of `--shards 1` leads on the Lease `NAME` itself, no
+//! bucket is held: it writes every namespace.
 //! After a crash the dead replica's member and bucket Leases stop changing
 //! together; once their terms end as seen here, its buckets are assigned
 //! to the live members, whose electors start from that observation
@@ -124,6 +126,7 @@ impl Ring {
             terms: terms.clone(),
             warming: warming_tx,
             warm: warm_rx,
+            yielding: false,
         };
         Ok(Ring {
             terms,
@@ -276,6 +279,9 @@ struct Engine {
     terms: Terms,
     warming: watch::Sender<BTreeSet<Bucket>>,
     warm: watch::Receiver<BTreeSet<Bucket>>,
+    /// A single leader holds the Lease named after the ring: no bucket is
+    /// held until it stops.
+    yielding: bool,
 }
 
 impl std::fmt::Debug for Engine {
@@ -325,6 +331,7 @@ impl Engine {
         let mut members = BTreeSet::from([me.clone()]);
         let mut warm: BTreeMap<String, BTreeSet<Bucket>> = BTreeMap::new();
         let mut holders: BTreeMap<Bucket, String> = BTreeMap::new();
+        let mut single_leader = None;
         let mut seen_now = HashMap::new();
         for lease in &leases.items {
             let Some(name) = lease.metadata.name.clone() else {
@@ -353,7 +360,9 @@ impl Engine {
             if !live {
                 continue;
             }
-            if name.starts_with(&member_prefix) {
+            if name == self.cfg.name {
+                single_leader = Some(holder);
+            } else if name.starts_with(&member_prefix) {
                 let buckets = lease
                     .metadata
                     .annotations
@@ -371,6 +380,29 @@ impl Engine {
             }
         }
         self.seen = seen_now;
+
+        // A replica of `--shards 1` leads on the Lease named after the ring
+        // (a rolling update from one leader to shards, say): it writes
+        // every namespace, so no bucket may be held beside it. Hold none
+        // until its term is over.
+        if let Some(leader) = single_leader {
+            if !std::mem::replace(&mut self.yielding, true) {
+                warn!(ring = %self.cfg.name, %leader,
+                    "a replica started without --shards leads on the Lease {}: holding no bucket until it stops", self.cfg.name);
+            }
+            for b in self.electors.keys().copied().collect::<Vec<_>>() {
+                self.stop(b).await;
+            }
+            self.warming.send_if_modified(|w| {
+                let changed = !w.is_empty();
+                w.clear();
+                changed
+            });
+            return Ok(());
+        }
+        if std::mem::take(&mut self.yielding) {
+            info!(ring = %self.cfg.name, "the Lease {} has no live holder any more: taking buckets", self.cfg.name);
+        }
 
         let desired = assign(self.cfg.shards, &members, &holders);
         let mut warming = BTreeSet::new();
