@@ -7,10 +7,17 @@
 //! namespace → bucket → the holder's term.
 //!
 //! Why hash *ranges* rather than a modulo: bucket `b` of `S` holds the
-//! FNV-1a-64 hashes in `[b·2⁶⁴/S, (b+1)·2⁶⁴/S)`, one contiguous range, so a
-//! bucket is one `shardRange` of a server-side sharded list and watch
-//! (KEP-5866) where an apiserver offers it, and a replica could then watch
-//! only its buckets' objects without listing every namespace.
+//! hashes in `[b·2⁶⁴/S, (b+1)·2⁶⁴/S)`, one contiguous range, so a bucket is
+//! one range of a range-sharded list and watch (KEP-5866's `shardRange`)
+//! where an apiserver offers one over the same hash.
+//!
+//! Why FNV-1a-64 *mixed* ([`spread`], MurmurHash3's 64-bit finalizer): a
+//! range is chosen by the hash's top bits, and FNV-1a's top bits hardly
+//! depend on a name's last characters (the last byte is multiplied by the
+//! prime, `2⁴⁰ + 0x1b3`, into bits 0–48 only). Namespaces named
+//! `tenant000` … `tenant049` all fell in one bucket of 16: one replica
+//! doing all the work, the hot shard Argo CD's users complain of. The
+//! finalizer is a bijection that makes every bit depend on every bit.
 //!
 //! Why a balanced, sticky assignment: each of `N` members holds ⌊S/N⌋ or
 //! ⌈S/N⌉ buckets (no hot replica, the complaint of Argo CD's and Knative's
@@ -29,6 +36,21 @@ pub fn fnv1a64(bytes: &[u8]) -> u64 {
     bytes
         .iter()
         .fold(OFFSET, |h, b| (h ^ u64::from(*b)).wrapping_mul(PRIME))
+}
+
+/// MurmurHash3's 64-bit finalizer (`fmix64`): a bijection of `u64` whose
+/// every output bit depends on every input bit.
+pub fn spread(mut h: u64) -> u64 {
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    h ^ (h >> 33)
+}
+
+/// The hash a namespace's bucket is chosen by.
+pub fn namespace_hash(namespace: &str) -> u64 {
+    spread(fnv1a64(namespace.as_bytes()))
 }
 
 /// A bucket: `0..S`.
@@ -52,7 +74,7 @@ impl Shards {
 
     /// The bucket of `namespace`: the range its hash falls in.
     pub fn bucket(self, namespace: &str) -> Bucket {
-        let h = u128::from(fnv1a64(namespace.as_bytes()));
+        let h = u128::from(namespace_hash(namespace));
         // h · S / 2⁶⁴ < S, so it fits.
         ((h * u128::from(self.count())) >> 64) as Bucket
     }
@@ -226,6 +248,33 @@ mod tests {
     }
 
     #[test]
+    fn spread_matches_murmur3_s_finalizer() {
+        assert_eq!(spread(0), 0);
+        // fmix64(1), from MurmurHash3's reference implementation.
+        assert_eq!(spread(1), 0xb456_bcfc_34c2_cb2c);
+    }
+
+    /// Names that differ only at their end spread over the buckets: with
+    /// FNV-1a's top bits alone, all fifty fell in one bucket.
+    #[test]
+    fn sequential_names_spread_over_the_buckets() {
+        let s = shards(16);
+        for pattern in ["tenant{:03}", "team-{}", "ns-{}", "shop-{}-prod"] {
+            let mut load = [0usize; 16];
+            for i in 0..50 {
+                let name = pattern
+                    .replace("{:03}", &format!("{i:03}"))
+                    .replace("{}", &i.to_string());
+                load[s.bucket(&name) as usize] += 1;
+            }
+            let most = load.iter().max().copied().unwrap_or(0);
+            let used = load.iter().filter(|n| **n > 0).count();
+            // 50 balls into 16 bins: the fullest holds about 7.
+            assert!(most <= 10 && used >= 12, "{pattern}: {load:?}");
+        }
+    }
+
+    #[test]
     fn one_shard_holds_every_namespace() {
         for ns in ["", "default", "kube-system", "team-a"] {
             assert_eq!(Shards::ONE.bucket(ns), 0);
@@ -330,7 +379,7 @@ mod tests {
             let b = s.bucket(&ns);
             prop_assert!(b < s.count());
             let (start, end) = s.range(b);
-            let h = fnv1a64(ns.as_bytes());
+            let h = namespace_hash(&ns);
             prop_assert!(h >= start);
             prop_assert!(end.is_none_or(|e| h < e));
         }
