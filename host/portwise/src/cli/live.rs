@@ -44,6 +44,14 @@ pub(super) async fn check_live(
         .get(name)
         .await
         .with_context(|| format!("cannot read Service {ns}/{name}"))?;
+    // Sharded, which replica writes it (reading the Leases may be refused:
+    // that is not this command's business).
+    match crate::ops::shards::writer_of(&client, ns).await {
+        Ok(lines) => lines.iter().for_each(|l| println!("{l}")),
+        Err(e) => eprintln!(
+            "cannot read the shard rings' Leases ({e}): which replica writes {ns} is not shown"
+        ),
+    }
     let group = portwise_core::align::key_value(&svc.metadata, &cfg.service_key)
         .with_context(|| {
             format!(

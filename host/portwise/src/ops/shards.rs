@@ -185,6 +185,54 @@ impl Drop for Ring {
     }
 }
 
+/// Who writes `namespace`, as the shard rings of the cluster say (for
+/// `portwise check --live`): for each ring Lease found (any namespace), a
+/// line naming the bucket `namespace` falls in and its holder. Empty when
+/// there is no ring (one leader, or none).
+pub async fn writer_of(client: &Client, namespace: &str) -> Result<Vec<String>, kube::Error> {
+    let rings = Api::<Lease>::all(client.clone())
+        .list_metadata(&ListParams::default())
+        .await?;
+    let mut lines = Vec::new();
+    for ring in rings.items {
+        let (Some(name), Some(ns)) = (
+            ring.metadata.name.as_deref(),
+            ring.metadata.namespace.as_deref(),
+        ) else {
+            continue;
+        };
+        let Some(prefix) = name.strip_suffix("-ring") else {
+            continue;
+        };
+        let Some(count) = ring
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(SHARDS_ANNOTATION))
+            .and_then(|c| c.parse::<u32>().ok())
+            .and_then(std::num::NonZeroU32::new)
+        else {
+            continue;
+        };
+        let b = Shards::new(count).bucket(namespace);
+        let holder = Api::<Lease>::namespaced(client.clone(), ns)
+            .get_opt(&bucket_lease(prefix, b))
+            .await?
+            .and_then(|l| l.spec)
+            .and_then(|s| s.holder_identity)
+            .filter(|h| !h.is_empty());
+        lines.push(match holder {
+            Some(h) => format!(
+                "namespace {namespace} is bucket {b} of the {count} of the shard ring {ns}/{prefix}, held by {h}"
+            ),
+            None => format!(
+                "namespace {namespace} is bucket {b} of the {count} of the shard ring {ns}/{prefix}, held by no replica: its Services are not written"
+            ),
+        });
+    }
+    Ok(lines)
+}
+
 /// Creates the ring Lease with this replica's count, or checks the count
 /// it records.
 async fn check_count(api: &Api<Lease>, cfg: &RingConfig) -> Result<(), RingError> {

@@ -15,6 +15,7 @@
 //!   survivor hands it two buckets, and while they move no Ready member
 //!   ever leaves its slice; afterwards each namespace is again written
 //!   only by its bucket's holder;
+//! - `portwise check --live` names the replica that writes a namespace;
 //! - SIGTERM of both: exit 0, every bucket Lease released.
 
 use std::{
@@ -241,6 +242,38 @@ async fn replicas_share_the_namespaces_with_one_writer_each() -> Result<()> {
         expect_seed(ns, &["a", "b", "c"], &["c", "d"]).await?;
     }
     println!("two replicas: a holds {:?}, b holds {:?}", held[0], held[1]);
+    // `check --live` names the replica that writes a namespace.
+    let probe_ns = names[0];
+    let (writer, other) = if held[0].contains(&shards.bucket(probe_ns)) {
+        ("pw-a", "pw-b")
+    } else {
+        ("pw-b", "pw-a")
+    };
+    let out = run_binary_to_exit_on(
+        cp,
+        &[
+            "check",
+            "--live",
+            "--config",
+            "{config}",
+            "--service",
+            &format!("{probe_ns}/my-service"),
+        ],
+        &config(SEED_MEMBERSHIP),
+        Duration::from_secs(60),
+    )
+    .await?;
+    let said = format!(
+        "namespace {probe_ns} is bucket {} of the {S} of the shard ring {lease_ns}/portwise, held by {writer}_",
+        shards.bucket(probe_ns)
+    );
+    ensure!(
+        out.code == Some(0) && out.stdout.contains(&said) && !out.stdout.contains(other),
+        "check --live should say {said:?}; exit {:?}: {}{}",
+        out.code,
+        out.stdout,
+        out.stderr
+    );
     let owner = owners(&[&a, &b], &held);
     // (The audit log is written after each response: let the last land.)
     tokio::time::sleep(Duration::from_secs(1)).await;
