@@ -1046,6 +1046,27 @@ async fn helm_chart_values_render_what_they_promise() -> Result<()> {
             ensure!(!single.contains_key(gone), "{gone} rendered without leader election");
         }
 
+        // Sharding: --shards, and the ring's Leases granted (member names
+        // follow the pods', so not by name); refused without election.
+        let sharded = rendered(&["--set", "shards=8", "--set", "replicaCount=3"])?;
+        let a = args(&sharded)?;
+        ensure!(a.iter().any(|x| x == "--shards=8") && a.iter().any(|x| x == "--leader-elect"), "{a:?}");
+        let role = object(&sharded, "Role/portwise-system/portwise-leader-election")?;
+        expect_eq(
+            &role["rules"][2],
+            &json!({"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                    "verbs": ["list", "get", "update", "delete"]}),
+        )?;
+        let a = args(&lease)?;
+        ensure!(!a.iter().any(|x| x.starts_with("--shards")), "{a:?}");
+        let role = object(&lease, "Role/portwise-system/portwise-leader-election")?;
+        expect_eq(&role["rules"].as_array().map(Vec::len), &Some(2))?;
+        template_refused(
+            &["--set", "shards=4", "--set", "replicaCount=1", "--set", "leaderElection.enabled=false"],
+            "shards > 1 needs leaderElection.enabled=true",
+        )?;
+        template_refused(&["--set", "shards=0"], "/shards")?;
+
         // Legacy Endpoints: the config says so and the grant is there,
         // bound to the ServiceAccount.
         let legacy = rendered(&["--set", "config.publishLegacyEndpoints=true"])?;
