@@ -75,8 +75,8 @@ pub use observe::{
 };
 pub use ops::{Metrics, Sample, http_get};
 pub use portwise::{
-    BinaryOutcome, Launch, Portwise, free_port, guests_dir, portwise_bin, run_binary_to_exit,
-    run_binary_to_exit_on, run_binary_to_exit_with_env,
+    BinaryOutcome, Launch, Portwise, check_live_on, free_port, guests_dir, portwise_bin,
+    run_binary_to_exit, run_binary_to_exit_on, run_binary_to_exit_with_env,
 };
 #[cfg(feature = "probes")]
 pub use probe_servers::GrpcHealthServer;

@@ -790,6 +790,29 @@ pub async fn run_binary_to_exit_with_env(
     run_binary(args, config_yaml, timeout, None, env).await
 }
 
+/// `portwise check --live --config CONFIG --service NAMESPACE/NAME`
+/// against `cp`, run to its exit (within a minute).
+pub async fn check_live_on(
+    cp: &ControlPlane,
+    config_yaml: &str,
+    service: &str,
+) -> Result<BinaryOutcome> {
+    run_binary_to_exit_on(
+        cp,
+        &[
+            "check",
+            "--live",
+            "--config",
+            "{config}",
+            "--service",
+            service,
+        ],
+        config_yaml,
+        Duration::from_secs(60),
+    )
+    .await
+}
+
 /// [`run_binary_to_exit`] against `cp`, whichever control plane the run
 /// exported.
 pub async fn run_binary_to_exit_on(

@@ -208,22 +208,7 @@ async fn a_policy_object_decides_services_of_its_own_namespace_only() -> Result<
     // other namespace, why none can.
     let live = |target: String| {
         let cfg = cfg.clone();
-        async move {
-            run_binary_to_exit_on(
-                cp,
-                &[
-                    "check",
-                    "--live",
-                    "--config",
-                    "{config}",
-                    "--service",
-                    &target,
-                ],
-                &cfg,
-                Duration::from_secs(60),
-            )
-            .await
-        }
+        async move { check_live_on(cp, &cfg, &target).await }
     };
     let out = live(format!("{}/named", team.name())).await?;
     ensure!(
@@ -465,20 +450,7 @@ async fn a_policys_shadow_reports_its_differences_and_publishes_nothing() -> Res
         )) && event.contains("http b (IPv4): live include, shadow exclude"),
         "{event}"
     );
-    let out = run_binary_to_exit_on(
-        cp,
-        &[
-            "check",
-            "--live",
-            "--config",
-            "{config}",
-            "--service",
-            &format!("{}/web", ns.name()),
-        ],
-        &cfg,
-        Duration::from_secs(60),
-    )
-    .await?;
+    let out = check_live_on(cp, &cfg, &format!("{}/web", ns.name())).await?;
     ensure!(
         out.code == Some(0)
             && out

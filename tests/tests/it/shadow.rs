@@ -189,20 +189,7 @@ async fn check_live_prints_live_and_shadow_side_by_side() -> Result<()> {
     );
     let writes = WriteCounter::start(&ns).await?;
     let target = format!("{}/web", ns.name());
-    let out = run_binary_to_exit_on(
-        cp,
-        &[
-            "check",
-            "--live",
-            "--config",
-            "{config}",
-            "--service",
-            &target,
-        ],
-        &cfg,
-        Duration::from_secs(60),
-    )
-    .await?;
+    let out = check_live_on(cp, &cfg, &target).await?;
     ensure!(
         out.code == Some(0),
         "exit {:?}: {}{}",

@@ -249,18 +249,10 @@ async fn replicas_share_the_namespaces_with_one_writer_each() -> Result<()> {
     } else {
         ("pw-b", "pw-a")
     };
-    let out = run_binary_to_exit_on(
+    let out = check_live_on(
         cp,
-        &[
-            "check",
-            "--live",
-            "--config",
-            "{config}",
-            "--service",
-            &format!("{probe_ns}/my-service"),
-        ],
         &config(SEED_MEMBERSHIP),
-        Duration::from_secs(60),
+        &format!("{probe_ns}/my-service"),
     )
     .await?;
     let said = format!(
