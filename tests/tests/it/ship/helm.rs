@@ -1584,7 +1584,7 @@ async fn helm_chart_renders_its_monitoring() -> Result<()> {
             .as_array()
             .map(Vec::len)
             .unwrap_or_default();
-        expect_eq(alerts, 7)?;
+        expect_eq(alerts, 8)?;
 
         let dash = object(&on, "ConfigMap/monitoring/portwise-dashboard")?;
         expect_eq(&dash["metadata"]["labels"]["grafana_dashboard"], &json!("1"))?;
