@@ -58,9 +58,23 @@ fn policy_yaml(ns: &str, name: &str, spec: &str) -> String {
 async fn kubectl_explain_prints_the_field_docs() -> Result<()> {
     let cp = installed().await?;
     // The apiserver publishes a new CRD's OpenAPI a moment after it is
-    // Established; kubectl's discovery cache may lag too.
+    // Established. kubectl's disk cache (shared by every test and run, with
+    // hours of lifetime) may hold an OpenAPI from before the CRD: each try
+    // starts from an empty one.
     let out = wait_for(Duration::from_secs(60), || async {
-        let (ok, out, err) = kubectl_out(cp, &["explain", "membershippolicy.spec"], None).await?;
+        let cache = tempfile::Builder::new()
+            .prefix("portwise-kubectl-cache-")
+            .tempdir()?;
+        let cache = cache
+            .path()
+            .to_str()
+            .context("a temporary path that is not UTF-8")?;
+        let (ok, out, err) = kubectl_out(
+            cp,
+            &["explain", "membershippolicy.spec", "--cache-dir", cache],
+            None,
+        )
+        .await?;
         ensure!(ok, "kubectl explain: {err}");
         Ok(out)
     })

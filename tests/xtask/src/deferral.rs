@@ -22,11 +22,13 @@ pub struct Ask<'a> {
     pub all: bool,
 }
 
-/// The builds deferred, in build order, and a line for each build that a
-/// rule made in this run instead.
+/// The builds deferred, in build order; the missing ones a rule makes in
+/// this run instead (before the suite: inside its network namespace
+/// nothing can be downloaded), and a line for each of those.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Plan {
     pub deferred: Vec<String>,
+    pub now: Vec<String>,
     pub notes: Vec<String>,
 }
 
@@ -55,9 +57,11 @@ pub fn plan(ask: &Ask<'_>, cached: &mut dyn FnMut(&str) -> bool) -> Plan {
             continue;
         }
         if has(ask.now, build) {
+            plan.now.push(build.clone());
             plan.notes
                 .push(format!("{build}: built in this run (PORTWISE_BUILD_NOW)"));
         } else if has(ask.before, build) {
+            plan.now.push(build.clone());
             plan.notes.push(format!(
                 "{build}: deferred by an earlier run and still not built; building it in this run"
             ));
@@ -90,7 +94,7 @@ mod tests {
         };
         let plan = decide(&ask, "registry");
         assert_eq!(plan.deferred, names("helm cilium clustermesh image"));
-        assert!(plan.notes.is_empty());
+        assert!(plan.now.is_empty() && plan.notes.is_empty());
     }
 
     #[test]
@@ -119,6 +123,7 @@ mod tests {
         };
         let plan = decide(&ask, "");
         assert_eq!(plan.deferred, names("helm"));
+        assert_eq!(plan.now, names("cosign"));
         assert_eq!(plan.notes.len(), 1);
         assert!(
             plan.notes[0].starts_with("cosign: deferred by an earlier run"),
@@ -138,6 +143,7 @@ mod tests {
         };
         let plan = decide(&ask, "");
         assert_eq!(plan.deferred, names("helm"));
+        assert_eq!(plan.now, names("image"));
         assert_eq!(
             plan.notes,
             vec!["image: built in this run (PORTWISE_BUILD_NOW)".to_owned()]

@@ -93,34 +93,7 @@ pub fn run(paths: &Paths, args: &[String]) -> Result<u8> {
     let mut rc = 0u8;
     for b in builds {
         let t0 = Instant::now();
-        let ok = if b == "image" {
-            let dir = paths.cache.join("image-build");
-            image::start(paths, &dir)?;
-            image::wait(&dir).map_err(|e| eprintln!("{e}")).is_ok()
-        } else if b == "arm64" {
-            Command::new(paths.root.join(ARM64_BUILD))
-                .args(["--arch", "arm64", "--core-tests"])
-                .stdout(Stdio::null())
-                .status()?
-                .success()
-        } else if b == "release" {
-            Command::new(paths.root.join(RELEASE))
-                .arg("--tools")
-                .stdout(Stdio::null())
-                .status()?
-                .success()
-        } else if b == "wkg" {
-            Command::new(paths.root.join(WKG_BUILD))
-                .stdout(Stdio::null())
-                .status()?
-                .success()
-        } else {
-            Command::new(paths.root.join("tests/go-tools/build"))
-                .arg(b)
-                .stdout(Stdio::null())
-                .status()?
-                .success()
-        };
+        let ok = build(paths, b)?;
         if !ok {
             rc = 1;
         }
@@ -135,6 +108,39 @@ pub fn run(paths: &Paths, args: &[String]) -> Result<u8> {
     Ok(rc)
 }
 
+/// Builds one deferrable build in the foreground; whether it succeeded.
+pub fn build(paths: &Paths, b: &str) -> Result<bool> {
+    let ok = if b == "image" {
+        let dir = paths.cache.join("image-build");
+        image::start(paths, &dir)?;
+        image::wait(&dir).map_err(|e| eprintln!("{e}")).is_ok()
+    } else if b == "arm64" {
+        Command::new(paths.root.join(ARM64_BUILD))
+            .args(["--arch", "arm64", "--core-tests"])
+            .stdout(Stdio::null())
+            .status()?
+            .success()
+    } else if b == "release" {
+        Command::new(paths.root.join(RELEASE))
+            .arg("--tools")
+            .stdout(Stdio::null())
+            .status()?
+            .success()
+    } else if b == "wkg" {
+        Command::new(paths.root.join(WKG_BUILD))
+            .stdout(Stdio::null())
+            .status()?
+            .success()
+    } else {
+        Command::new(paths.root.join("tests/go-tools/build"))
+            .arg(b)
+            .stdout(Stdio::null())
+            .status()?
+            .success()
+    };
+    Ok(ok)
+}
+
 /// Starts the builds in the background, from a copy of the checkout.
 fn detached(paths: &Paths, builds: &[String]) -> Result<()> {
     let copies = paths.cache.join("deferred-src");
@@ -142,10 +148,15 @@ fn detached(paths: &Paths, builds: &[String]) -> Result<()> {
     let stamp = SystemTime::now().duration_since(UNIX_EPOCH)?.as_nanos();
     let copy = copies.join(format!("{stamp}"));
     copy_checkout(&paths.root, &copy)?;
+    // This program, copied too: the next run's `tests/xtask/run` rebuilds it
+    // in place, and the image build starts it again by its own path
+    // (`image::start`), which would then name a deleted file.
+    let exe = copy.join(".xtask");
+    std::fs::copy(std::env::current_exe()?, &exe)?;
     let log = File::create(paths.logs.join("deferred-build.log"))?;
     let child = Command::new("setsid")
         .args(["nice", "-n", "19"])
-        .arg(std::env::current_exe()?)
+        .arg(&exe)
         .arg("build-deferred")
         .args(builds)
         .current_dir(&copy)

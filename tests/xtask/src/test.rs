@@ -98,6 +98,15 @@ pub fn run(paths: &Paths, args: &[String]) -> Result<u8> {
     if all_go_tools.is_empty() {
         return Err("no Go tools listed (tests/go-tools/build --list)".into());
     }
+    // The rest of what this run builds rather than defers (the arm64
+    // binary, the release's tools, wkg): before the suite, since inside its
+    // network namespace their tests could not download what they need.
+    let others_now: Vec<String> = plan
+        .now
+        .iter()
+        .filter(|b| *b != "image" && !all_go_tools.contains(b))
+        .cloned()
+        .collect();
     let go_now: Vec<String> = all_go_tools
         .into_iter()
         .filter(|t| !plan.defers(t))
@@ -179,6 +188,15 @@ pub fn run(paths: &Paths, args: &[String]) -> Result<u8> {
         return Err(format!("a Go tool build failed (log above): {e}").into());
     }
     print!("{go_text}");
+
+    for b in &others_now {
+        steps.step(&format!("{b}, deferred before and still missing"));
+        if !deferred::build(paths, b)? {
+            return Err(
+                format!("the build {b} failed; to see why: tests/build-deferred {b}").into(),
+            );
+        }
+    }
 
     // Stops the background image build when this run ends early (a
     // filtered run that never reached the image test), so nothing outlives
