@@ -20,6 +20,13 @@
 //! (a warning says so once): switching over while running could lose a
 //! deletion between the two watches.
 //!
+//! Sharded (`--shards`, issue 49), pods are watched this way whatever the
+//! key (a label key selects on it in each namespace), and only in the
+//! namespaces of the buckets this replica holds or warms up for
+//! ([`Interest`]): a namespace opens when its bucket arrives and closes
+//! (its pods leave the cache) when the bucket leaves, so that each replica
+//! keeps about its share of the cluster's pods rather than all of them.
+//!
 //! Two rules keep a reconcile from planning on a namespace whose pods are
 //! not in the cache yet:
 //! - the cold start's [`SyncGate`] opens only after the Service watch has
@@ -29,7 +36,7 @@
 //!   nothing, and the listing asks for each of them (`on_listed`).
 
 use std::{
-    collections::{HashMap, HashSet, VecDeque},
+    collections::{BTreeSet, HashMap, HashSet, VecDeque},
     sync::{Arc, Mutex},
     task::{Context, Poll},
 };
@@ -44,14 +51,21 @@ use kube::{
     Api, Client, ResourceExt,
     runtime::{WatchStreamExt, reflector::Store, watcher},
 };
-use tokio::{sync::mpsc, task::JoinSet};
+use tokio::{
+    sync::{mpsc, watch},
+    task::JoinSet,
+};
 use tracing::{debug, info, warn};
 
-use portwise_core::{align::key_value, config::KeySource};
+use portwise_core::{
+    align::key_value,
+    config::KeySource,
+    shard::{Bucket, Shards},
+};
 
 use crate::{
     cache::{self, SyncGate, SyncToken, WatchBackoff, flatten_relists},
-    watches::streaming_or_listing,
+    watches::{selecting, streaming_or_listing},
 };
 
 /// Which namespaces' pods the cache holds in full.
@@ -117,13 +131,30 @@ struct Scope {
     listed: bool,
 }
 
+/// Sharded: the buckets whose namespaces' pods this replica keeps (those
+/// it holds and those it warms up for), as they change.
+#[derive(Clone, Debug)]
+pub(crate) struct Interest {
+    pub(crate) shards: Shards,
+    pub(crate) buckets: watch::Receiver<BTreeSet<Bucket>>,
+}
+
+impl Interest {
+    fn wants(&self, ns: &str) -> bool {
+        self.buckets.borrow().contains(&self.shards.bucket(ns))
+    }
+}
+
 /// How [`PodScopes`] is built; see the module docs.
 pub(crate) struct PodScopes {
     pub(crate) client: Client,
     /// The watch settings (streaming lists) each namespace's watch uses.
     pub(crate) cfg: watcher::Config,
-    /// The pod key (an annotation): pods without it never reach the cache.
+    /// The pod key: pods without it never reach the cache (a label is
+    /// selected on, an annotation filtered).
     pub(crate) key: KeySource,
+    /// Sharded: only these buckets' namespaces are watched.
+    pub(crate) interest: Option<Interest>,
     /// The Service watch's own gate: when it opens, every namespace it
     /// holds has been reported.
     pub(crate) services_listed: SyncGate,
@@ -162,9 +193,19 @@ impl PodScopes {
             let g = self.services_listed.clone();
             async move { g.opened().await }.boxed()
         };
+        // Wakes the state when the buckets of interest change.
+        let interest_changed = match &self.interest {
+            Some(i) => stream::unfold(i.buckets.clone(), |mut rx| async move {
+                rx.changed().await.ok()?;
+                Some(((), rx))
+            })
+            .boxed(),
+            None => stream::pending().boxed(),
+        };
         let mut state = State {
             cold: Some(self.gate.register()),
             services_listed: Some(services_listed),
+            interest_changed,
             cluster_wide: false,
             warned: false,
             services,
@@ -193,6 +234,8 @@ struct State {
     /// have listed.
     cold: Option<SyncToken>,
     services_listed: Option<BoxFuture<'static, ()>>,
+    /// Yields when [`PodScopes::interest`] changes.
+    interest_changed: BoxStream<'static, ()>,
     /// Pods are watched by one cluster-wide watch (decided at start).
     cluster_wide: bool,
     /// Warned that more namespaces than the limit are watched.
@@ -224,6 +267,14 @@ impl State {
             while let Poll::Ready(Some(seen)) = self.services.poll_recv(cx) {
                 self.saw(seen);
             }
+            let mut rescope = false;
+            while let Poll::Ready(Some(())) = self.interest_changed.poll_next_unpin(cx) {
+                rescope = true;
+            }
+            // Until the Service watch has listed, `open_first` decides.
+            if rescope && self.services_listed.is_none() {
+                self.rescope();
+            }
             if let Some(f) = self.services_listed.as_mut()
                 && f.poll_unpin(cx).is_ready()
             {
@@ -245,6 +296,11 @@ impl State {
                         namespaces = self.members.len(),
                         limit = self.spec.limit,
                         "pods watched cluster-wide: the managed Services span more namespaces than --pod-watch-namespaces"
+                    );
+                } else if self.spec.interest.is_some() {
+                    info!(
+                        namespaces = self.scopes.len(),
+                        "pods watched in each namespace of this replica's buckets that holds a managed Service (sharded)"
                     );
                 } else {
                     info!(
@@ -285,14 +341,54 @@ impl State {
     /// Once the Service watch has listed: one watch for each namespace it
     /// reported, or one for the cluster if they are too many.
     fn open_first(&mut self) {
-        if self.spec.limit == 0 || self.members.len() > self.spec.limit {
+        let mut namespaces: Vec<String> = self
+            .members
+            .keys()
+            .filter(|ns| self.wants(ns))
+            .cloned()
+            .collect();
+        if self.spec.limit == 0 || namespaces.len() > self.spec.limit {
             self.cluster_wide = true;
             self.open(EVERY_NAMESPACE.to_string());
             return;
         }
-        let mut namespaces: Vec<String> = self.members.keys().cloned().collect();
         namespaces.sort();
         for ns in namespaces {
+            self.open(ns);
+        }
+    }
+
+    /// Whether `ns`'s pods are this replica's to keep (always, unsharded).
+    fn wants(&self, ns: &str) -> bool {
+        self.spec.interest.as_ref().is_none_or(|i| i.wants(ns))
+    }
+
+    /// The buckets of interest changed: opens the namespaces that arrived,
+    /// closes those that left. A cluster-wide watch keeps every pod.
+    fn rescope(&mut self) {
+        if self.cluster_wide {
+            return;
+        }
+        let mut arrived: Vec<String> = self
+            .members
+            .keys()
+            .filter(|ns| !self.scopes.contains_key(*ns) && self.wants(ns))
+            .cloned()
+            .collect();
+        arrived.sort();
+        let left: Vec<String> = self
+            .scopes
+            .keys()
+            .filter(|ns| !self.wants(ns))
+            .cloned()
+            .collect();
+        if !arrived.is_empty() || !left.is_empty() {
+            debug!(arrived = ?arrived, left = ?left, "pod watches follow the buckets");
+        }
+        for ns in left {
+            self.close(&ns);
+        }
+        for ns in arrived {
             self.open(ns);
         }
     }
@@ -305,6 +401,7 @@ impl State {
                 if self.services_listed.is_none()
                     && !self.cluster_wide
                     && !self.scopes.contains_key(&ns)
+                    && self.wants(&ns)
                 {
                     self.open(ns);
                     if self.scopes.len() > self.spec.limit && !self.warned {
@@ -345,7 +442,7 @@ impl State {
         };
         let abort = self.tasks.spawn(forward(
             api,
-            self.spec.cfg.clone(),
+            selecting(&self.spec.cfg, &self.spec.key),
             self.spec.key.clone(),
             ns.clone(),
             epoch,
@@ -362,14 +459,14 @@ impl State {
     }
 
     /// Stops `ns`'s watch and forgets its pods: no Service there can use
-    /// them.
+    /// them, or (sharded) its bucket is another replica's.
     fn close(&mut self, ns: &str) {
         let Some(scope) = self.scopes.remove(ns) else {
             return;
         };
         scope.abort.abort();
         self.listed.set(ns, false);
-        debug!(namespace = %ns, "no managed Service left: pods no longer watched");
+        debug!(namespace = %ns, "pods no longer watched");
         self.out.extend(
             self.spec
                 .pods

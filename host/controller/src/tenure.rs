@@ -60,6 +60,16 @@ impl Leadership {
         self.remaining(Some(namespace)).is_some()
     }
 
+    /// This replica may write somewhere now: it leads, or holds a bucket.
+    /// Work whose only end is a write returns early without it.
+    pub fn writes_anywhere(&self) -> bool {
+        match self {
+            Leadership::Sole => true,
+            Leadership::Leader(tenure) => tenure.remaining().is_some(),
+            Leadership::Shards { terms, .. } => !terms.held().is_empty(),
+        }
+    }
+
     /// The bucket `namespace` falls in, when sharded.
     pub fn bucket(&self, namespace: &str) -> Option<Bucket> {
         match self {
@@ -199,14 +209,20 @@ mod tests {
             terms: terms.clone(),
         };
         assert!(!leadership.leads(a), "no term held yet");
+        assert!(!leadership.writes_anywhere(), "no term held yet");
         let (tx, rx) = watch::channel(Some(Instant::now() + Duration::from_secs(5)));
         terms.set(mine, Some(rx));
         assert!(leadership.leads(a));
+        assert!(leadership.writes_anywhere());
         assert!(!leadership.leads(&other), "{other} is in another bucket");
         assert_eq!(leadership.remaining(None), None, "a cluster-scoped write");
         assert_eq!(terms.held(), BTreeSet::from([mine]));
         tx.send_replace(Some(Instant::now() - Duration::from_millis(1)));
         assert!(!leadership.leads(a), "the term is over by the clock");
+        assert!(
+            !leadership.writes_anywhere(),
+            "the term is over by the clock"
+        );
     }
 
     #[test]

@@ -54,7 +54,16 @@ pub(super) fn open(
         services: &services,
         managed_by: &config.managed_by,
     };
-    let per_namespace = keyed::per_namespace_pods(config, &opts.namespaces);
+    // Sharded, each replica keeps only its buckets' pods.
+    let (interest, follow_interest) = match &opts.leader {
+        Leadership::Shards { shards, terms } => {
+            let warming = opts.warmup.as_ref().map(|w| w.warming.clone());
+            let (interest, follow) = super::terms::interest(*shards, terms.clone(), warming);
+            (Some(interest), follow)
+        }
+        _ => (None, future::pending::<()>().boxed()),
+    };
+    let per_namespace = keyed::per_namespace_pods(config, &opts.namespaces, interest.is_some());
     let mut keyed_services = watches.services(
         svc_writer,
         &config.service_key,
@@ -64,7 +73,14 @@ pub(super) fn open(
     let pods = watches.pods(
         config.pod_key(),
         keyed_services.seen.take(),
-        opts.pod_watch_namespaces,
+        interest,
+        // With a list of namespaces, never the cluster-wide watch: it is
+        // the list's, and may be all that is granted.
+        if opts.namespaces.is_empty() {
+            opts.pod_watch_namespaces
+        } else {
+            usize::MAX
+        },
         &keyed_services,
         table.clone(),
     );
@@ -97,6 +113,7 @@ pub(super) fn open(
             slice_stream,
             our_endpoints_stream,
             node_stream,
+            follow_interest,
         ],
         services_gone: keyed_services.gone,
     };

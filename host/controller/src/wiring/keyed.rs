@@ -30,12 +30,12 @@ pub(super) struct Pods {
     pub(super) stream: BoxFuture<'static, ()>,
 }
 
-/// How pods are watched: with an annotation key and every namespace
-/// watched, one watch per namespace that holds a keyed Service
-/// ([`crate::pod_scopes`]), at most `limit` of them; otherwise one watch
-/// of keyed pods.
-pub(super) fn per_namespace_pods(config: &Config, namespaces: &[String]) -> bool {
-    namespaces.is_empty() && matches!(config.pod_key(), KeySource::Annotation(_))
+/// How pods are watched: sharded, or with every namespace watched and an
+/// annotation key, one watch per namespace that holds a keyed Service
+/// ([`crate::pod_scopes`]; sharded, of this replica's buckets only);
+/// otherwise one watch of keyed pods (per listed namespace).
+pub(super) fn per_namespace_pods(config: &Config, namespaces: &[String], sharded: bool) -> bool {
+    sharded || (namespaces.is_empty() && matches!(config.pod_key(), KeySource::Annotation(_)))
 }
 
 impl Watches<'_> {
@@ -113,6 +113,7 @@ impl Watches<'_> {
         &self,
         key: &KeySource,
         seen: Option<(UnboundedReceiver<ServiceSeen>, SyncGate)>,
+        interest: Option<Interest>,
         limit: usize,
         services: &Services,
         table: Arc<ServiceTable>,
@@ -123,6 +124,7 @@ impl Watches<'_> {
                 client: self.client.clone(),
                 cfg: self.cfg.clone(),
                 key: key.clone(),
+                interest,
                 services_listed,
                 gate: self.gate.clone(),
                 pods: store.clone(),

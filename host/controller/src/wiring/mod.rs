@@ -68,7 +68,7 @@ use crate::{
     metrics::SyncResult,
     migrate::Migrator,
     options::RunOptions,
-    pod_scopes::{ListedPods, PodScopes, ServiceSeen},
+    pod_scopes::{Interest, ListedPods, PodScopes, ServiceSeen},
     queue::Queue,
     reconcile::reconcile,
     shadow::Shadows,

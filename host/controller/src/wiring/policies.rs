@@ -257,7 +257,8 @@ async fn sync_statuses(
     store: &Store<MembershipPolicy>,
     ns: Option<&str>,
 ) {
-    if !ctx.synced.synced() {
+    // A standby writes no status: it does not count either.
+    if !ctx.synced.synced() || !ctx.leader.writes_anywhere() {
         return;
     }
     // Sharded, each object's status is its namespace's holder's to write.

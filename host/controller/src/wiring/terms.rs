@@ -4,7 +4,7 @@ use std::collections::BTreeSet;
 
 use portwise_core::shard::{Bucket, Shards};
 
-use crate::tenure::Terms;
+use crate::{pod_scopes::Interest, tenure::Terms};
 
 use super::*;
 
@@ -109,4 +109,34 @@ async fn bucket_terms(
         }
         held = now;
     }
+}
+
+/// Sharded: the buckets whose namespaces' pods this replica keeps, those it
+/// holds and those it warms up for, and the task that follows them (from
+/// the start, before the caches sync: a bucket taken at once is watched at
+/// once).
+pub(super) fn interest(
+    shards: Shards,
+    terms: Terms,
+    warming: Option<tokio::sync::watch::Receiver<BTreeSet<Bucket>>>,
+) -> (Interest, BoxFuture<'static, ()>) {
+    let (tx, buckets) = tokio::sync::watch::channel(BTreeSet::new());
+    let follow = async move {
+        let mut look = tokio::time::interval(TERM_LOOK);
+        look.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            look.tick().await;
+            let mut now = terms.held();
+            if let Some(w) = &warming {
+                now.extend(w.borrow().iter().copied());
+            }
+            tx.send_if_modified(|was| {
+                let changed = *was != now;
+                *was = std::mem::take(&mut now);
+                changed
+            });
+        }
+    }
+    .boxed();
+    (Interest { shards, buckets }, follow)
 }

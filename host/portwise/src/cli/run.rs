@@ -45,9 +45,10 @@ pub struct RunArgs {
     #[arg(long, env = "POD_NAME")]
     pub identity: Option<String>,
     /// Buckets of namespaces shared among the replicas (issue 49): each
-    /// replica holds some on Leases, and probes and writes only there
-    /// (every replica still watches every namespace). Fixed for the life of an install: every replica must be
-    /// started with the same count (see docs/operations.md, "Sharding").
+    /// replica holds some on Leases, and watches pods, probes and writes
+    /// only there (Services are watched everywhere). Fixed for the life of
+    /// an install: every replica must be started with the same count (see
+    /// docs/operations.md, "Sharding").
     /// 1: one leader does everything. Above 1 needs --leader-elect.
     #[arg(long, env = "PORTWISE_SHARDS", default_value_t = NonZeroU32::MIN,
           value_parser = shard_count)]

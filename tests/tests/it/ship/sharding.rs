@@ -15,6 +15,8 @@
 //!   survivor hands it two buckets, and while they move no Ready member
 //!   ever leaves its slice; afterwards each namespace is again written
 //!   only by its bucket's holder;
+//! - each replica keeps in its cache only the pods of its buckets'
+//!   namespaces (none while it holds no bucket);
 //! - `portwise check --live` names the replica that writes a namespace;
 //! - SIGTERM of both: exit 0, every bucket Lease released.
 
@@ -160,6 +162,33 @@ fn writes_by_holders(
     Ok(n)
 }
 
+/// Waits until each replica's pod cache holds exactly the seed's pods of
+/// the namespaces in the buckets it holds (`held`, in the same order).
+async fn pods_of_buckets(
+    replicas: &[&Replica],
+    held: &[BTreeSet<Bucket>],
+    nss: &[TestNs],
+    shards: Shards,
+) -> Result<()> {
+    let pods_per_namespace = 4.0;
+    wait_for(SETTLE, || async {
+        for (r, h) in replicas.iter().zip(held) {
+            let mine = nss
+                .iter()
+                .filter(|n| h.contains(&shards.bucket(n.name())))
+                .count();
+            let cached = r.proc.cached_pods().await?;
+            ensure!(
+                cached == pods_per_namespace * mine as f64,
+                "{} holds buckets {h:?} ({mine} namespaces) but caches {cached} pods",
+                r.user
+            );
+        }
+        Ok(())
+    })
+    .await
+}
+
 fn owners(replicas: &[&Replica], held: &[BTreeSet<Bucket>]) -> BTreeMap<Bucket, String> {
     let mut owner = BTreeMap::new();
     for (r, h) in replicas.iter().zip(held) {
@@ -226,6 +255,11 @@ async fn replicas_share_the_namespaces_with_one_writer_each() -> Result<()> {
             (a.held().await?, b.held().await?),
             (BTreeSet::new(), BTreeSet::new()),
         )?;
+        // Nor any namespace's pods: a replica keeps its buckets' only.
+        expect_eq(
+            (a.proc.cached_pods().await?, b.proc.cached_pods().await?),
+            (0.0, 0.0),
+        )?;
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     ensure!(
@@ -242,6 +276,8 @@ async fn replicas_share_the_namespaces_with_one_writer_each() -> Result<()> {
         expect_seed(ns, &["a", "b", "c"], &["c", "d"]).await?;
     }
     println!("two replicas: a holds {:?}, b holds {:?}", held[0], held[1]);
+    // The memory splits: each keeps the pods of its buckets' namespaces.
+    pods_of_buckets(&[&a, &b], &held, &nss, shards).await?;
     // `check --live` names the replica that writes a namespace.
     let probe_ns = names[0];
     let (writer, other) = if held[0].contains(&shards.bucket(probe_ns)) {
@@ -319,6 +355,7 @@ async fn replicas_share_the_namespaces_with_one_writer_each() -> Result<()> {
         "took a's buckets {takeover:?} after the kill, before their terms could have ended"
     );
     tokio::time::sleep(Duration::from_secs(1)).await;
+    pods_of_buckets(&[&b], &[(0..S).collect()], &nss, shards).await?;
     let all_b: BTreeMap<Bucket, String> = (0..S).map(|k| (k, b.user.clone())).collect();
     writes_by_holders(&after_kill, &nss, shards, &all_b)?;
     println!(
@@ -347,6 +384,7 @@ async fn replicas_share_the_namespaces_with_one_writer_each() -> Result<()> {
     }
     let held = moved.expect("set above");
     let handover = rejoined.elapsed();
+    pods_of_buckets(&[&a, &b], &held, &nss, shards).await?;
     let warmed = a.proc.logs().contains("warm for a bucket");
     ensure!(warmed, "a took buckets without warming up");
     let owner = owners(&[&a, &b], &held);
