@@ -144,9 +144,14 @@ exec "$3" --exact "$4" --nocapture --test-threads=1"#;
     let mut child = cmd.spawn().context("starting tests/netns")?;
     let out = drain(child.stdout.take());
     let err = drain(child.stderr.take());
-    // Far above any scenario's own waits; SIGKILL to unshare ends everything
-    // inside the namespace at once.
-    let status = match tokio::time::timeout(Duration::from_secs(400), child.wait()).await {
+    // Far above any scenario's own waits (a long run sets its own,
+    // `PORTWISE_ISOLATED_SECS`); SIGKILL to unshare ends everything inside
+    // the namespace at once.
+    let limit = std::env::var("PORTWISE_ISOLATED_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(400);
+    let status = match tokio::time::timeout(Duration::from_secs(limit), child.wait()).await {
         Ok(s) => Some(s?),
         Err(_) => {
             let _ = child.kill().await;
@@ -159,7 +164,7 @@ exec "$3" --exact "$4" --nocapture --test-threads=1"#;
         started.elapsed().as_secs_f64()
     );
     match status {
-        None => bail!("{name} did not finish within 240s in its namespace"),
+        None => bail!("{name} did not finish within {limit}s in its namespace"),
         Some(s) if s.success() => Ok(()),
         Some(s) => bail!(
             "{name} failed in its namespace ({s}):\n{}\n{}",

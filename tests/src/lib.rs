@@ -33,6 +33,7 @@ mod control_plane;
 pub mod cosign;
 pub mod deferred;
 pub mod envoy_gateway;
+pub mod exclusive;
 pub mod faults;
 mod identity;
 mod image_build;

@@ -8,6 +8,7 @@ mod admission;
 mod alignment;
 mod bad_targets;
 mod caches;
+mod chaos;
 mod checkers;
 mod chunking;
 mod cilium;
