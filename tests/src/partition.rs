@@ -158,3 +158,66 @@ subjects: [{{kind: ServiceAccount, name: {name}, namespace: portwise-system}}]
         path,
     ))
 }
+
+/// One `portwise run --leader-elect` process (Leases in `portwise-system`)
+/// as ServiceAccount `portwise-ID` ([`replica_identity`]), reaching the
+/// apiserver through a [`Route`] of its own: the audit log names what it
+/// does, and a test can cut it off.
+pub struct Replica {
+    pub proc: crate::Portwise,
+    /// Its user, as the audit log names it.
+    pub user: String,
+    pub route: Route,
+}
+
+impl Replica {
+    /// Starts replica `id` with a `lease_secs` Lease; `launch` adds the
+    /// rest (namespaces, config, flags). Returns once it is ready (listed
+    /// and serving metrics), leading or not.
+    pub async fn start(
+        cp: &'static ControlPlane,
+        id: &str,
+        lease_secs: u64,
+        launch: impl FnOnce(crate::Launch) -> crate::Launch,
+    ) -> Result<Self> {
+        let (user, kubeconfig) = replica_identity(cp, &format!("portwise-{id}")).await?;
+        let route = Route::new(cp).await?;
+        let kubeconfig = route.kubeconfig(
+            cp,
+            &kubeconfig,
+            &cp.dir().join(format!("{id}-route.kubeconfig")),
+        )?;
+        let proc = launch(
+            crate::Portwise::builder(cp)
+                .name(id)
+                .identity(&kubeconfig)
+                .leader_elect("portwise-system", lease_secs, id),
+        )
+        .start()
+        .await?;
+        let mut r = Self { proc, user, route };
+        r.proc.wait_ready().await?;
+        Ok(r)
+    }
+
+    /// Whether it says it leads (`portwise_leader`).
+    pub async fn leads(&self) -> Result<bool> {
+        Ok(self.proc.scrape().await?.value("portwise_leader", &[])? == Some(1.0))
+    }
+
+    /// Its requests since `audit`'s mark that change anything but a Lease
+    /// (slices, Endpoints, Events), and its Lease writes.
+    pub fn writes(
+        &self,
+        audit: &crate::faults::Audit,
+    ) -> Result<(
+        Vec<crate::faults::AuditEvent>,
+        Vec<crate::faults::AuditEvent>,
+    )> {
+        Ok(audit
+            .by_user(&self.user)?
+            .into_iter()
+            .filter(crate::faults::AuditEvent::is_write)
+            .partition(|e| e.resource != "leases"))
+    }
+}

@@ -118,6 +118,20 @@ impl Launch {
         self
     }
 
+    /// `--leader-elect` with its Lease in `lease_namespace`, a `lease_secs`
+    /// lease, and `--identity id`; implies [`Launch::binary`].
+    pub fn leader_elect(self, lease_namespace: &str, lease_secs: u64, id: &str) -> Self {
+        self.args(&[
+            "--leader-elect",
+            "--lease-namespace",
+            lease_namespace,
+            "--lease-duration",
+            &format!("{lease_secs}s"),
+            "--identity",
+            id,
+        ])
+    }
+
     /// Names this portwise in its log, its files and failure messages
     /// (default `portwise`).
     pub fn name(mut self, name: &str) -> Self {

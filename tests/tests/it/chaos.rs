@@ -31,12 +31,7 @@ use std::{
 
 use anyhow::{Context, Result, ensure};
 use portwise_core::shard::{Bucket, Shards};
-use portwise_tests::{
-    exclusive,
-    faults::*,
-    partition::{Route, replica_identity},
-    *,
-};
+use portwise_tests::{exclusive, faults::*, partition::Replica, *};
 
 const S: u32 = 8;
 const NAMESPACES: usize = 8;
@@ -56,72 +51,44 @@ rules:
   verbs: [list, get, update, delete]
 "#;
 
-struct Replica {
-    proc: Portwise,
-    route: Route,
-}
-
-impl Replica {
-    async fn start(cp: &'static ControlPlane, names: &[&str], id: &str) -> Result<Self> {
-        let sa = format!("portwise-{id}");
-        let (_user, kubeconfig) = replica_identity(cp, &sa).await?;
-        kubectl(
-            cp,
-            &["apply", "-f", "-"],
-            Some(&format!(
-                "{RING_ROLE}---\napiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\n\
-                 metadata: {{name: {sa}-shards, namespace: portwise-system}}\n\
-                 roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: portwise-shards}}\n\
-                 subjects: [{{kind: ServiceAccount, name: {sa}, namespace: portwise-system}}]\n"
-            )),
-        )
-        .await?;
-        let route = Route::new(cp).await?;
-        let kubeconfig = route.kubeconfig(
-            cp,
-            &kubeconfig,
-            &cp.dir().join(format!("{id}-route.kubeconfig")),
-        )?;
-        let shards = S.to_string();
-        let secs = format!("{LEASE_SECS}s");
-        let proc = Portwise::builder(cp)
-            .name(id)
-            .namespaces(names)
+/// Replica `id`: Service account `portwise-ID` with the chart's rights for
+/// `shards` above 1 (the ring Role too), `--shards S`.
+async fn start(cp: &'static ControlPlane, names: &[&str], id: &str) -> Result<Replica> {
+    let sa = format!("portwise-{id}");
+    kubectl(
+        cp,
+        &["apply", "-f", "-"],
+        Some(&format!(
+            "{RING_ROLE}---\napiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\n\
+             metadata: {{name: {sa}-shards, namespace: portwise-system}}\n\
+             roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: portwise-shards}}\n\
+             subjects: [{{kind: ServiceAccount, name: {sa}, namespace: portwise-system}}]\n"
+        )),
+    )
+    .await?;
+    let shards = S.to_string();
+    Replica::start(cp, id, LEASE_SECS, |l| {
+        l.namespaces(names)
             .config(&format!(
                 "managedBy: {MANAGED_BY}\n\
                  serviceKey: {{annotation: {GROUP_KEY}}}\n\
                  membership: podReady\n"
             ))
-            .identity(&kubeconfig)
-            .args(&[
-                "--leader-elect",
-                "--lease-namespace",
-                "portwise-system",
-                "--lease-duration",
-                &secs,
-                "--identity",
-                id,
-                "--shards",
-                &shards,
-            ])
-            .start()
-            .await?;
-        let mut r = Self { proc, route };
-        r.proc.wait_ready().await?;
-        Ok(r)
-    }
+            .args(&["--shards", &shards])
+    })
+    .await
+}
 
-    /// The buckets it says it holds (`portwise_bucket_held`).
-    async fn held(&self) -> Result<BTreeSet<Bucket>> {
-        let m = self.proc.scrape().await?;
-        let mut held = BTreeSet::new();
-        for b in 0..S {
-            if m.value("portwise_bucket_held", &[("bucket", &b.to_string())])? == Some(1.0) {
-                held.insert(b);
-            }
+/// The buckets `r` says it holds (`portwise_bucket_held`).
+async fn held(r: &Replica) -> Result<BTreeSet<Bucket>> {
+    let m = r.proc.scrape().await?;
+    let mut held = BTreeSet::new();
+    for b in 0..S {
+        if m.value("portwise_bucket_held", &[("bucket", &b.to_string())])? == Some(1.0) {
+            held.insert(b);
         }
-        Ok(held)
     }
+    Ok(held)
 }
 
 /// Waits until the replicas `live` (indexes into `all`) hold every bucket
@@ -134,7 +101,7 @@ async fn balanced(all: &[Replica], live: &[usize]) -> Result<Duration> {
         let mut seen = BTreeSet::new();
         let mut shares = Vec::new();
         for &i in live {
-            let h = all[i].held().await?;
+            let h = held(&all[i]).await?;
             for b in &h {
                 ensure!(seen.insert(*b), "bucket {b} held twice");
             }
@@ -208,7 +175,7 @@ async fn replicas_come_and_go_and_each_bucket_has_one_writer() -> Result<()> {
         let audit = Audit::mark(cp);
         let started = Instant::now();
 
-        let mut all = vec![Replica::start(cp, &names, "r0").await?];
+        let mut all = vec![start(cp, &names, "r0").await?];
         balanced(&all, &[0]).await?;
         let nss = Arc::new(nss);
         let (stop, flips) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicUsize::new(0)));
@@ -219,7 +186,7 @@ async fn replicas_come_and_go_and_each_bucket_has_one_writer() -> Result<()> {
             // Scale 1 → 4.
             for i in 1..4 {
                 if all.len() <= i {
-                    all.push(Replica::start(cp, &names, &format!("r{i}")).await?);
+                    all.push(start(cp, &names, &format!("r{i}")).await?);
                 } else {
                     all[i].proc.start_again().await?;
                     all[i].proc.wait_ready().await?;

@@ -186,16 +186,7 @@ async fn a_stop_does_not_wait_for_hanging_probes() -> Result<()> {
     let mut pw = Portwise::builder(cp)
         .namespace(ns.name())
         .config(&cfg)
-        .binary()
-        .args(&[
-            "--leader-elect",
-            "--lease-namespace",
-            ns.name(),
-            "--lease-duration",
-            "15s",
-            "--identity",
-            "hung-replica",
-        ])
+        .leader_elect(ns.name(), 15, "hung-replica")
         .start()
         .await?;
     // Every probe is in flight: each listener holds a request unanswered.

@@ -19,11 +19,7 @@ use std::{
 use anyhow::{Context, Result, ensure};
 use k8s_openapi::{api::coordination::v1::Lease, jiff::Timestamp};
 use kube::Api;
-use portwise_tests::{
-    faults::*,
-    partition::{Route, replica_identity},
-    *,
-};
+use portwise_tests::{faults::*, partition::Replica, *};
 
 const LEASE_SECS: u64 = 6;
 const LEASE: Duration = Duration::from_secs(LEASE_SECS);
@@ -33,59 +29,12 @@ const RENEW_DEADLINE: Duration = Duration::from_secs(4);
 const SLACK: Duration = Duration::from_millis(2500);
 const GROUP: &str = "g";
 
-/// One `portwise run --leader-elect` process, its identity and its route.
-struct Replica {
-    proc: Portwise,
-    user: String,
-    route: Route,
-}
-
-impl Replica {
-    async fn start(ns: &TestNs, id: &str, config: &str, lease_secs: u64) -> Result<Self> {
-        let cp = ns.cp();
-        let (user, kubeconfig) = replica_identity(cp, &format!("portwise-{id}")).await?;
-        let route = Route::new(cp).await?;
-        let kubeconfig = route.kubeconfig(
-            cp,
-            &kubeconfig,
-            &cp.dir().join(format!("{id}-route.kubeconfig")),
-        )?;
-        let secs = format!("{lease_secs}s");
-        let proc = Portwise::builder(cp)
-            .name(id)
-            .namespace(ns.name())
-            .config(config)
-            .identity(&kubeconfig)
-            .args(&[
-                "--leader-elect",
-                "--lease-namespace",
-                "portwise-system",
-                "--lease-duration",
-                &secs,
-                "--identity",
-                id,
-            ])
-            .start()
-            .await?;
-        let mut r = Self { proc, user, route };
-        // Listed and serving metrics; leading or not.
-        r.proc.wait_ready().await?;
-        Ok(r)
-    }
-
-    async fn leads(&self) -> Result<bool> {
-        Ok(self.proc.scrape().await?.value("portwise_leader", &[])? == Some(1.0))
-    }
-
-    /// Requests of this replica since `audit`'s mark that change anything
-    /// but the Lease (slices, Endpoints, Events), and its Lease writes.
-    fn writes(&self, audit: &Audit) -> Result<(Vec<AuditEvent>, Vec<AuditEvent>)> {
-        Ok(audit
-            .by_user(&self.user)?
-            .into_iter()
-            .filter(AuditEvent::is_write)
-            .partition(|e| e.resource != "leases"))
-    }
+/// A replica of `ns`'s Services with a `lease_secs` Lease.
+async fn replica(ns: &TestNs, id: &str, config: &str, lease_secs: u64) -> Result<Replica> {
+    Replica::start(ns.cp(), id, lease_secs, |l| {
+        l.namespace(ns.name()).config(config)
+    })
+    .await
 }
 
 /// When the Lease's current holder acquired it (its `acquireTime`).
@@ -200,9 +149,9 @@ async fn a_partitioned_leader_writes_nothing_after_the_cut_or_the_heal() -> Resu
             listeners.push(TcpListener::start(ip.v4, 8080).await?);
         }
         let cfg = config("{tcpDial: {timeout: 300ms}}");
-        let a = Replica::start(&ns, "a", &cfg, LEASE_SECS).await?;
+        let a = replica(&ns, "a", &cfg, LEASE_SECS).await?;
         until_leads(&ns, &a, SETTLE).await?;
-        let b = Replica::start(&ns, "b", &cfg, LEASE_SECS).await?;
+        let b = replica(&ns, "b", &cfg, LEASE_SECS).await?;
         wait_for(SETTLE, || async {
             expect_eq(http_members(&ns).await?, names(&["p0", "p1", "p2"]))
         })
@@ -339,10 +288,9 @@ async fn a_frozen_leader_writes_nothing_after_it_resumes() -> Result<()> {
             )
             .await?;
         }
-        let a =
-            Replica::start(&ns, "a", &config("{tcpDial: {timeout: 300ms}}"), LEASE_SECS).await?;
+        let a = replica(&ns, "a", &config("{tcpDial: {timeout: 300ms}}"), LEASE_SECS).await?;
         until_leads(&ns, &a, SETTLE).await?;
-        let b = Replica::start(&ns, "b", &config("podReady"), LEASE_SECS).await?;
+        let b = replica(&ns, "b", &config("podReady"), LEASE_SECS).await?;
         let all = names(&["p0", "p1", "p2", "p3"]);
         wait_for(SETTLE, || async {
             expect_eq(http_members(&ns).await?, all.clone())
@@ -452,7 +400,7 @@ async fn sixty_seconds_cut_off_then_exact_convergence() -> Result<()> {
         let ns = TestNs::new(cp, "cut60").await?;
         web(&ns, PODS, |i| i % 4 != 0).await?;
         let cfg = config("podReady");
-        let a = Replica::start(&ns, "a", &cfg, 15).await?;
+        let a = replica(&ns, "a", &cfg, 15).await?;
         until_leads(&ns, &a, SETTLE).await?;
         let truth = || ready_truth(&ns, GROUP, &["http"]);
         wait_for(SETTLE, || async {

@@ -60,21 +60,12 @@ async fn start(
         &user,
         &["system:masters", "system:authenticated"],
     )?;
-    let secs = format!("{LEASE_SECS}s");
     let proc = Portwise::builder(cp)
         .name(id)
         .namespace(ns.name())
         .config(&config(SEED_MEMBERSHIP))
         .identity(&kubeconfig)
-        .args(&[
-            "--leader-elect",
-            "--lease-namespace",
-            ns.name(),
-            "--lease-duration",
-            &secs,
-            "--identity",
-            id,
-        ])
+        .leader_elect(ns.name(), LEASE_SECS, id)
         .start()
         .await?;
     Ok(Replica { proc, user })

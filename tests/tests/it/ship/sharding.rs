@@ -80,7 +80,6 @@ async fn start(
         &user,
         &["system:masters", "system:authenticated"],
     )?;
-    let secs = format!("{LEASE_SECS}s");
     let shards = S.to_string();
     // The replica of before the update: one leader, no --shards.
     let shards_args: &[&str] = if id == OLD {
@@ -94,15 +93,7 @@ async fn start(
         .config(&config(SEED_MEMBERSHIP))
         .identity(&kubeconfig)
         .args(shards_args)
-        .args(&[
-            "--leader-elect",
-            "--lease-namespace",
-            lease_ns,
-            "--lease-duration",
-            &secs,
-            "--identity",
-            id,
-        ])
+        .leader_elect(lease_ns, LEASE_SECS, id)
         .start()
         .await?;
     Ok(Replica { proc, user })
