@@ -28,6 +28,11 @@ use std::{
 use portwise_core::shard::{Bucket, Shards};
 use tokio::sync::watch;
 
+/// What [`Leadership::remaining`] says of a replica without election: no
+/// end. A deadline this far out overflows `Instant`, which tokio's
+/// `timeout` (the write fence's) reads as "never".
+pub const FOREVER: Duration = Duration::MAX;
+
 /// Who writes where: every replica that may write asks it before a write.
 #[derive(Clone, Debug)]
 pub enum Leadership {
@@ -46,7 +51,7 @@ impl Leadership {
     /// cluster-scoped write); `None` when it may not write there now.
     pub fn remaining(&self, namespace: Option<&str>) -> Option<Duration> {
         match self {
-            Leadership::Sole => Some(Duration::MAX),
+            Leadership::Sole => Some(FOREVER),
             Leadership::Leader(tenure) => tenure.remaining(),
             Leadership::Shards { shards, terms } => terms
                 .until(shards.bucket(namespace?))?

@@ -44,6 +44,7 @@ mod profile;
 mod reconcile;
 mod report;
 mod rollout;
+mod shards;
 mod stats;
 mod steady_state;
 mod tracker;
@@ -257,6 +258,12 @@ async fn run(knobs: Knobs, bcp: BenchCp, work: PathBuf, machine: String) -> Resu
     {
         b.report
             .not_measured("13 noisy neighbour", "all", &format!("{e:#}"));
+    }
+    if b.knobs.row(14)
+        && let Err(e) = b.sharded_replicas().await
+    {
+        b.report
+            .not_measured("14 sharded replicas", "all", &format!("{e:#}"));
     }
     // Last: its 100k pods would weigh on every later row.
     if b.knobs.row(9)
