@@ -23,7 +23,7 @@ use std::{
     collections::BTreeMap,
     io::{BufRead, BufReader, Seek, SeekFrom},
     net::{IpAddr, SocketAddr},
-    path::PathBuf,
+    path::{Path, PathBuf},
     process::Stdio,
     sync::{
         Arc, Mutex,
@@ -369,63 +369,137 @@ impl AuditEvent {
     }
 }
 
-/// Reads the audit log from a mark onwards.
+/// Reads the audit log from a mark onwards, across the apiserver's
+/// rotations (at 100 MB it renames `audit.log` to `audit-TIME.log` and
+/// starts a new one: a long run writes several).
 pub struct Audit {
     path: PathBuf,
     offset: u64,
+    /// The marked file's inode, which a rotation keeps under its new name.
+    inode: Option<u64>,
 }
 
 impl Audit {
     /// Everything logged from now on.
     pub fn mark(cp: &ControlPlane) -> Self {
-        let path = cp.dir().join("audit.log");
-        let offset = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
-        Self { path, offset }
+        Self::mark_file(&cp.dir().join("audit.log"))
+    }
+
+    /// Everything logged to `path` (an apiserver's `--audit-log-path`) from
+    /// now on.
+    pub fn mark_file(path: &Path) -> Self {
+        use std::os::unix::fs::MetadataExt;
+        let meta = std::fs::metadata(path).ok();
+        Self {
+            path: path.to_path_buf(),
+            offset: meta.as_ref().map_or(0, |m| m.len()),
+            inode: meta.map(|m| m.ino()),
+        }
+    }
+
+    /// Everything in the log at `path` and its rotated files, oldest first.
+    pub fn whole(path: &Path) -> Result<Self> {
+        let mut audit = Self::mark_file(path);
+        audit.offset = 0;
+        audit.inode = None;
+        let first = audit.files_after(None)?.into_iter().next();
+        if let Some((first, _)) = first {
+            use std::os::unix::fs::MetadataExt;
+            audit.inode = Some(std::fs::metadata(first)?.ino());
+        }
+        Ok(audit)
+    }
+
+    /// The files to read, each from where: the marked one (under whatever
+    /// name it has now) from the mark, every later one whole. When the
+    /// marked file is gone (a restarted apiserver started a new log), the
+    /// current log from the mark, or whole if it is shorter.
+    fn files(&self) -> Result<Vec<(PathBuf, u64)>> {
+        self.files_after(self.inode)
+    }
+
+    fn files_after(&self, marked: Option<u64>) -> Result<Vec<(PathBuf, u64)>> {
+        use std::os::unix::fs::MetadataExt;
+        let dir = self
+            .path
+            .parent()
+            .context("an audit log path without a directory")?;
+        let stem = self
+            .path
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .context("an audit log path without a name")?;
+        // Rotated names carry the time of the rotation: they sort in order.
+        let mut rotated: Vec<PathBuf> = std::fs::read_dir(dir)?
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with(&format!("{stem}-")) && n.ends_with(".log"))
+            })
+            .collect();
+        rotated.sort();
+        rotated.push(self.path.clone());
+        let inode = |p: &Path| std::fs::metadata(p).ok().map(|m| m.ino());
+        if let Some(i) = rotated
+            .iter()
+            .position(|p| marked.is_none() || inode(p) == marked)
+        {
+            return Ok(rotated
+                .drain(i..)
+                .enumerate()
+                .map(|(k, p)| (p, if k == 0 { self.offset } else { 0 }))
+                .collect());
+        }
+        let len = std::fs::metadata(&self.path).map_or(0, |m| m.len());
+        Ok(vec![(
+            self.path.clone(),
+            if len >= self.offset { self.offset } else { 0 },
+        )])
     }
 
     /// Events since the mark (one per request: ResponseComplete, or
-    /// ResponseStarted for a watch that has not completed). A restarted
-    /// apiserver starts a new log: then everything in it counts.
+    /// ResponseStarted for a watch that has not completed).
     pub fn events(&self) -> Result<Vec<AuditEvent>> {
-        let Ok(mut f) = std::fs::File::open(&self.path) else {
-            return Ok(Vec::new());
-        };
-        let len = f.metadata()?.len();
-        if len >= self.offset {
-            f.seek(SeekFrom::Start(self.offset))?;
-        }
         let mut complete = Vec::new();
         let mut started: BTreeMap<String, AuditEvent> = BTreeMap::new();
-        for line in BufReader::new(f).lines() {
-            let line = line?;
-            let Ok(ev) = serde_json::from_str::<serde_json::Value>(&line) else {
+        for (path, from) in self.files()? {
+            let Ok(mut f) = std::fs::File::open(&path) else {
                 continue;
             };
-            let s = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_string();
-            let e = AuditEvent {
-                user: s(&ev["user"]["username"]),
-                user_agent: s(&ev["userAgent"]),
-                verb: s(&ev["verb"]),
-                resource: s(&ev["objectRef"]["resource"]),
-                subresource: s(&ev["objectRef"]["subresource"]),
-                namespace: s(&ev["objectRef"]["namespace"]),
-                name: s(&ev["objectRef"]["name"]),
-                code: ev["responseStatus"]["code"].as_i64(),
-                stage: s(&ev["stage"]),
-                received: ev["requestReceivedTimestamp"]
-                    .as_str()
-                    .and_then(|t| t.parse().ok()),
-            };
-            let id = s(&ev["auditID"]);
-            match e.stage.as_str() {
-                "ResponseStarted" => {
-                    started.insert(id, e);
+            f.seek(SeekFrom::Start(from))?;
+            for line in BufReader::new(f).lines() {
+                let line = line?;
+                let Ok(ev) = serde_json::from_str::<serde_json::Value>(&line) else {
+                    continue;
+                };
+                let s = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_string();
+                let e = AuditEvent {
+                    user: s(&ev["user"]["username"]),
+                    user_agent: s(&ev["userAgent"]),
+                    verb: s(&ev["verb"]),
+                    resource: s(&ev["objectRef"]["resource"]),
+                    subresource: s(&ev["objectRef"]["subresource"]),
+                    namespace: s(&ev["objectRef"]["namespace"]),
+                    name: s(&ev["objectRef"]["name"]),
+                    code: ev["responseStatus"]["code"].as_i64(),
+                    stage: s(&ev["stage"]),
+                    received: ev["requestReceivedTimestamp"]
+                        .as_str()
+                        .and_then(|t| t.parse().ok()),
+                };
+                let id = s(&ev["auditID"]);
+                match e.stage.as_str() {
+                    "ResponseStarted" => {
+                        started.insert(id, e);
+                    }
+                    "ResponseComplete" | "Panic" => {
+                        started.remove(&id);
+                        complete.push(e);
+                    }
+                    _ => {}
                 }
-                "ResponseComplete" | "Panic" => {
-                    started.remove(&id);
-                    complete.push(e);
-                }
-                _ => {}
             }
         }
         complete.extend(started.into_values());
@@ -714,4 +788,47 @@ async fn misbehave(mut s: TcpStream, how: Misbehaviour, conns: Arc<Mutex<Vec<Con
     let mut v = conns.lock().unwrap();
     v[idx].closed = Some(Instant::now());
     v[idx].bytes_sent = sent.load(Ordering::Relaxed);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line(id: &str, name: &str) -> String {
+        format!(
+            "{{\"auditID\":\"{id}\",\"stage\":\"ResponseComplete\",\"verb\":\"update\",\"user\":{{\"username\":\"u\"}},\"objectRef\":{{\"resource\":\"leases\",\"name\":\"{name}\"}},\"responseStatus\":{{\"code\":200}}}}\n"
+        )
+    }
+
+    /// The apiserver renames a full log and starts a new one: what was
+    /// logged after the mark in both is read, and nothing before it.
+    #[test]
+    fn events_follow_the_log_across_a_rotation() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("audit.log");
+        std::fs::write(&log, line("1", "before")).unwrap();
+        let audit = Audit::mark_file(&log);
+        let append = |text: String| {
+            use std::io::Write;
+            std::fs::OpenOptions::new()
+                .append(true)
+                .create(true)
+                .open(&log)
+                .unwrap()
+                .write_all(text.as_bytes())
+                .unwrap();
+        };
+        append(line("2", "after-mark"));
+        std::fs::rename(&log, dir.path().join("audit-2026-12-06T22-05-58.183.log")).unwrap();
+        // The new log is longer than the mark's offset: read from the mark
+        // in it, this would skip its first line and miss the rotated one.
+        append(line("3", "new-log") + &line("4", "new-log-2"));
+        let names: Vec<String> = audit
+            .events()
+            .unwrap()
+            .into_iter()
+            .map(|e| e.name)
+            .collect();
+        assert_eq!(names, ["after-mark", "new-log", "new-log-2"]);
+    }
 }
