@@ -5,8 +5,6 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
-use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube::api::ListParams;
 use portwise_tests::{GROUP_KEY, HttpListener, HttpMode, SERVICE_NAME_LABEL, TestNs, pod, service};
 
 use crate::Bench;
@@ -37,15 +35,7 @@ fn config() -> String {
 
 /// Endpoints in the quiet Service's slices.
 async fn published(ns: &TestNs) -> Result<usize> {
-    let slices = ns
-        .api::<EndpointSlice>()
-        .list(&ListParams::default().labels(&format!("{SERVICE_NAME_LABEL}=quiet")))
-        .await?;
-    Ok(slices
-        .items
-        .iter()
-        .map(|s| s.endpoints.as_ref().map_or(0, Vec::len))
-        .sum())
+    crate::objects::endpoints_of(ns, &format!("{SERVICE_NAME_LABEL}=quiet")).await
 }
 
 /// The noisy policy's checks that have ended so far (each by its timeout:

@@ -154,6 +154,19 @@ pub(crate) async fn create_groups(
 
 /// Waits until portwise's slices of `svc` list exactly `http` and `https`
 /// (addresses) on those ports.
+/// Endpoints in `ns`'s slices whose labels match `selector`.
+pub(crate) async fn endpoints_of(ns: &TestNs, selector: &str) -> Result<usize> {
+    let slices = ns
+        .api::<EndpointSlice>()
+        .list(&ListParams::default().labels(selector))
+        .await?;
+    Ok(slices
+        .items
+        .iter()
+        .map(|s| s.endpoints.as_ref().map_or(0, Vec::len))
+        .sum())
+}
+
 pub(crate) async fn port_members_are(
     ns: &TestNs,
     svc: &str,

@@ -11,7 +11,6 @@ use std::{
 
 use anyhow::Result;
 use futures::{TryStreamExt, stream};
-use k8s_openapi::api::discovery::v1::EndpointSlice;
 use portwise_tests::{
     GROUP_KEY, GrpcHealthServer, HttpListener, SERVICE_NAME_LABEL, TcpListener, TestNs, pod,
     service,
@@ -19,7 +18,7 @@ use portwise_tests::{
 use serde_json::json;
 
 use crate::Bench;
-use crate::objects::{Group, PORTWISE_MANAGER, TARGET_PORT, TCP_PORT, groups};
+use crate::objects::{Group, PORTWISE_MANAGER, TARGET_PORT, TCP_PORT, endpoints_of, groups};
 use crate::process::{Controller, scrape, spawn_portwise, stop_portwise, usage};
 use crate::report::Goal;
 use crate::stats::secs;
@@ -206,18 +205,7 @@ impl Bench {
                 ns.set_ready(victim, false).await?;
                 let mut seen = None;
                 while flip.elapsed() < Duration::from_secs(30) {
-                    let slices = ns
-                        .api::<EndpointSlice>()
-                        .list(
-                            &kube::api::ListParams::default()
-                                .labels(&format!("{SERVICE_NAME_LABEL}={ctl_svc}")),
-                        )
-                        .await?;
-                    let n: usize = slices
-                        .items
-                        .iter()
-                        .map(|s| s.endpoints.as_ref().map_or(0, Vec::len))
-                        .sum();
+                    let n = endpoints_of(&ns, &format!("{SERVICE_NAME_LABEL}={ctl_svc}")).await?;
                     if n == per - 1 {
                         seen = Some(flip.elapsed());
                         break;

@@ -18,7 +18,7 @@ use portwise_tests::{MANAGED_BY_LABEL, Portwise, TestNs};
 
 use crate::Bench;
 use crate::knobs::env_usize;
-use crate::objects::{COST_KEY, Kind, create_groups, groups};
+use crate::objects::{COST_KEY, Kind, create_groups, endpoints_of, groups};
 use crate::process::{Controller, Usage, scrape, spawn_portwise, stop_portwise};
 use crate::report::Goal;
 use crate::stats::{ratio, secs};
@@ -205,16 +205,7 @@ async fn converged(
         }
         let mut done = true;
         for ns in nss {
-            let api: Api<EndpointSlice> = ns.api();
-            let slices = api
-                .list(&ListParams::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGER}")))
-                .await?;
-            let n: usize = slices
-                .items
-                .iter()
-                .map(|s| s.endpoints.as_ref().map_or(0, Vec::len))
-                .sum();
-            if n != per {
+            if endpoints_of(ns, &format!("{MANAGED_BY_LABEL}={MANAGER}")).await? != per {
                 done = false;
                 break;
             }
