@@ -57,6 +57,17 @@ pub fn release_cached(paths: &Paths) -> bool {
 /// cold) and, with `--cached`, says whether it is built.
 pub const WKG_BUILD: &str = "tests/wkg/build";
 
+/// ship::sdk's packer: with `--tools` it installs the Python wheel's build
+/// requirements from PyPI (`--cached`: whether they are), which the suite's
+/// network namespace could not. Part of the build `wkg`.
+pub const SDK_PACK: &str = "guests/sdk/pack";
+
+/// Whether wkg and the packer's tools are installed.
+pub fn wkg_cached(paths: &Paths) -> bool {
+    proc::succeeds(paths.root.join(WKG_BUILD), &["--cached"]).unwrap_or(false)
+        && proc::succeeds(paths.root.join(SDK_PACK), &["--tools", "--cached"]).unwrap_or(false)
+}
+
 /// The script that builds the arm64 binary (and, with `--core-tests`, the
 /// core crate's tests for arm64).
 pub const ARM64_BUILD: &str = "deploy/build-binary";
@@ -131,6 +142,11 @@ pub fn build(paths: &Paths, b: &str) -> Result<bool> {
             .stdout(Stdio::null())
             .status()?
             .success()
+            && Command::new(paths.root.join(SDK_PACK))
+                .arg("--tools")
+                .stdout(Stdio::null())
+                .status()?
+                .success()
     } else {
         Command::new(paths.root.join("tests/go-tools/build"))
             .arg(b)

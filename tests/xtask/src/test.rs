@@ -59,7 +59,7 @@ pub fn run(paths: &Paths, args: &[String]) -> Result<u8> {
         } else if build == "release" {
             deferred::release_cached(paths)
         } else if build == "wkg" {
-            proc::succeeds(paths.root.join(deferred::WKG_BUILD), &["--cached"]).unwrap_or(false)
+            deferred::wkg_cached(paths)
         } else {
             // --cached waits for a build in progress (an earlier run's
             // deferred one).
