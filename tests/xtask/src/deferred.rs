@@ -62,10 +62,17 @@ pub const WKG_BUILD: &str = "tests/wkg/build";
 /// network namespace could not. Part of the build `wkg`.
 pub const SDK_PACK: &str = "guests/sdk/pack";
 
-/// Whether wkg and the packer's tools are installed.
+/// What the templates of ship::sdk fetch from npm (their metadata), into
+/// npm's cache; `--cached`: whether an offline install works. Part of the
+/// build `wkg`.
+pub const SDK_PREFETCH: &str = "tests/sdk/prefetch";
+
+/// Whether wkg, the packer's tools and the templates' npm metadata are
+/// installed.
 pub fn wkg_cached(paths: &Paths) -> bool {
     proc::succeeds(paths.root.join(WKG_BUILD), &["--cached"]).unwrap_or(false)
         && proc::succeeds(paths.root.join(SDK_PACK), &["--tools", "--cached"]).unwrap_or(false)
+        && proc::succeeds(paths.root.join(SDK_PREFETCH), &["--cached"]).unwrap_or(false)
 }
 
 /// The script that builds the arm64 binary (and, with `--core-tests`, the
@@ -144,6 +151,10 @@ pub fn build(paths: &Paths, b: &str) -> Result<bool> {
             .success()
             && Command::new(paths.root.join(SDK_PACK))
                 .arg("--tools")
+                .stdout(Stdio::null())
+                .status()?
+                .success()
+            && Command::new(paths.root.join(SDK_PREFETCH))
                 .stdout(Stdio::null())
                 .status()?
                 .success()
