@@ -159,6 +159,35 @@ subjects: [{{kind: ServiceAccount, name: {name}, namespace: portwise-system}}]
     ))
 }
 
+/// The chart's Role for the shard ring's Leases when `shards` is above 1
+/// (deploy/helm/templates/rbac.yaml), bound to ServiceAccount
+/// `portwise-system/SA`: a sharded replica needs it besides
+/// [`replica_identity`]'s rights.
+pub async fn ring_rights(cp: &ControlPlane, sa: &str) -> Result<()> {
+    let manifest = format!(
+        r#"apiVersion: v1
+kind: Namespace
+metadata: {{name: portwise-system}}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {{name: portwise-shards, namespace: portwise-system}}
+rules:
+- apiGroups: [coordination.k8s.io]
+  resources: [leases]
+  verbs: [list, get, update, delete]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {{name: {sa}-shards, namespace: portwise-system}}
+roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: portwise-shards}}
+subjects: [{{kind: ServiceAccount, name: {sa}, namespace: portwise-system}}]
+"#
+    );
+    kubectl(cp, &["apply", "-f", "-"], Some(&manifest)).await?;
+    Ok(())
+}
+
 /// One `portwise run --leader-elect` process (Leases in `portwise-system`)
 /// as ServiceAccount `portwise-ID` ([`replica_identity`]), reaching the
 /// apiserver through a [`Route`] of its own: the audit log names what it

@@ -31,10 +31,17 @@ pub enum Reason {
     /// On portwise's own Pod, by the binary: a changed config file was
     /// refused, the running one keeps running.
     ConfigReloadFailed,
+    /// On a shard ring's bucket Lease: this replica took the bucket.
+    BucketAcquired,
+    /// On a bucket Lease: handed over, or released on leaving.
+    BucketReleased,
+    /// On a bucket Lease: the term ended without a release (renewals
+    /// failed); the replica stopped writing there.
+    BucketLost,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 13] = [
+    pub const ALL: [Reason; 16] = [
         Reason::SelectorIgnored,
         Reason::ExternalNameIgnored,
         Reason::EndpointSliceNameCollision,
@@ -48,6 +55,9 @@ impl Reason {
         Reason::ShadowUnknown,
         Reason::ModuleLoadFailed,
         Reason::ConfigReloadFailed,
+        Reason::BucketAcquired,
+        Reason::BucketReleased,
+        Reason::BucketLost,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -65,6 +75,9 @@ impl Reason {
             Reason::ShadowUnknown => "ShadowUnknown",
             Reason::ModuleLoadFailed => "ModuleLoadFailed",
             Reason::ConfigReloadFailed => "ConfigReloadFailed",
+            Reason::BucketAcquired => "BucketAcquired",
+            Reason::BucketReleased => "BucketReleased",
+            Reason::BucketLost => "BucketLost",
         }
     }
 
@@ -73,7 +86,9 @@ impl Reason {
             Reason::NativeEndpointsCleanedUp
             | Reason::ShadowDiffers
             | Reason::ShadowAgrees
-            | Reason::PolicyChosen => EventType::Normal,
+            | Reason::PolicyChosen
+            | Reason::BucketAcquired
+            | Reason::BucketReleased => EventType::Normal,
             _ => EventType::Warning,
         }
     }

@@ -27,12 +27,14 @@
 //! records every request at Metadata level), split by User-Agent.
 
 mod audit;
+mod capacity;
 mod churn;
 mod cold_start;
 mod control_plane;
 mod datapath;
 mod datapath_report;
 mod go_library;
+mod handover;
 mod knobs;
 mod machine;
 mod noisy;
@@ -264,6 +266,18 @@ async fn run(knobs: Knobs, bcp: BenchCp, work: PathBuf, machine: String) -> Resu
     {
         b.report
             .not_measured("14 sharded replicas", "all", &format!("{e:#}"));
+    }
+    if b.knobs.row(15)
+        && let Err(e) = b.handovers().await
+    {
+        b.report
+            .not_measured("15 handovers", "all", &format!("{e:#}"));
+    }
+    if b.knobs.row(16)
+        && let Err(e) = b.capacity().await
+    {
+        b.report
+            .not_measured("16 capacity", "all", &format!("{e:#}"));
     }
     // Last: its 100k pods would weigh on every later row.
     if b.knobs.row(9)

@@ -35,6 +35,38 @@ struct Share {
 }
 
 impl Bench {
+    /// One replica `id` of `--leader-elect --shards SHARDS`, its Leases
+    /// `lease_name…` in `lease_ns`, watching every namespace.
+    pub(crate) async fn spawn_replica(
+        &self,
+        id: &str,
+        config: &str,
+        lease_ns: &str,
+        lease_name: &str,
+        shards: usize,
+    ) -> Result<Portwise> {
+        let shards = shards.to_string();
+        spawn_portwise(
+            self.cp,
+            &self.work,
+            id,
+            config,
+            &[],
+            &[
+                "--leader-elect",
+                "--lease-namespace",
+                lease_ns,
+                "--lease-name",
+                lease_name,
+                "--identity",
+                id,
+                "--shards",
+                &shards,
+            ],
+        )
+        .await
+    }
+
     pub(crate) async fn sharded_replicas(&mut self) -> Result<()> {
         let spaces = env_usize("BENCH_SHARD_NAMESPACES", 50);
         let pods = env_usize("BENCH_SHARD_PODS", 20_000);
@@ -80,31 +112,12 @@ impl Bench {
             let mut pws: Vec<Portwise> = Vec::new();
             for r in 0..replicas {
                 let id = format!("row14-{run}-{r}");
-                let lease_name = format!("row14-{run}");
-                let shards = shards.to_string();
                 pws.push(
-                    spawn_portwise(
-                        self.cp,
-                        &self.work,
-                        &id,
-                        &config,
-                        &[],
-                        &[
-                            "--leader-elect",
-                            "--lease-namespace",
-                            &lease_ns,
-                            "--lease-name",
-                            &lease_name,
-                            "--identity",
-                            &id,
-                            "--shards",
-                            &shards,
-                        ],
-                    )
-                    .await?,
+                    self.spawn_replica(&id, &config, &lease_ns, &format!("row14-{run}"), shards)
+                        .await?,
                 );
             }
-            let took = converged(&nss, per, &mut pws, shards / replicas).await?;
+            let took = converged(&nss, MANAGER, per, &mut pws, shards / replicas).await?;
             // Settled: the gauges are sampled every second.
             tokio::time::sleep(Duration::from_secs(5)).await;
             let mut shares = Vec::new();
@@ -189,11 +202,12 @@ impl Bench {
     }
 }
 
-/// Waits until every namespace's slices publish its `per` Ready pods and
-/// each replica holds `buckets` buckets (the single leader: its Lease, 1);
-/// returns when.
-async fn converged(
+/// Waits until every namespace's slices of `manager` publish its `per`
+/// pods and each replica holds `buckets` buckets (the single leader: its
+/// Lease, 1); returns when.
+pub(crate) async fn converged(
     nss: &[TestNs],
+    manager: &str,
     per: usize,
     pws: &mut [Portwise],
     buckets: usize,
@@ -205,7 +219,7 @@ async fn converged(
         }
         let mut done = true;
         for ns in nss {
-            if endpoints_of(ns, &format!("{MANAGED_BY_LABEL}={MANAGER}")).await? != per {
+            if endpoints_of(ns, &format!("{MANAGED_BY_LABEL}={manager}")).await? != per {
                 done = false;
                 break;
             }
@@ -225,7 +239,7 @@ async fn converged(
             }
         }
         if t0.elapsed() > Duration::from_secs(900) {
-            bail!("row 14 did not converge within 900 s");
+            bail!("{manager}'s replicas did not converge within 900 s");
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }

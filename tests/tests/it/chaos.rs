@@ -31,7 +31,12 @@ use std::{
 
 use anyhow::{Context, Result, ensure};
 use portwise_core::shard::{Bucket, Shards};
-use portwise_tests::{exclusive, faults::*, partition::Replica, *};
+use portwise_tests::{
+    exclusive,
+    faults::*,
+    partition::{Replica, ring_rights},
+    *,
+};
 
 const S: u32 = 8;
 const NAMESPACES: usize = 8;
@@ -40,36 +45,11 @@ const LEASE_SECS: u64 = 3;
 const LEASE: Duration = Duration::from_secs(LEASE_SECS);
 const FLIPS_PER_SEC: u64 = 20;
 const GROUP: &str = "g";
-/// The chart's Role for the ring's Leases when `shards` is above 1
-/// (deploy/helm/templates/rbac.yaml).
-const RING_ROLE: &str = r#"apiVersion: v1
-kind: Namespace
-metadata: {name: portwise-system}
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: Role
-metadata: {name: portwise-shards, namespace: portwise-system}
-rules:
-- apiGroups: [coordination.k8s.io]
-  resources: [leases]
-  verbs: [list, get, update, delete]
-"#;
 
 /// Replica `id`: Service account `portwise-ID` with the chart's rights for
 /// `shards` above 1 (the ring Role too), `--shards S`.
 async fn start(cp: &'static ControlPlane, names: &[&str], id: &str) -> Result<Replica> {
-    let sa = format!("portwise-{id}");
-    kubectl(
-        cp,
-        &["apply", "-f", "-"],
-        Some(&format!(
-            "{RING_ROLE}---\napiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\n\
-             metadata: {{name: {sa}-shards, namespace: portwise-system}}\n\
-             roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: portwise-shards}}\n\
-             subjects: [{{kind: ServiceAccount, name: {sa}, namespace: portwise-system}}]\n"
-        )),
-    )
-    .await?;
+    ring_rights(cp, &format!("portwise-{id}")).await?;
     let shards = S.to_string();
     Replica::start(cp, id, LEASE_SECS, |l| {
         l.namespaces(names)

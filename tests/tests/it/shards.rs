@@ -47,6 +47,7 @@ async fn join(ns: &TestNs, name: &'static str, shards: u32) -> Result<Replica, R
             identity: identity(Some(name)),
             shards: Shards::new(NonZeroU32::new(shards).expect("positive")),
             timings: TIMINGS,
+            manager: "portwise".into(),
         },
     )
     .await?;
@@ -92,6 +93,15 @@ async fn balanced(
     replicas: &[&Replica],
     within: Duration,
 ) -> Result<BTreeMap<Bucket, &'static str>> {
+    balanced_holding_at_most(replicas, within, S).await
+}
+
+/// [`balanced`], and no replica ever holds more than `most` meanwhile.
+async fn balanced_holding_at_most(
+    replicas: &[&Replica],
+    within: Duration,
+    most: u32,
+) -> Result<BTreeMap<Bucket, &'static str>> {
     let start = Instant::now();
     let n = replicas.len() as u32;
     let (lo, hi) = (S / n, S.div_ceil(n));
@@ -101,6 +111,9 @@ async fn balanced(
             .iter()
             .map(|r| (r.name, h.values().filter(|n| **n == r.name).count() as u32))
             .collect();
+        if let Some((r, l)) = loads.iter().find(|(_, l)| **l > most) {
+            bail!("{r} held {l} buckets on the way, more than {most}: {loads:?}");
+        }
         if h.len() == S as usize && loads.values().all(|l| (lo..=hi).contains(l)) {
             println!("balanced after {:?}: {loads:?}", start.elapsed());
             return Ok(h);
@@ -115,15 +128,56 @@ async fn balanced(
     }
 }
 
+/// Waits until `ns` has, for each `(bucket, replica)`, a `reason` Event on
+/// the bucket's Lease whose note names the replica first and contains
+/// `says`.
+async fn bucket_events(
+    ns: &TestNs,
+    reason: &str,
+    says: &str,
+    of: impl IntoIterator<Item = (Bucket, &'static str)>,
+) -> Result<()> {
+    let want: Vec<(Bucket, &str)> = of.into_iter().collect();
+    let api: kube::Api<k8s_openapi::api::events::v1::Event> = ns.api();
+    wait_for(Duration::from_secs(10), || async {
+        let events = api.list(&Default::default()).await?.items;
+        for (b, who) in &want {
+            let lease = format!("portwise-bucket-{b}");
+            ensure!(
+                events.iter().any(|e| {
+                    e.reason.as_deref() == Some(reason)
+                        && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(&lease)
+                        && e.note
+                            .as_deref()
+                            .is_some_and(|n| n.starts_with(&format!("{who}_")) && n.contains(says))
+                }),
+                "no {reason} Event on {lease} by {who} saying {says:?}"
+            );
+        }
+        Ok(())
+    })
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn buckets_are_shared_held_once_and_moved_on_crash_and_join() -> Result<()> {
     let cp = ControlPlane::shared().await?;
     let ns = TestNs::new(cp, "ring").await?;
 
+    // Started together (a Deployment's replicas): none takes more than its
+    // share on the way, as the first to list the ring would without the
+    // settling rounds (and cache every namespace's pods for nothing).
     let a = join(&ns, "a", S).await?;
     let b = join(&ns, "b", S).await?;
     let c = join(&ns, "c", S).await?;
-    let three = balanced(&[&a, &b, &c], TIMINGS.lease_duration * 4 + SLACK).await?;
+    let three = balanced_holding_at_most(
+        &[&a, &b, &c],
+        TIMINGS.lease_duration * 4 + SLACK,
+        S.div_ceil(3),
+    )
+    .await?;
+    // Each holder says so on the bucket's Lease.
+    bucket_events(&ns, "BucketAcquired", "holds bucket", three.clone()).await?;
 
     // A crash: c stops renewing anything. Only its buckets move, once its
     // terms end as the others see them.
@@ -149,6 +203,13 @@ async fn buckets_are_shared_held_once_and_moved_on_crash_and_join() -> Result<()
             expect_eq(two.get(bucket), Some(holder))?;
         }
     }
+    bucket_events(
+        &ns,
+        "BucketAcquired",
+        "from c_",
+        of_c.iter().map(|x| (*x, two[x])),
+    )
+    .await?;
 
     // A join: d gets its share, and no more than ⌈S/3⌉ buckets move (the
     // graceful handover: each waits for d to be warm, then is released).
@@ -156,6 +217,25 @@ async fn buckets_are_shared_held_once_and_moved_on_crash_and_join() -> Result<()
     let after = balanced(&[&a, &b, &d], TIMINGS.lease_duration * 4 + SLACK).await?;
     let moved = (0..S).filter(|x| two.get(x) != after.get(x)).count();
     println!("joining d moved {moved} buckets");
+    // Those moves are handovers, told by the giver and the taker.
+    let moves: Vec<(Bucket, &str, &str)> = (0..S)
+        .filter(|x| two.get(x) != after.get(x))
+        .map(|x| (x, two[&x], after[&x]))
+        .collect();
+    bucket_events(
+        &ns,
+        "BucketReleased",
+        "over to d_",
+        moves.iter().map(|(x, from, _)| (*x, *from)),
+    )
+    .await?;
+    bucket_events(
+        &ns,
+        "BucketAcquired",
+        "holds bucket",
+        moves.iter().map(|(x, _, to)| (*x, *to)),
+    )
+    .await?;
     ensure!(
         moved <= S.div_ceil(3) as usize,
         "joining d moved {moved} buckets, more than ⌈{S}/3⌉"
@@ -170,15 +250,56 @@ async fn buckets_are_shared_held_once_and_moved_on_crash_and_join() -> Result<()
         Ok(_) => bail!("a ring of 8 let a replica of 4 buckets join"),
     }
 
-    // Leaving gracefully: the others take over without waiting out terms.
+    // Draining (what a SIGTERM does first): d hands each bucket over to a
+    // warm successor while it still holds it, then leaves holding nothing.
     let left = Instant::now();
+    ensure!(
+        d.ring.drain().run(TIMINGS.lease_duration * 2).await,
+        "d did not hand its buckets over within two leases"
+    );
+    ensure!(
+        d.terms.held().is_empty(),
+        "d drained but holds {:?}",
+        d.terms.held()
+    );
+    let drained = balanced(&[&a, &b], TIMINGS.retry_period * 2 + SLACK).await?;
+    println!(
+        "d's buckets handed over {:?} after it began to drain",
+        left.elapsed()
+    );
+    let of_d: Vec<(Bucket, &str, &str)> = after
+        .iter()
+        .filter(|(_, h)| **h == "d")
+        .map(|(x, _)| (*x, "d", drained[x]))
+        .collect();
+    bucket_events(
+        &ns,
+        "BucketReleased",
+        "over to ",
+        of_d.iter().map(|(x, from, _)| (*x, *from)),
+    )
+    .await?;
     d.warm.abort();
     d.ring.leave().await?;
-    balanced(&[&a, &b], TIMINGS.lease_duration).await?;
-    println!("d's buckets taken over {:?} after it left", left.elapsed());
-    for r in [a, b] {
-        r.warm.abort();
-        r.ring.leave().await?;
-    }
+
+    // Leaving without a drain: the buckets are released at once, and the
+    // others take them without waiting out terms.
+    let left = Instant::now();
+    b.warm.abort();
+    b.ring.leave().await?;
+    balanced(&[&a], TIMINGS.lease_duration).await?;
+    println!("b's buckets taken over {:?} after it left", left.elapsed());
+    bucket_events(
+        &ns,
+        "BucketReleased",
+        "it left the ring",
+        drained
+            .iter()
+            .filter(|(_, h)| **h == "b")
+            .map(|(x, h)| (*x, *h)),
+    )
+    .await?;
+    a.warm.abort();
+    a.ring.leave().await?;
     Ok(())
 }

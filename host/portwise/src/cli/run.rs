@@ -8,7 +8,7 @@ use std::{
 use anyhow::Context as _;
 use clap::Args;
 use tokio::sync::watch;
-use tracing::{error, info};
+use tracing::{error, info, warn};
 
 use portwise_checkers::WasmCheckers;
 use portwise_controller::{self as controller, Leadership, RunOptions, Tenure, Warmup};
@@ -251,6 +251,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
                     identity: identity.clone(),
                     shards,
                     timings,
+                    manager: config.managed_by.clone(),
                 };
                 Coordination::Ring(
                     ops::shards::Ring::join(unfenced.clone(), cfg)
@@ -288,8 +289,24 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             .set_buckets_held(shards.count(), &Default::default()),
     }
 
+    // Sharded, a SIGTERM first hands the buckets over to warm successors
+    // while the controller still writes them (at most a lease duration);
+    // then everything stops as without shards.
+    let drain = match &coordination {
+        Coordination::Ring(ring) => timings.map(|t| (ring.drain(), t.lease_duration)),
+        _ => None,
+    };
     tokio::spawn(async move {
         wait_for_signal().await;
+        if let Some((drain, within)) = drain {
+            info!("handing the buckets over to warm successors before shutting down");
+            if !drain.run(within).await {
+                warn!(
+                    ?within,
+                    "not every bucket was handed over in time: the rest are released cold"
+                );
+            }
+        }
         info!("shutting down");
         let _ = shutdown_tx.send(true);
     });
