@@ -73,6 +73,16 @@ impl Requests {
     pub(crate) fn all(&self, client: &str) -> u64 {
         self.total(client, |_, _| true)
     }
+    /// `client`'s requests per (verb, resource), its components together.
+    pub(crate) fn of(&self, client: &str) -> BTreeMap<(String, String), u64> {
+        let mut out = BTreeMap::new();
+        for ((c, _, v, r), n) in &self.0 {
+            if c == client {
+                *out.entry((v.clone(), r.clone())).or_default() += n;
+            }
+        }
+        out
+    }
     /// "create 1000, list 4, watch 5" for one client.
     pub(crate) fn by_verb(&self, client: &str) -> String {
         let mut verbs: BTreeMap<&str, u64> = BTreeMap::new();

@@ -43,7 +43,7 @@ use tokio::task::JoinHandle;
 
 use crate::Bench;
 use crate::knobs::env_usize;
-use crate::objects::{COST_KEY, Kind, create_groups, groups};
+use crate::objects::{COST_KEY, Kind, create_groups, endpoints_of, groups};
 use crate::report::Goal;
 use crate::stats::{ms, pct};
 
@@ -279,6 +279,9 @@ struct Span {
 
 struct Row {
     cp: &'static ControlPlane,
+    /// The bench's work directory: the replicas' logs stay there
+    /// (`BENCH_KEEP=1`).
+    work: std::path::PathBuf,
     names: Vec<String>,
     holders: Arc<Mutex<Holders>>,
     replicas: Vec<Replica>,
@@ -295,8 +298,10 @@ impl Row {
         let id = format!("h{i}");
         ring_rights(self.cp, &format!("portwise-{id}")).await?;
         let names: Vec<&str> = self.names.iter().map(String::as_str).collect();
+        let work = self.work.clone();
         let r = Replica::start(self.cp, &id, LEASE_SECS, |l| {
-            l.namespaces(&names)
+            l.dir(&work)
+                .namespaces(&names)
                 .config(&format!(
                     "managedBy: {MANAGER}\nserviceKey: {{annotation: {COST_KEY}}}\nmembership: podReady\n"
                 ))
@@ -417,6 +422,7 @@ impl Bench {
         let nss = Arc::new(nss);
         let mut row = Row {
             cp: self.cp,
+            work: self.work.clone(),
             names: names.clone(),
             holders: holders.clone(),
             replicas: Vec::new(),
@@ -425,14 +431,28 @@ impl Bench {
         let res = async {
             row.start(0).await?;
             row.balanced(&[0]).await?;
-            // Every Service published in full before anything is judged.
+            // Every Service published in full before anything is judged
+            // (by LIST: the watch below is only armed after).
             let t = Instant::now();
+            let selector = format!("{MANAGED_BY_LABEL}={MANAGER}");
+            for ns in nss.iter() {
+                while endpoints_of(ns, &selector).await? != PODS {
+                    if t.elapsed() > SETTLE {
+                        bail!(
+                            "row 15: the first replica did not publish {} within {SETTLE:?}",
+                            ns.name()
+                        );
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+            // The watch has caught up with that too.
             while names
                 .iter()
                 .any(|ns| seen.lock().expect("seen").ready_in(ns).len() != PODS)
             {
-                if t.elapsed() > SETTLE {
-                    bail!("row 15: the first replica did not publish every Service");
+                if t.elapsed() > SETTLE * 2 {
+                    bail!("row 15: the bench's slice watch did not see every Service published");
                 }
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
@@ -541,15 +561,67 @@ impl Bench {
         let (joins, steady_from, steady_to, dead, killed, crash_to, cycles) = res?;
         // The audit log is written after each response: let the last land.
         tokio::time::sleep(Duration::from_secs(2)).await;
+        let events = audit.events()?;
         let judged = exclusive::check(
-            &audit.events()?,
+            &events,
             shards(),
             LEASE,
             |b| format!("portwise-bucket-{b}"),
             |u| users.contains(u),
         );
 
+        // Each flip's publication by the apiserver's clock alone: from the
+        // flip's request to the first slice write of its namespace received
+        // after it. (The bench's own watch sees the same writes, but a
+        // watch of its own on two busy cores can lag; this cannot.)
+        let (anchor_i, anchor_t) = (Instant::now(), k8s_openapi::jiff::Timestamp::now());
+        let at = |t: k8s_openapi::jiff::Timestamp| -> Instant {
+            let ago = Duration::try_from(anchor_t.duration_since(t)).unwrap_or_default();
+            anchor_i.checked_sub(ago).unwrap_or(anchor_i)
+        };
+        let ok = |e: &&portwise_tests::faults::AuditEvent| {
+            e.code.is_some_and(|c| (200..300).contains(&c))
+        };
+        let row_ns: BTreeSet<&str> = names.iter().map(String::as_str).collect();
+        let mut writes: BTreeMap<&str, Vec<k8s_openapi::jiff::Timestamp>> = BTreeMap::new();
+        for e in events.iter().filter(ok) {
+            if e.resource == "endpointslices" && e.is_write() && users.contains(&e.user) {
+                writes.entry(&e.namespace).or_default().extend(e.received);
+            }
+        }
+        for w in writes.values_mut() {
+            w.sort();
+        }
+        let mut published: Vec<(String, Instant, Duration)> = Vec::new();
+        let mut unpublished = 0usize;
+        for e in events.iter().filter(ok) {
+            if e.resource != "pods"
+                || e.subresource != "status"
+                || e.verb != "patch"
+                || users.contains(&e.user)
+                || !row_ns.contains(e.namespace.as_str())
+            {
+                continue;
+            }
+            let Some(t) = e.received else { continue };
+            let next = writes
+                .get(e.namespace.as_str())
+                .and_then(|w| w.get(w.partition_point(|x| *x < t)));
+            match next {
+                Some(w) => published.push((
+                    e.namespace.clone(),
+                    at(t),
+                    Duration::try_from(w.duration_since(t)).unwrap_or_default(),
+                )),
+                None => unpublished += 1,
+            }
+        }
         let s = seen.lock().expect("seen");
+        let watched_worst = s
+            .published
+            .iter()
+            .map(|(_, _, d)| d.as_secs_f64())
+            .fold(0.0, f64::max);
         let h = holders.lock().expect("holders");
         let bucket_of = |ns: &str| shards().bucket(ns);
         // Buckets that moved within a span, and the flips of theirs made in it.
@@ -560,13 +632,36 @@ impl Bench {
                 .filter(|(at, _)| *at >= sp.from && *at <= sp.to)
                 .map(|(_, b)| *b)
                 .collect();
-            s.published
+            let gaps: Vec<(f64, &String, Instant)> = published
                 .iter()
                 .filter(|(ns, at, _)| {
                     *at >= sp.from && *at <= sp.to && moved.contains(&bucket_of(ns))
                 })
-                .map(|(_, _, d)| d.as_secs_f64())
-                .collect()
+                .map(|(ns, at, d)| (d.as_secs_f64(), ns, *at))
+                .collect();
+            // The slow ones, with the moves of their bucket, to tell why.
+            for (d, ns, at) in gaps.iter().filter(|(d, _, _)| *d > 1.0) {
+                let b = bucket_of(ns);
+                let moves: Vec<String> = h
+                    .moves
+                    .iter()
+                    .filter(|(m, mb)| {
+                        *mb == b && *m >= sp.from && *m <= sp.to + Duration::from_secs(5)
+                    })
+                    .map(|(m, _)| format!("{:+.2}s", m.duration_since(*at).as_secs_f64()))
+                    .collect();
+                eprintln!(
+                    "bench:   slow flip in bucket {b} ({ns}): {d:.2}s, {:.2}s into a {} span of {:.2}s; the bucket moved at {moves:?} from the flip",
+                    at.duration_since(sp.from).as_secs_f64(),
+                    match sp.how {
+                        Move::Join => "join",
+                        Move::Drain => "drain",
+                        Move::Crash => "crash",
+                    },
+                    sp.to.duration_since(sp.from).as_secs_f64()
+                );
+            }
+            gaps.into_iter().map(|(d, _, _)| d).collect()
         };
         let of = |how: Move| -> Vec<f64> {
             row.spans
@@ -576,14 +671,12 @@ impl Bench {
                 .collect()
         };
         let (joins_gap, drains_gap) = (of(Move::Join), of(Move::Drain));
-        let steady: Vec<f64> = s
-            .published
+        let steady: Vec<f64> = published
             .iter()
             .filter(|(_, at, _)| *at >= steady_from && *at <= steady_to)
             .map(|(_, _, d)| d.as_secs_f64())
             .collect();
-        let (crash_dead, crash_other): (Vec<_>, Vec<_>) = s
-            .published
+        let (crash_dead, crash_other): (Vec<_>, Vec<_>) = published
             .iter()
             .filter(|(_, at, _)| *at >= killed && *at <= crash_to)
             .partition(|(ns, _, _)| dead.contains(&bucket_of(ns)));
@@ -592,15 +685,14 @@ impl Bench {
             .iter()
             .map(|(_, _, d)| d.as_secs_f64())
             .collect();
-        let unpublished = s.pending.len();
-        let flips = s.published.len() + unpublished;
+        let flips = published.len() + unpublished;
         let missing = s.missing.len();
         let handovers = h.moves.len();
         drop((s, h));
         drop(nss);
 
         self.protocol.push(format!(
-            "- Row 15 (handovers): {spaces} namespaces `bench-handover-*`, each one Service of {PODS} Ready pods, {FLIPPING} of which flip readiness ({FLIPS_PER_SEC} flips a second across the row, one pending per pod); replicas of `--shards {S} --lease-duration {LEASE_SECS}s` (retry {} ms), each a ServiceAccount with the chart's rights behind a route of its own. A watch on every slice times each flip from its request to its publication and notes any pod that stayed Ready missing from its Service's slices; the bucket Leases are polled every 100 ms for their holders (a move: a bucket's holder becomes another replica). Joins 1 → 4, 10 s steady, `kill -9` of one of 4, then one of 2 replicas leaves (SIGTERM; every fifth time `kill -9`) and rejoins until {target} moves; {cycles} cycles. The audit log (Metadata, apiserver timestamps) is then judged: every successful slice or Endpoints write of a replica within its term of its namespace's bucket.",
+            "- Row 15 (handovers): {spaces} namespaces `bench-handover-*`, each one Service of {PODS} Ready pods, {FLIPPING} of which flip readiness ({FLIPS_PER_SEC} flips a second across the row, one pending per pod); replicas of `--shards {S} --lease-duration {LEASE_SECS}s` (retry {} ms), each a ServiceAccount with the chart's rights behind a route of its own. Each flip's publication is timed by the audit log alone, from the flip's request to the first slice write of its namespace received after it; a watch on every slice notes any pod that stayed Ready missing from its Service's slices; the bucket Leases are polled every 100 ms for their holders (a move: a bucket's holder becomes another replica). Joins 1 → 4, 10 s steady, `kill -9` of one of 4, then one of 2 replicas leaves (SIGTERM; every fifth time `kill -9`) and rejoins until {target} moves; {cycles} cycles. The audit log (Metadata, apiserver timestamps) is then judged: every successful slice or Endpoints write of a replica within its term of its namespace's bucket.",
             RETRY.as_millis()
         ));
         let label = format!("15 handovers (S={S}, lease {LEASE_SECS} s)");
@@ -707,7 +799,7 @@ impl Bench {
             Goal::Stated("0 over ≥ 1,000 handovers", met),
         );
         eprintln!(
-            "bench:   {handovers} moves polled; joins {}, drains {}; crash {} / {}",
+            "bench:   {handovers} moves polled; joins {}, drains {}; crash {} / {}; the bench's own watch saw its slowest flip after {watched_worst:.2}s",
             joins_gap.len(),
             drains_gap.len(),
             crash_dead.len(),

@@ -35,6 +35,7 @@ mod datapath;
 mod datapath_report;
 mod go_library;
 mod handover;
+mod identity;
 mod knobs;
 mod machine;
 mod noisy;
@@ -278,6 +279,12 @@ async fn run(knobs: Knobs, bcp: BenchCp, work: PathBuf, machine: String) -> Resu
     {
         b.report
             .not_measured("16 capacity", "all", &format!("{e:#}"));
+    }
+    if b.knobs.row(17)
+        && let Err(e) = b.one_replica().await
+    {
+        b.report
+            .not_measured("17 one replica", "all", &format!("{e:#}"));
     }
     // Last: its 100k pods would weigh on every later row.
     if b.knobs.row(9)

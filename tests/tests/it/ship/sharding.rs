@@ -18,7 +18,9 @@
 //! - each replica keeps in its cache only the pods of its buckets'
 //!   namespaces (none while it holds no bucket);
 //! - `portwise check --live` names the replica that writes a namespace;
-//! - SIGTERM of both: exit 0, every bucket Lease released.
+//! - SIGTERM of one: it drains (hands each bucket over to the other, warm,
+//!   while it still writes), no Ready member leaves any slice, and exits 0;
+//! - SIGTERM of the last: exit 0, every bucket Lease released.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -395,8 +397,59 @@ async fn replicas_share_the_namespaces_with_one_writer_each() -> Result<()> {
         handover.as_secs_f64()
     );
 
-    // SIGTERM of both: exit 0, every bucket released.
+    // SIGTERM of a: it drains first. b warms up for a's buckets and a
+    // hands each over while it still writes, so no Ready member leaves any
+    // slice meanwhile; then a exits 0.
+    let of_a = held[0].clone();
+    let draining = Instant::now();
+    a.proc.signal(libc::SIGTERM)?;
+    while a.proc.check_running().is_ok() {
+        for ns in &nss {
+            seed_is(ns, &["a", "b", "c", "d"], &["a", "c", "d"])
+                .await
+                .map_err(|e| anyhow::anyhow!("{} while a drained: {e}", ns.name()))?;
+        }
+        ensure!(
+            draining.elapsed() < LEASE + SLACK * 2,
+            "a did not exit within {:?} of SIGTERM",
+            LEASE + SLACK * 2
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     a.proc.stop().await?;
+    ensure!(
+        a.proc
+            .logs()
+            .contains("handing the buckets over to warm successors")
+            && !a.proc.logs().contains("not every bucket was handed over"),
+        "a did not drain before it stopped"
+    );
+    // Each of a's buckets was handed over, as an Event on its Lease says.
+    let events: Api<k8s_openapi::api::events::v1::Event> = nss[0].api();
+    let released: Vec<(String, String)> = events
+        .list(&Default::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("BucketReleased"))
+        .filter_map(|e| Some((e.regarding?.name?, e.note?)))
+        .collect();
+    for k in &of_a {
+        let lease = format!("portwise-bucket-{k}");
+        ensure!(
+            released
+                .iter()
+                .any(|(l, n)| *l == lease && n.starts_with("pw-a_") && n.contains("over to pw-b_")),
+            "no Event says a handed {lease} over to b: {released:?}"
+        );
+    }
+    balanced(&[&b], &[4], SETTLE).await?;
+    println!(
+        "a drained on SIGTERM: buckets {of_a:?} handed over to b, exit {:.2}s after the signal",
+        draining.elapsed().as_secs_f64()
+    );
+
+    // SIGTERM of b: exit 0, every bucket released.
     b.proc.stop().await?;
     for k in 0..S {
         expect_eq(
