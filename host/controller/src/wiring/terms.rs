@@ -111,25 +111,51 @@ async fn bucket_terms(
     }
 }
 
+/// How long a bucket that left keeps its namespaces' pods. A term lost to
+/// renewals that came too late (an overloaded apiserver or node) is
+/// usually retaken a retry period or two later; closing its pod watches at
+/// once meant listing every pod of its namespaces again on the retake,
+/// which fed the very overload that lost it (bench row 14 at 100,000 pods
+/// saw replicas step down every 10 s for two minutes).
+const KEEP_LEFT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Sharded: the buckets whose namespaces' pods this replica keeps, those it
-/// holds and those it warms up for, and the task that follows them (from
-/// the start, before the caches sync: a bucket taken at once is watched at
-/// once).
+/// holds and those it warms up for (and, for [`KEEP_LEFT`], those that
+/// left), and the task that follows them (from the start, before the
+/// caches sync: a bucket taken at once is watched at once).
 pub(super) fn interest(
     shards: Shards,
     terms: Terms,
     warming: Option<tokio::sync::watch::Receiver<BTreeSet<Bucket>>>,
 ) -> (Interest, BoxFuture<'static, ()>) {
+    interest_keeping(shards, terms, warming, KEEP_LEFT)
+}
+
+fn interest_keeping(
+    shards: Shards,
+    terms: Terms,
+    warming: Option<tokio::sync::watch::Receiver<BTreeSet<Bucket>>>,
+    keep: std::time::Duration,
+) -> (Interest, BoxFuture<'static, ()>) {
     let (tx, buckets) = tokio::sync::watch::channel(BTreeSet::new());
     let follow = async move {
         let mut look = tokio::time::interval(TERM_LOOK);
         look.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut wanted: BTreeSet<Bucket> = BTreeSet::new();
+        let mut left: std::collections::BTreeMap<Bucket, std::time::Instant> = Default::default();
         loop {
             look.tick().await;
             let mut now = terms.held();
             if let Some(w) = &warming {
                 now.extend(w.borrow().iter().copied());
             }
+            let at = std::time::Instant::now();
+            for b in wanted.difference(&now) {
+                left.entry(*b).or_insert(at);
+            }
+            left.retain(|b, since| !now.contains(b) && at.duration_since(*since) < keep);
+            wanted = now.clone();
+            now.extend(left.keys().copied());
             tx.send_if_modified(|was| {
                 let changed = *was != now;
                 *was = std::mem::take(&mut now);
@@ -139,4 +165,41 @@ pub(super) fn interest(
     }
     .boxed();
     (Interest { shards, buckets }, follow)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{num::NonZeroU32, time::Instant};
+
+    use super::*;
+
+    /// A bucket that leaves keeps its pods a while, so a term lost and
+    /// retaken at once does not list them again; then they go.
+    #[tokio::test]
+    async fn a_bucket_that_left_keeps_its_pods_a_while() {
+        let shards = Shards::new(NonZeroU32::new(4).expect("positive"));
+        let terms = Terms::default();
+        let keep = std::time::Duration::from_millis(600);
+        let (interest, follow) = interest_keeping(shards, terms.clone(), None, keep);
+        tokio::spawn(follow);
+        let mut buckets = interest.buckets.clone();
+        let (term_tx, term) =
+            tokio::sync::watch::channel(Some(Instant::now() + std::time::Duration::from_secs(60)));
+        terms.set(1, Some(term));
+        buckets
+            .wait_for(|b| b.contains(&1))
+            .await
+            .expect("followed");
+        terms.set(1, None);
+        drop(term_tx);
+        let left = Instant::now();
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+        assert!(
+            buckets.borrow().contains(&1),
+            "bucket 1's pods were dropped {:?} after it left",
+            left.elapsed()
+        );
+        buckets.wait_for(|b| b.is_empty()).await.expect("followed");
+        assert!(left.elapsed() >= keep, "dropped after {:?}", left.elapsed());
+    }
 }

@@ -151,6 +151,61 @@ pub(super) fn runtime_limits(config: &Config, args: &RunArgs) -> Limits {
 }
 
 /// How the replicas agree on who writes where.
+/// The runtime (one worker thread, `portwise-leases`) and the client that
+/// leader election and the shard ring run on.
+struct LeaseRuntime {
+    runtime: Option<tokio::runtime::Runtime>,
+    client: kube::Client,
+}
+
+impl LeaseRuntime {
+    async fn start(opts: &ClientOptions) -> anyhow::Result<Self> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("portwise-leases")
+            .enable_all()
+            .build()
+            .context("cannot start the Leases' runtime")?;
+        // Made there, so that its connections are driven there too.
+        let opts = opts.clone();
+        let client = runtime
+            .spawn(async move { connect(&opts).await })
+            .await
+            .context("the Leases' runtime")?
+            .context("no Kubernetes connection for the Leases")?;
+        Ok(Self {
+            runtime: Some(runtime),
+            client,
+        })
+    }
+
+    /// Tasks spawned while the guard lives run on this runtime.
+    fn enter(&self) -> tokio::runtime::EnterGuard<'_> {
+        self.runtime.as_ref().expect("running").enter()
+    }
+
+    async fn spawn<T: Send + 'static>(
+        &self,
+        fut: impl std::future::Future<Output = T> + Send + 'static,
+    ) -> anyhow::Result<T> {
+        self.runtime
+            .as_ref()
+            .expect("running")
+            .spawn(fut)
+            .await
+            .context("the Leases' runtime")
+    }
+}
+
+impl Drop for LeaseRuntime {
+    /// Inside the main runtime a runtime may not block on its own drop.
+    fn drop(&mut self) {
+        if let Some(rt) = self.runtime.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
 enum Coordination {
     /// No election: this replica writes everything.
     Sole,
@@ -226,17 +281,28 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let identity = ops::leader::identity(args.identity.as_deref());
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let shards = Shards::new(args.shards);
-    let coordination = match timings {
-        None => Coordination::Sole,
-        Some(timings) => {
+    // Leases are renewed on a thread and a client of their own: the
+    // controller's runtime can be busy for seconds on end decoding a large
+    // pod list, and renewals queued behind that came too late (bench row
+    // 14 at 100,000 pods: every bucket's term lost at once, every 10 s).
+    // The kernel shares the cores between threads, so a renewal waits for
+    // a time slice, not for the controller's work.
+    let leases = match timings {
+        None => None,
+        Some(_) => Some(LeaseRuntime::start(&client_opts).await?),
+    };
+    let coordination = match (timings, &leases) {
+        (None, _) | (_, None) => Coordination::Sole,
+        (Some(timings), Some(leases)) => {
             let ns = args
                 .lease_namespace
                 .clone()
                 .unwrap_or_else(|| "default".into());
             if shards.count() == 1 {
+                let _on = leases.enter();
                 Coordination::Elector(
                     ops::leader::LeaderElector::start(
-                        unfenced.clone(),
+                        leases.client.clone(),
                         &ns,
                         &args.lease_name,
                         &identity,
@@ -253,9 +319,11 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
                     timings,
                     manager: config.managed_by.clone(),
                 };
+                let client = leases.client.clone();
                 Coordination::Ring(
-                    ops::shards::Ring::join(unfenced.clone(), cfg)
-                        .await
+                    leases
+                        .spawn(async move { ops::shards::Ring::join(client, cfg).await })
+                        .await?
                         .context("cannot join the shard ring")?,
                 )
             }
