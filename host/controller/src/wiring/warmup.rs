@@ -18,8 +18,11 @@ use crate::options::Warmup;
 use super::*;
 
 /// How often a bucket that could not be warmed yet (its pods not listed)
-/// is tried again, when nothing else changes.
-const AGAIN: Duration = Duration::from_secs(1);
+/// is tried again, when nothing else changes. A try that finds the pods
+/// unlisted costs a lookup, and the pods of a small namespace list in
+/// milliseconds: a second here was most of a drain's hand-over (bench row
+/// 15), which a lease duration bounds.
+const AGAIN: Duration = Duration::from_millis(100);
 
 /// Warms up for each bucket the ring says, and says which are warm.
 pub(super) async fn warm_up(
