@@ -58,6 +58,10 @@ const PODS: usize = 8;
 const FLIPPING: usize = 2;
 const FLIPS_PER_SEC: u64 = 20;
 const SETTLE: Duration = Duration::from_secs(60);
+/// After each join or leave, before the next: a span's flips are judged
+/// by its own move (a flip in the last moments of a join, followed at once
+/// by a `kill -9`, otherwise waits for that crash's takeover).
+const QUIET: Duration = Duration::from_secs(2);
 
 fn shards() -> Shards {
     Shards::new(NonZeroU32::new(S).expect("positive"))
@@ -360,7 +364,11 @@ impl Row {
             from: t0,
             to: done,
         });
-        Ok(self.moves_since(t0))
+        let moved = self.moves_since(t0);
+        // Before anything else moves: a flip of the span's last moments is
+        // published (or not) by this move alone, not by the next one.
+        tokio::time::sleep(QUIET).await;
+        Ok(moved)
     }
 
     /// Replica `i` leaves `live` (its remaining set) by SIGTERM, or by
@@ -378,6 +386,7 @@ impl Row {
             from: t0,
             to: done,
         });
+        tokio::time::sleep(QUIET).await;
         Ok(())
     }
 }
@@ -692,7 +701,7 @@ impl Bench {
         drop(nss);
 
         self.protocol.push(format!(
-            "- Row 15 (handovers): {spaces} namespaces `bench-handover-*`, each one Service of {PODS} Ready pods, {FLIPPING} of which flip readiness ({FLIPS_PER_SEC} flips a second across the row, one pending per pod); replicas of `--shards {S} --lease-duration {LEASE_SECS}s` (retry {} ms), each a ServiceAccount with the chart's rights behind a route of its own. Each flip's publication is timed by the audit log alone, from the flip's request to the first slice write of its namespace received after it; a watch on every slice notes any pod that stayed Ready missing from its Service's slices; the bucket Leases are polled every 100 ms for their holders (a move: a bucket's holder becomes another replica). Joins 1 → 4, 10 s steady, `kill -9` of one of 4, then one of 2 replicas leaves (SIGTERM; every fifth time `kill -9`) and rejoins until {target} moves; {cycles} cycles. The audit log (Metadata, apiserver timestamps) is then judged: every successful slice or Endpoints write of a replica within its term of its namespace's bucket.",
+            "- Row 15 (handovers): {spaces} namespaces `bench-handover-*`, each one Service of {PODS} Ready pods, {FLIPPING} of which flip readiness ({FLIPS_PER_SEC} flips a second across the row, one pending per pod); replicas of `--shards {S} --lease-duration {LEASE_SECS}s` (retry {} ms), each a ServiceAccount with the chart's rights behind a route of its own. Each flip's publication is timed by the audit log alone, from the flip's request to the first slice write of its namespace received after it; a watch on every slice notes any pod that stayed Ready missing from its Service's slices; the bucket Leases are polled every 100 ms for their holders (a move: a bucket's holder becomes another replica). Joins 1 → 4, 10 s steady, `kill -9` of one of 4, then one of 2 replicas leaves (SIGTERM; every fifth time `kill -9`) and rejoins until {target} moves, 2 s quiet after each join and leave; {cycles} cycles. A flip counts for a graceful move when it was made between the start of a join or SIGTERM and the balance after it, in a bucket that moved meanwhile. The audit log (Metadata, apiserver timestamps) is then judged: every successful slice or Endpoints write of a replica within its term of its namespace's bucket.",
             RETRY.as_millis()
         ));
         let label = format!("15 handovers (S={S}, lease {LEASE_SECS} s)");
