@@ -58,6 +58,7 @@ pub(crate) async fn reconcile(
     debug!("reconcile started");
     let ns = svc.namespace().unwrap_or_default();
     if !ctx.leads(&ns) {
+        debug!(namespace = %ns, "not writing here now (no term for its bucket): nothing to do");
         return Ok(None);
     }
     // Never plan from a partial cache: a Service seen before its pods would
@@ -302,6 +303,7 @@ async fn serve(
     // Judging can take a while; if we lost the Lease meanwhile, another
     // replica may already be writing.
     if !ctx.leads(&ns) {
+        debug!(namespace = %ns, "the term ended while judging: nothing written");
         return Ok(false);
     }
     let writes = Writes::new(&plan.applies, &plan.deletes, |n| ctx.slice_by_name(&ns, n))

@@ -303,6 +303,9 @@ impl Row {
         ring_rights(self.cp, &format!("portwise-{id}")).await?;
         let names: Vec<&str> = self.names.iter().map(String::as_str).collect();
         let work = self.work.clone();
+        // `BENCH_LOG`: the replicas' log filter, to tell why a flip was
+        // slow (with `BENCH_KEEP=1`, which keeps the logs).
+        let log = std::env::var("BENCH_LOG").unwrap_or_else(|_| "info".into());
         let r = Replica::start(self.cp, &id, LEASE_SECS, |l| {
             l.dir(&work)
                 .namespaces(&names)
@@ -310,7 +313,7 @@ impl Row {
                     "managedBy: {MANAGER}\nserviceKey: {{annotation: {COST_KEY}}}\nmembership: podReady\n"
                 ))
                 .args(&["--shards", &S.to_string()])
-                .log_filter("info")
+                .log_filter(&log)
                 .quiet()
         })
         .await?;
@@ -602,6 +605,10 @@ impl Bench {
             w.sort();
         }
         let mut published: Vec<(String, Instant, Duration)> = Vec::new();
+        // Per flip (namespace, when): the pod and the apiserver's time, for
+        // the slow ones' lines.
+        let mut flipped: BTreeMap<(String, Instant), (String, k8s_openapi::jiff::Timestamp)> =
+            BTreeMap::new();
         let mut unpublished = 0usize;
         for e in events.iter().filter(ok) {
             if e.resource != "pods"
@@ -617,11 +624,14 @@ impl Bench {
                 .get(e.namespace.as_str())
                 .and_then(|w| w.get(w.partition_point(|x| *x < t)));
             match next {
-                Some(w) => published.push((
-                    e.namespace.clone(),
-                    at(t),
-                    Duration::try_from(w.duration_since(t)).unwrap_or_default(),
-                )),
+                Some(w) => {
+                    published.push((
+                        e.namespace.clone(),
+                        at(t),
+                        Duration::try_from(w.duration_since(t)).unwrap_or_default(),
+                    ));
+                    flipped.insert((e.namespace.clone(), at(t)), (e.name.clone(), t));
+                }
                 None => unpublished += 1,
             }
         }
@@ -659,8 +669,12 @@ impl Bench {
                     })
                     .map(|(m, _)| format!("{:+.2}s", m.duration_since(*at).as_secs_f64()))
                     .collect();
+                let (pod, when) = flipped
+                    .get(&((*ns).clone(), *at))
+                    .map(|(p, t)| (p.as_str(), t.to_string()))
+                    .unwrap_or(("?", String::new()));
                 eprintln!(
-                    "bench:   slow flip in bucket {b} ({ns}): {d:.2}s, {:.2}s into a {} span of {:.2}s; the bucket moved at {moves:?} from the flip",
+                    "bench:   slow flip of {ns}/{pod} at {when} in bucket {b}: {d:.2}s, {:.2}s into a {} span of {:.2}s; the bucket moved at {moves:?} from the flip",
                     at.duration_since(sp.from).as_secs_f64(),
                     match sp.how {
                         Move::Join => "join",

@@ -266,3 +266,161 @@ async fn a_partitioned_leader_steps_down_before_anyone_takes_over() -> Result<()
     other.release().await?;
     Ok(())
 }
+
+/// A renewal the stop cancelled, but which had already been sent, lands
+/// after the release read the Lease: the release's write is then refused
+/// (409), and the Lease must still be released, or the successor waits out
+/// the whole term (bench row 15 saw 1 hand-over in about 500 take 3 s).
+///
+/// The client's transport makes that order certain: once armed, it holds
+/// the elector's next Lease write (a renewal; the attempt waits for an
+/// answer that never comes, as a request in flight does), and sends it
+/// only after the next Lease read has been answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_that_lands_during_the_release_does_not_keep_the_lease() -> Result<()> {
+    let cp = ControlPlane::shared().await?;
+    let ns = TestNs::new(cp, "leader-late-renewal").await?;
+    let late = LateRenewal::default();
+    let kc = Kubeconfig::read_from(cp.kubeconfig())?;
+    let config = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?;
+    let client = kube::client::ClientBuilder::try_from(config)?
+        .with_layer(&late.clone())
+        .build();
+    let a = LeaderElector::start(client, ns.name(), LEASE, &identity(Some("a")), TIMINGS)?;
+    until_leader(&a, Duration::from_secs(10)).await?;
+    let b = LeaderElector::start(ns.client(), ns.name(), LEASE, &identity(Some("b")), TIMINGS)?;
+
+    late.arm();
+    tokio::time::timeout(TIMINGS.retry_period * 4, late.held.notified())
+        .await
+        .context("the elector wrote no renewal to hold")?;
+    let released = Instant::now();
+    a.release().await?;
+    let renewed = late.landed();
+    ensure!(
+        renewed == Some(200),
+        "the held renewal was to land between the release's read and write, and be accepted: {renewed:?}"
+    );
+    expect_eq(holder(&ns).await?, None).context("the Lease is still held after the release")?;
+    until_leader(&b, TIMINGS.lease_duration).await?;
+    let handover = released.elapsed();
+    println!("handover after a release crossed by a renewal: {handover:?}");
+    ensure!(
+        handover < TIMINGS.retry_period * 2 + SLACK,
+        "handover took {handover:?}: the successor waited out the term"
+    );
+    b.release().await?;
+    Ok(())
+}
+
+/// See [`a_renewal_that_lands_during_the_release_does_not_keep_the_lease`].
+#[derive(Clone, Default)]
+struct LateRenewal {
+    state: Arc<std::sync::Mutex<Late>>,
+    held: Arc<tokio::sync::Notify>,
+}
+
+#[derive(Default)]
+struct Late {
+    armed: bool,
+    request: Option<http::Request<kube::client::Body>>,
+    /// The held renewal's status, once sent.
+    landed: Option<u16>,
+}
+
+impl LateRenewal {
+    fn arm(&self) {
+        self.lock().armed = true;
+    }
+
+    fn landed(&self) -> Option<u16> {
+        self.lock().landed
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Late> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl<S> tower::Layer<S> for LateRenewal {
+    type Service = LateService<S>;
+
+    fn layer(&self, inner: S) -> LateService<S> {
+        LateService {
+            inner: Arc::new(tokio::sync::Mutex::new(inner)),
+            late: self.clone(),
+        }
+    }
+}
+
+struct LateService<S> {
+    inner: Arc<tokio::sync::Mutex<S>>,
+    late: LateRenewal,
+}
+
+type Request = http::Request<kube::client::Body>;
+
+async fn send<S, R>(inner: &tokio::sync::Mutex<S>, req: Request) -> Result<R, tower::BoxError>
+where
+    S: tower::Service<Request, Response = R, Error = tower::BoxError>,
+{
+    use tower::ServiceExt;
+    let call = {
+        let mut svc = inner.lock().await;
+        svc.ready().await?.call(req)
+    };
+    call.await
+}
+
+impl<S, B> tower::Service<Request> for LateService<S>
+where
+    S: tower::Service<Request, Response = http::Response<B>, Error = tower::BoxError>
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    B: Send + 'static,
+{
+    type Response = http::Response<B>;
+    type Error = tower::BoxError;
+    type Future = futures::future::BoxFuture<'static, Result<http::Response<B>, tower::BoxError>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), tower::BoxError>> {
+        // Readiness is awaited per call, under the lock (`send`).
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request) -> Self::Future {
+        let (inner, late) = (self.inner.clone(), self.late.clone());
+        Box::pin(async move {
+            let lease = req.uri().path().contains("/leases/");
+            let method = req.method().clone();
+            let req = if lease && method == http::Method::PUT {
+                let mut l = late.lock();
+                if std::mem::take(&mut l.armed) {
+                    l.request = Some(req);
+                    None
+                } else {
+                    Some(req)
+                }
+            } else {
+                Some(req)
+            };
+            let Some(req) = req else {
+                late.held.notify_one();
+                return futures::future::pending().await;
+            };
+            let res = send(&inner, req).await?;
+            if lease && method == http::Method::GET {
+                let held = late.lock().request.take();
+                if let Some(renewal) = held {
+                    let status = send(&inner, renewal).await?.status().as_u16();
+                    late.lock().landed = Some(status);
+                }
+            }
+            Ok(res)
+        })
+    }
+}

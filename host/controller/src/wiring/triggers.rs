@@ -92,6 +92,7 @@ pub(super) fn on_pod_event(
     }
     for g in groups {
         for svc in svc_groups.members(&ns, &g) {
+            debug!(namespace = %ns, pod = %name, service = %svc, "pod event asks for its Service");
             let key = ObjectRef::new(&svc).within(&ns);
             table.mark_asked(&key);
             tx.ask(key);

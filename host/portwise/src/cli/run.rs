@@ -289,11 +289,12 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     // a time slice, not for the controller's work.
     let leases = match timings {
         None => None,
-        Some(_) => Some(LeaseRuntime::start(&client_opts).await?),
+        Some(timings) => Some((timings, LeaseRuntime::start(&client_opts).await?)),
     };
-    let coordination = match (timings, &leases) {
-        (None, _) | (_, None) => Coordination::Sole,
-        (Some(timings), Some(leases)) => {
+    let coordination = match &leases {
+        None => Coordination::Sole,
+        Some((timings, leases)) => {
+            let timings = *timings;
             let ns = args
                 .lease_namespace
                 .clone()

@@ -146,6 +146,7 @@ impl Ring {
             rounds: 0,
             recorded: BTreeSet::new(),
             last_holders: BTreeMap::new(),
+            member: None,
             client,
             api,
             cfg,
@@ -407,6 +408,8 @@ struct Engine {
     recorded: BTreeSet<Bucket>,
     /// Each bucket's last live holder seen.
     last_holders: BTreeMap<Bucket, String>,
+    /// The member Lease as last written (`None`: read it first).
+    member: Option<Lease>,
 }
 
 /// A replica's first rounds take no free bucket: replicas started together
@@ -457,11 +460,12 @@ impl Engine {
     /// One round: write the member Lease, read the ring, take each
     /// bucket's step.
     async fn round(&mut self) -> Result<(), RingError> {
-        self.write_member().await?;
+        // Read once: the member Lease says what this round acts on.
+        let leaving = *self.leaving.borrow();
+        self.write_member(leaving).await?;
         let leases = self.api.list(&ListParams::default()).await?;
         let now = Instant::now();
         let me = self.cfg.identity.clone();
-        let leaving = *self.leaving.borrow();
         let member_prefix = format!("{}-member-", self.cfg.name);
         let bucket_prefix = format!("{}-bucket-", self.cfg.name);
         // A leaving replica (this one, or another) is no member: the
@@ -612,7 +616,7 @@ impl Engine {
 
     /// Writes this replica's member Lease: holder, renewal and the buckets
     /// it is warm for (only those still assigned to it and not yet held).
-    async fn write_member(&mut self) -> Result<(), RingError> {
+    async fn write_member(&mut self, leaving: bool) -> Result<(), RingError> {
         let name = member_lease(&self.cfg.name, &self.cfg.identity);
         let warm: BTreeSet<Bucket> = self
             .warm
@@ -621,7 +625,13 @@ impl Engine {
             .copied()
             .collect();
         let wall = MicroTime(Timestamp::now());
-        let mut lease = self.api.get_opt(&name).await?.unwrap_or_else(|| Lease {
+        // Only this replica writes its member Lease: what it last wrote is
+        // what is there, unless a write failed (then read it again).
+        let known = match self.member.take() {
+            Some(lease) => Some(lease),
+            None => self.api.get_opt(&name).await?,
+        };
+        let mut lease = known.unwrap_or_else(|| Lease {
             metadata: ObjectMeta {
                 name: Some(name.clone()),
                 ..Default::default()
@@ -640,7 +650,7 @@ impl Engine {
             .metadata
             .annotations
             .get_or_insert_with(Default::default);
-        if *self.leaving.borrow() {
+        if leaving {
             annotations.insert(LEAVING_ANNOTATION.to_string(), "true".to_string());
         } else {
             annotations.remove(LEAVING_ANNOTATION);
@@ -649,13 +659,14 @@ impl Engine {
         spec.holder_identity = Some(self.cfg.identity.clone());
         spec.renew_time = Some(wall);
         spec.lease_duration_seconds = Some(self.cfg.timings.lease_duration_seconds());
-        if lease.metadata.resource_version.is_some() {
+        let written = if lease.metadata.resource_version.is_some() {
             self.api
                 .replace(&name, &PostParams::default(), &lease)
-                .await?;
+                .await?
         } else {
-            self.api.create(&PostParams::default(), &lease).await?;
-        }
+            self.api.create(&PostParams::default(), &lease).await?
+        };
+        self.member = Some(written);
         Ok(())
     }
 
