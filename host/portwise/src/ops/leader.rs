@@ -118,7 +118,7 @@ pub enum LeaderError {
     Kube(#[from] kube::Error),
     #[error("Lease request timed out")]
     Timeout,
-    #[error("the Lease changed under each of {0} releases; it expires instead")]
+    #[error("the Lease changed under each of {0} attempts to release it")]
     Contended(u32),
     #[error("leader election task failed: {0}")]
     Task(#[from] tokio::task::JoinError),
