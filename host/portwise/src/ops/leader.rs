@@ -24,7 +24,8 @@
 //!   consider the term over (`renew_deadline < lease_duration`).
 //! - [`LeaderElector::release`] stops the loop, reports "not leader" first,
 //!   then clears `holderIdentity`, so a successor takes over at once instead
-//!   of waiting out the term.
+//!   of waiting out the term. A renewal the stop cancelled after it was sent
+//!   can land in between; the release then reads the Lease again.
 //!
 //! After a `kill -9` of the holder, another replica takes over at most
 //! `lease_duration + retry_period` (plus one request) after the holder's
