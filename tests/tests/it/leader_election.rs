@@ -424,3 +424,47 @@ where
         })
     }
 }
+
+/// A candidate told a hand-over is coming (`expect_handover`, as the shard
+/// ring says once its member Lease reports the bucket warm) takes the
+/// Lease within about 100 ms of the release, not at its next retry
+/// period. A long retry period (4 s) keeps a candidate that only polls
+/// from passing by luck: three hand-overs in a row must each take < 1 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expected_handover_is_taken_at_once_not_at_the_next_retry() -> Result<()> {
+    const SLOW: Timings = Timings {
+        lease_duration: Duration::from_secs(30),
+        renew_deadline: Duration::from_secs(20),
+        retry_period: Duration::from_secs(4),
+    };
+    let cp = ControlPlane::shared().await?;
+    let ns = TestNs::new(cp, "leader-expected").await?;
+    let start = |name: &str| {
+        LeaderElector::start(ns.client(), ns.name(), LEASE, &identity(Some(name)), SLOW)
+    };
+    let mut holder_now = start("r0")?;
+    until_leader(&holder_now, Duration::from_secs(10)).await?;
+    for i in 1..=3 {
+        let next = start(&format!("r{i}"))?;
+        // It has looked once and found the Lease held: its next look is a
+        // retry period away.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        ensure!(!next.is_leader(), "r{i} leads beside the holder");
+        next.expect_handover(true);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let released = Instant::now();
+        holder_now.release().await?;
+        until_leader(&next, SLOW.lease_duration).await?;
+        let took = released.elapsed();
+        println!("expected hand-over {i}: taken {took:?} after the release");
+        ensure!(
+            took < Duration::from_secs(1),
+            "hand-over {i} took {took:?} after the release (retry period {:?})",
+            SLOW.retry_period
+        );
+        holder_now = next;
+    }
+    holder_now.release().await?;
+    expect_eq(holder(&ns).await?, None)?;
+    Ok(())
+}

@@ -147,6 +147,7 @@ impl Ring {
             recorded: BTreeSet::new(),
             last_holders: BTreeMap::new(),
             member: None,
+            said_warm: BTreeSet::new(),
             client,
             api,
             cfg,
@@ -410,6 +411,8 @@ struct Engine {
     last_holders: BTreeMap<Bucket, String>,
     /// The member Lease as last written (`None`: read it first).
     member: Option<Lease>,
+    /// The buckets it says this replica is warm for.
+    said_warm: BTreeSet<Bucket>,
 }
 
 /// A replica's first rounds take no free bucket: replicas started together
@@ -576,12 +579,17 @@ impl Engine {
             let ready = to.is_some_and(|to| warm.get(to).is_some_and(|w| w.contains(&b)));
             match step(&me, to, &standing, ready) {
                 Step::Take if self.rounds < SETTLE_ROUNDS => {}
-                Step::Keep | Step::KeepUntilReady { .. } | Step::Take => self.compete(b)?,
+                Step::Keep | Step::KeepUntilReady { .. } | Step::Take => {
+                    self.compete(b)?;
+                    self.expect_handover(b, false);
+                }
                 Step::Warm => {
                     warming.insert(b);
                     // Competing already: it takes the Lease the moment the
-                    // holder releases it.
+                    // holder releases it, which it does once it reads this
+                    // replica's member Lease say the bucket is warm.
                     self.compete(b)?;
+                    self.expect_handover(b, self.said_warm.contains(&b));
                 }
                 Step::HandOver { to } => {
                     info!(ring = %self.cfg.name, bucket = b, %to, "handing the bucket over");
@@ -667,7 +675,14 @@ impl Engine {
             self.api.create(&PostParams::default(), &lease).await?
         };
         self.member = Some(written);
+        self.said_warm = warm;
         Ok(())
+    }
+
+    fn expect_handover(&self, b: Bucket, expecting: bool) {
+        if let Some(e) = self.electors.get(&b) {
+            e.expect_handover(expecting);
+        }
     }
 
     /// Competes for bucket `b` (if not already), from this round's
