@@ -462,16 +462,18 @@ struct Elector {
     expecting: watch::Receiver<bool>,
 }
 
-/// Returns once a hand-over is expected and was not before (never if the
-/// elector's handle is gone).
-async fn handover_expected(mut expecting: watch::Receiver<bool>) {
-    let before = *expecting.borrow_and_update();
+/// Returns once a hand-over is expected, if it was not (`before`) when the
+/// pause was chosen; never if it was, or once the elector's handle is gone.
+async fn handover_expected(mut expecting: watch::Receiver<bool>, before: bool) {
+    if before {
+        return std::future::pending().await;
+    }
     loop {
+        if *expecting.borrow_and_update() {
+            return;
+        }
         if expecting.changed().await.is_err() {
             return std::future::pending().await;
-        }
-        if *expecting.borrow_and_update() && !before {
-            return;
         }
     }
 }
@@ -484,6 +486,9 @@ impl Elector {
         let mut renewed_at: Option<Instant> = None;
         loop {
             let started = Instant::now();
+            // Read once per turn: the pause below and the wake-up after it
+            // go by the same value, so a hint given meanwhile wakes it.
+            let expecting = *self.expecting.borrow();
             if let Some(at) = renewed_at
                 && started >= at + deadline
             {
@@ -518,7 +523,7 @@ impl Elector {
                     // holder's renewals fresh), but wake exactly at the end of
                     // a term that ends sooner, and look often while the
                     // holder is about to hand the Lease over.
-                    pause = if *self.expecting.borrow() {
+                    pause = if expecting {
                         retry_in.min(EXPECTING_LOOK.min(retry))
                     } else {
                         retry_in.min(retry + jitter(retry / 5))
@@ -531,12 +536,11 @@ impl Elector {
                 // Never sleep past the renew deadline while reporting "leader".
                 pause = pause.min((at + deadline).saturating_duration_since(Instant::now()));
             }
-            let expecting = self.expecting.clone();
             tokio::select! {
                 biased;
                 _ = &mut shutdown => break,
                 () = tokio::time::sleep(pause) => {}
-                () = handover_expected(expecting), if renewed_at.is_none() => {}
+                () = handover_expected(self.expecting.clone(), expecting), if renewed_at.is_none() => {}
             }
         }
         self.set_leader(None);
@@ -841,6 +845,32 @@ mod tests {
         gauge_becomes(&m, "1").await;
         drop(e);
         gauge_becomes(&m, "0").await;
+    }
+
+    #[tokio::test]
+    async fn a_hint_wakes_a_sleeping_candidate_once_and_only_when_new() {
+        async fn soon<F: std::future::IntoFuture>(
+            f: F,
+        ) -> Result<F::Output, tokio::time::error::Elapsed> {
+            tokio::time::timeout(Duration::from_millis(50), f).await
+        }
+        let (tx, rx) = watch::channel(false);
+        // Given while the attempt ran, after the pause was chosen: wakes at once.
+        tx.send_replace(true);
+        assert!(soon(handover_expected(rx.clone(), false)).await.is_ok());
+        // Already expected when the pause was chosen (the short one): no wake.
+        assert!(soon(handover_expected(rx.clone(), true)).await.is_err());
+        // Given during the pause: wakes.
+        tx.send_replace(false);
+        let waiting = tokio::spawn(handover_expected(rx.clone(), false));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert!(!waiting.is_finished());
+        tx.send_replace(true);
+        assert!(soon(waiting).await.is_ok());
+        // The handle gone: never (no busy loop on a closed channel).
+        tx.send_replace(false);
+        drop(tx);
+        assert!(soon(handover_expected(rx, false)).await.is_err());
     }
 
     #[test]
